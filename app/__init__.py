@@ -1,0 +1,43 @@
+"""The application factory: the only place settings are read and extensions bound."""
+
+from __future__ import annotations
+
+import logging
+
+from flask import Flask
+from werkzeug.middleware.proxy_fix import ProxyFix
+
+from . import cli, errors, limits, ops
+from . import redis as redis_ext
+from .auth import guards, tokens
+from .auth import views as auth_views
+from .settings import load_settings
+
+JSON_BODY_LIMIT = 64 * 1024
+
+
+def create_app(overrides: dict | None = None) -> Flask:
+    """Build the app from the environment; `overrides` (environment-style names) win, for tests."""
+    settings = load_settings(overrides)
+    app = Flask(__name__)
+    app.config.update(
+        SETTINGS=settings,
+        SECRET_KEY=str(settings.secret_key),
+        MAX_CONTENT_LENGTH=JSON_BODY_LIMIT,
+        JSON_SORT_KEYS=False,
+    )
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if settings.proxy_hops:
+        hops = settings.proxy_hops
+        app.wsgi_app = ProxyFix(app.wsgi_app, x_for=hops, x_proto=hops, x_host=hops, x_port=hops)
+
+    errors.init_app(app)
+    redis_ext.init_app(app)
+    tokens.init_app(app)
+    guards.init_app(app)
+    app.register_blueprint(ops.bp)
+    app.register_blueprint(auth_views.bp)
+    app.register_blueprint(auth_views.jwks_bp)
+    limits.init_app(app)
+    cli.init_app(app)
+    return app

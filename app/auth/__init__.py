@@ -1,0 +1,1 @@
+"""Accounts, passwords, access tokens, refresh-token families and sessions."""

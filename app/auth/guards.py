@@ -1,0 +1,146 @@
+"""Who is calling (bearer or cookie), the CSRF rule for cookie-authenticated requests, and CORS.
+
+CORS only decides which other origins may *read* responses; it does not stop a forged request from
+being processed. That is the job of SameSite=Strict cookies plus the Origin check here (seed 5.8).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from flask import Flask, current_app, g, request
+
+from ..errors import ApiError, forbidden, unauthorized
+from . import cookies, sessions, tokens
+
+UNSAFE_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
+# Endpoints that set cookies without being cookie-authenticated: a cross-site page must not log a
+# browser in either (login CSRF), so they follow the same Origin rule.
+COOKIE_SETTING_ENDPOINTS = {"auth.login", "auth.register", "auth.refresh"}
+CSRF_EXEMPT_BLUEPRINTS = {"webhooks"}
+
+
+@dataclass(frozen=True)
+class Caller:
+    user_id: str
+    role: str
+    session_id: str
+    token_version: int
+    expires_at: int
+    via: str  # "bearer" | "cookie"
+
+    @property
+    def is_admin(self) -> bool:
+        return self.role == "admin"
+
+
+def bearer_token() -> str | None:
+    header = request.headers.get("Authorization")
+    if header is None:
+        return None
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() != "bearer" or not value.strip():
+        raise unauthorized("The Authorization header must be 'Bearer <token>'.")
+    return value.strip()
+
+
+def authenticate() -> Caller:
+    """The verified caller of this request, or a 401 ApiError."""
+    if "caller" in g:
+        return g.caller
+    token, via = bearer_token(), "bearer"
+    if token is None:
+        token, via = request.cookies.get(cookies.ACCESS_COOKIE), "cookie"
+    if not token:
+        raise unauthorized()
+    try:
+        claims = tokens.decode_access_token(token)
+    except tokens.TokenExpired:
+        raise unauthorized("The access token has expired.", "token_expired") from None
+    except tokens.TokenInvalid:
+        raise unauthorized("The access token is not valid.") from None
+    if not sessions.session_is_valid(claims.user_id, claims.session_id, claims.token_version):
+        raise unauthorized("The session has ended; log in again.")
+    g.caller = Caller(claims.user_id, claims.role, claims.session_id, claims.token_version, claims.expires_at, via)
+    return g.caller
+
+
+def login_required(view):
+    @functools.wraps(view)
+    def wrapper(*args, **kwargs):
+        authenticate()
+        return view(*args, **kwargs)
+
+    return wrapper
+
+
+def current_caller() -> Caller:
+    return g.caller
+
+
+def own_origin() -> str:
+    """The scheme and host the client used (after ProxyFix), as an Origin header would spell it."""
+    return f"{request.scheme}://{request.host}".lower()
+
+
+def origin_allowed(origin: str) -> bool:
+    origin = origin.rstrip("/").lower()
+    return origin == own_origin() or origin in {o.lower() for o in current_app.config["SETTINGS"].allowed_origins}
+
+
+def cross_site_request() -> bool:
+    """True when the browser says this request comes from a foreign page."""
+    origin = request.headers.get("Origin")
+    if origin is not None:
+        return not origin_allowed(origin)
+    return request.headers.get("Sec-Fetch-Site") == "cross-site"
+
+
+def _uses_cookies() -> bool:
+    if "Authorization" in request.headers:
+        return False
+    has_cookie = cookies.ACCESS_COOKIE in request.cookies or cookies.REFRESH_COOKIE in request.cookies
+    return has_cookie or request.endpoint in COOKIE_SETTING_ENDPOINTS
+
+
+def check_csrf() -> None:
+    if request.method not in UNSAFE_METHODS or request.blueprint in CSRF_EXEMPT_BLUEPRINTS:
+        return
+    if _uses_cookies() and cross_site_request():
+        raise forbidden("Cross-site request refused.", "csrf_rejected")
+
+
+def _preflight_response():
+    origin = request.headers.get("Origin", "")
+    response = current_app.make_default_options_response()
+    response.status_code = 204
+    if origin and origin_allowed(origin):
+        response.headers["Access-Control-Allow-Methods"] = "GET, POST, PUT, PATCH, DELETE"
+        response.headers["Access-Control-Allow-Headers"] = "Authorization, Content-Type, Last-Event-ID, X-Request-ID"
+        response.headers["Access-Control-Max-Age"] = "600"
+    return response
+
+
+def _add_cors_headers(response):
+    origin = request.headers.get("Origin")
+    if origin and origin.rstrip("/").lower() in {o.lower() for o in current_app.config["SETTINGS"].allowed_origins}:
+        response.headers["Access-Control-Allow-Origin"] = origin
+        response.headers["Access-Control-Allow-Credentials"] = "true"
+        response.headers["Access-Control-Expose-Headers"] = "Event-Cursor, Retry-After, X-Request-ID"
+    response.vary.add("Origin")
+    return response
+
+
+def init_app(app: Flask) -> None:
+    @app.before_request
+    def guard_request():
+        if request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers:
+            return _preflight_response()
+        check_csrf()
+        return None
+
+    app.after_request(_add_cors_headers)
+
+
+__all__ = ["ApiError", "Caller", "authenticate", "login_required", "current_caller", "check_csrf", "init_app"]

@@ -1,0 +1,125 @@
+"""JWT access tokens: issued with the configured key, verified with the configured algorithm only."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import secrets
+import time
+from dataclasses import dataclass
+
+import jwt
+from cryptography.hazmat.primitives import serialization
+from flask import Flask, current_app
+
+REQUIRED_CLAIMS = ["iss", "aud", "sub", "role", "ver", "sid", "jti", "iat", "exp"]
+TOKEN_TYPE = "at+jwt"
+
+
+class TokenExpired(Exception):
+    pass
+
+
+class TokenInvalid(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class AccessClaims:
+    user_id: str
+    role: str
+    token_version: int
+    session_id: str
+    expires_at: int
+
+
+class TokenKeys:
+    """The signing key, the verification key and (for asymmetric keys) the public JWKS."""
+
+    def __init__(self, settings):
+        self.algorithm = settings.jwt_algorithm
+        self.issuer = settings.jwt_issuer
+        self.audience = settings.jwt_audience
+        self.ttl = settings.access_token_ttl
+        self.kid = None
+        self.jwks = {"keys": []}
+        if settings.asymmetric_jwt:
+            private_key = serialization.load_pem_private_key(settings.jwt_private_key.encode(), password=None)
+            self.signing_key = private_key
+            self.verifying_key = private_key.public_key()
+            algorithm = jwt.get_algorithm_by_name(self.algorithm)
+            public_jwk = algorithm.to_jwk(self.verifying_key, as_dict=True)
+            self.kid = _thumbprint(public_jwk)
+            self.jwks = {"keys": [{**public_jwk, "kid": self.kid, "alg": self.algorithm, "use": "sig"}]}
+        else:
+            self.signing_key = self.verifying_key = str(settings.jwt_secret)
+
+
+def _thumbprint(public_jwk: dict) -> str:
+    """RFC 7638 JWK thumbprint: SHA-256 over the required members in lexicographic order."""
+    required = {"RSA": ("e", "kty", "n"), "EC": ("crv", "kty", "x", "y"), "OKP": ("crv", "kty", "x")}
+    members = {k: public_jwk[k] for k in required[public_jwk["kty"]]}
+    digest = hashlib.sha256(json.dumps(members, separators=(",", ":"), sort_keys=True).encode()).digest()
+    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+
+def init_app(app: Flask) -> None:
+    app.extensions["token_keys"] = TokenKeys(app.config["SETTINGS"])
+
+
+def _keys() -> TokenKeys:
+    return current_app.extensions["token_keys"]
+
+
+def issue_access_token(user_id: str, role: str, token_version: int, session_id: str) -> str:
+    """A signed access token; it names the user, role, tokenVersion and session, nothing secret."""
+    keys = _keys()
+    now = int(time.time())
+    claims = {
+        "iss": keys.issuer,
+        "aud": keys.audience,
+        "sub": str(user_id),
+        "role": role,
+        "ver": int(token_version),
+        "sid": session_id,
+        "jti": secrets.token_urlsafe(16),
+        "iat": now,
+        "exp": now + keys.ttl,
+    }
+    headers = {"typ": TOKEN_TYPE}
+    if keys.kid:
+        headers["kid"] = keys.kid
+    return jwt.encode(claims, keys.signing_key, algorithm=keys.algorithm, headers=headers)
+
+
+def decode_access_token(token: str) -> AccessClaims:
+    """Verify signature, algorithm (ours, never the header's), type, issuer, audience, expiry, claims."""
+    keys = _keys()
+    try:
+        header = jwt.get_unverified_header(token)
+        if header.get("typ") != TOKEN_TYPE:
+            raise TokenInvalid("wrong token type")
+        if keys.kid and header.get("kid") != keys.kid:
+            raise TokenInvalid("unknown key id")
+        claims = jwt.decode(
+            token,
+            keys.verifying_key,
+            algorithms=[keys.algorithm],
+            audience=keys.audience,
+            issuer=keys.issuer,
+            options={"require": REQUIRED_CLAIMS},
+        )
+    except jwt.ExpiredSignatureError:
+        raise TokenExpired() from None
+    except jwt.InvalidTokenError as error:
+        raise TokenInvalid(type(error).__name__) from None
+    if not (
+        isinstance(claims["sub"], str)
+        and isinstance(claims["sid"], str)
+        and isinstance(claims["role"], str)
+        and isinstance(claims["ver"], int)
+        and not isinstance(claims["ver"], bool)
+    ):
+        raise TokenInvalid("malformed claims")
+    return AccessClaims(claims["sub"], claims["role"], claims["ver"], claims["sid"], int(claims["exp"]))

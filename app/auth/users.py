@@ -1,0 +1,71 @@
+"""User records: creation, look-up, the public view (U of API.md) and password changes."""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+
+from ..errors import ApiError
+from ..redis import Keys, get_redis, get_scripts
+from . import passwords
+
+EMAIL_PATTERN = re.compile(r"^[^@\s]{1,64}@[^@\s]+\.[^@\s]+$")
+PASSWORD_MIN, PASSWORD_MAX = 8, 1024
+ROLES = ("user", "admin")
+
+
+def normalise_email(email: str) -> str:
+    return email.strip().lower()
+
+
+def validate_email(email: str) -> str:
+    email = normalise_email(email)
+    if len(email) > 254 or not EMAIL_PATTERN.match(email):
+        raise ApiError(422, "validation_failed", "The e-mail address is not valid.")
+    return email
+
+
+def validate_password(password: str) -> str:
+    if not PASSWORD_MIN <= len(password) <= PASSWORD_MAX:
+        raise ApiError(422, "validation_failed", f"The password must have {PASSWORD_MIN} to {PASSWORD_MAX} characters.")
+    return password
+
+
+def create_user(email: str, password: str | None, role: str = "user", identities: tuple[str, ...] = ()) -> dict:
+    """Create a user (password hashed off the hub); 409 if the e-mail or an identity is taken."""
+    email = validate_email(email)
+    if role not in ROLES:
+        raise ApiError(422, "validation_failed", f"The role must be one of {', '.join(ROLES)}.")
+    password_hash = passwords.hash_password(validate_password(password)) if password is not None else ""
+    user = {
+        "id": uuid.uuid4().hex,
+        "email": email,
+        "role": role,
+        "password_hash": password_hash,
+        "token_version": "0",
+        "created_at": f"{time.time():.3f}",
+    }
+    keys = [Keys.user_by_email(email), *identities, Keys.user(user["id"])]
+    pairs = [item for pair in user.items() for item in pair]
+    taken = get_scripts().create_user(keys=keys, args=[user["id"], *pairs])
+    if taken:
+        raise ApiError(409, "conflict", "An account with this e-mail address already exists.")
+    return user
+
+
+def find_user_id_by_email(email: str) -> str | None:
+    return get_redis().get(Keys.user_by_email(normalise_email(email)))
+
+
+def get_user(user_id: str) -> dict | None:
+    record = get_redis().hgetall(Keys.user(user_id))
+    return record or None
+
+
+def public_user(user: dict) -> dict:
+    return {"id": user["id"], "email": user["email"], "role": user["role"]}
+
+
+def store_password_hash(user_id: str, password_hash: str) -> None:
+    get_redis().hset(Keys.user(user_id), "password_hash", password_hash)

@@ -1,0 +1,191 @@
+"""The account and session endpoints of API.md section 3. Views parse input and call plain functions."""
+
+from __future__ import annotations
+
+from flask import Blueprint, current_app, jsonify, make_response, request
+
+from ..errors import ApiError, error_response, not_found, unauthorized
+from ..http import field, json_body
+from . import cookies, passwords, sessions, tokens, users
+from .guards import authenticate, current_caller, login_required
+
+bp = Blueprint("auth", __name__, url_prefix="/auth")
+jwks_bp = Blueprint("jwks", __name__)
+
+TRANSPORTS = ("cookie", "body")
+
+
+def _settings():
+    return current_app.config["SETTINGS"]
+
+
+def _token_response(user: dict, session_id: str, role: str, token_version: int, refresh_token: str, transport: str):
+    """T of API.md: tokens in the body for `body`, in cookies (and not the body) for `cookie`."""
+    settings = _settings()
+    access_token = tokens.issue_access_token(user["id"], role, token_version, session_id)
+    payload = {
+        "token_type": "Bearer",
+        "expires_in": settings.access_token_ttl,
+        "refresh_expires_in": settings.refresh_token_ttl,
+        "session_id": session_id,
+        "user": users.public_user(user),
+    }
+    if transport == "body":
+        payload = {"access_token": access_token, "refresh_token": refresh_token, **payload}
+    response = make_response(jsonify(payload), 200)
+    response.headers["Cache-Control"] = "no-store"
+    if transport == "cookie":
+        cookies.set_token_cookies(
+            response, access_token, settings.access_token_ttl, refresh_token, settings.refresh_token_ttl
+        )
+    return response
+
+
+def _no_content(clear_cookies: bool = False):
+    response = make_response("", 204)
+    if clear_cookies:
+        cookies.clear_token_cookies(response)
+    return response
+
+
+def _refused(error: ApiError, transport: str):
+    """A 401 that also drops the browser's now useless cookies."""
+    response = error_response(error.status, error.code, error.message)
+    if transport == "cookie":
+        cookies.clear_token_cookies(response)
+    return response
+
+
+@bp.post("/register")
+def register():
+    body = json_body()
+    email, password = field(body, "email"), field(body, "password")
+    user = users.create_user(email, password)
+    return jsonify({"user": users.public_user(user)}), 201
+
+
+@bp.post("/login")
+def login():
+    body = json_body()
+    email, password = field(body, "email"), field(body, "password")
+    transport = field(body, "transport", required=False, default="cookie")
+    device = field(body, "device", required=False) or request.user_agent.string or None
+    if transport not in TRANSPORTS:
+        raise ApiError(422, "validation_failed", "transport must be 'cookie' or 'body'.")
+    user_id = users.find_user_id_by_email(email)
+    user = users.get_user(user_id) if user_id else None
+    if not user or not user.get("password_hash"):
+        passwords.spend_verification_time(password)
+        raise unauthorized("Wrong e-mail or password.", "invalid_credentials")
+    ok, new_hash = passwords.verify_password(password, user["password_hash"])
+    if not ok:
+        raise unauthorized("Wrong e-mail or password.", "invalid_credentials")
+    if new_hash:
+        users.store_password_hash(user["id"], new_hash)
+    issued = sessions.start_session(user["id"], device, request.remote_addr)
+    return _token_response(user, issued.session_id, user["role"], int(user["token_version"]), issued.refresh_token, transport)
+
+
+@bp.post("/refresh")
+def refresh():
+    body = json_body(optional=True)
+    raw = field(body, "refresh_token", required=False)
+    transport = "body" if raw is not None else "cookie"
+    if raw is None:
+        raw = request.cookies.get(cookies.REFRESH_COOKIE)
+    if not raw:
+        return _refused(unauthorized("No refresh token was presented.", "invalid_refresh_token"), transport)
+    rotation = sessions.rotate_refresh_token(raw)
+    if rotation.outcome == "reused":
+        message = "This refresh token was already used; the session has been ended. Log in again."
+        return _refused(unauthorized(message, "refresh_token_reused"), transport)
+    user = users.get_user(rotation.user_id) if rotation.outcome != "invalid" else None
+    if user is None:
+        return _refused(unauthorized("The refresh token is not valid.", "invalid_refresh_token"), transport)
+    return _token_response(user, rotation.session_id, rotation.role, rotation.token_version, rotation.refresh_token, transport)
+
+
+def _session_to_end() -> str:
+    """The caller's session: from the access token, or failing that from its refresh token."""
+    try:
+        return authenticate().session_id
+    except ApiError:
+        body = json_body(optional=True)
+        raw = field(body, "refresh_token", required=False) or request.cookies.get(cookies.REFRESH_COOKIE)
+        found = sessions.session_of_refresh_token(raw) if raw else None
+        if found is None:
+            raise
+        return found[1]
+
+
+@bp.post("/logout")
+def logout():
+    try:
+        session_id = _session_to_end()
+    except ApiError as error:
+        return _refused(error, "cookie")
+    sessions.end_session(session_id)
+    return _no_content(clear_cookies=True)
+
+
+@bp.post("/logout-all")
+@login_required
+def logout_all():
+    sessions.logout_all(current_caller().user_id)
+    return _no_content(clear_cookies=True)
+
+
+@bp.get("/me")
+@login_required
+def me():
+    caller = current_caller()
+    user = users.get_user(caller.user_id)
+    if user is None:
+        raise unauthorized()
+    return jsonify({"user": users.public_user(user), "session_id": caller.session_id})
+
+
+@bp.get("/sessions")
+@login_required
+def list_sessions():
+    caller = current_caller()
+    return jsonify({"sessions": sessions.list_sessions(caller.user_id, caller.session_id)})
+
+
+@bp.delete("/sessions/<session_id>")
+@login_required
+def end_session(session_id: str):
+    caller = current_caller()
+    if sessions.session_owner(session_id) != caller.user_id:
+        raise not_found("No such session.")
+    sessions.end_session(session_id)
+    return _no_content(clear_cookies=session_id == caller.session_id)
+
+
+@bp.post("/password")
+@login_required
+def change_password():
+    body = json_body()
+    current, new = field(body, "current_password"), field(body, "new_password")
+    users.validate_password(new)
+    caller = current_caller()
+    user = users.get_user(caller.user_id)
+    if user is None:
+        raise unauthorized()
+    ok = bool(user.get("password_hash")) and passwords.verify_password(current, user["password_hash"])[0]
+    if not ok:
+        raise unauthorized("The current password is wrong.", "invalid_credentials")
+    users.store_password_hash(user["id"], passwords.hash_password(new))
+    sessions.end_other_sessions(user["id"], caller.session_id)
+    return _no_content()
+
+
+@jwks_bp.get("/.well-known/jwks.json")
+def jwks():
+    keys = current_app.extensions["token_keys"]
+    if not keys.kid:
+        raise not_found("This service signs with a shared secret; there is no public key.")
+    response = jsonify(keys.jwks)
+    response.headers["Cache-Control"] = "public, max-age=300"
+    return response
+

@@ -1,0 +1,94 @@
+"""The one JSON error shape of API.md section 0, and the handlers that make every failure use it."""
+
+from __future__ import annotations
+
+import logging
+
+import redis
+from flask import Flask, jsonify
+from werkzeug.exceptions import HTTPException
+
+log = logging.getLogger(__name__)
+
+# Werkzeug's own exceptions (routing, size limits) mapped to our error codes.
+_HTTP_CODES = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+    429: "rate_limited",
+}
+
+
+class ApiError(Exception):
+    """An error answered to the client as `{"error": {"code", "message"}}`."""
+
+    def __init__(self, status: int, code: str, message: str, headers: dict | None = None):
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.headers = headers or {}
+
+
+def bad_request(message: str) -> ApiError:
+    return ApiError(400, "bad_request", message)
+
+
+def unauthorized(message: str = "Authentication required.", code: str = "unauthorized") -> ApiError:
+    return ApiError(401, code, message)
+
+
+def forbidden(message: str = "Not allowed.", code: str = "forbidden") -> ApiError:
+    return ApiError(403, code, message)
+
+
+def not_found(message: str = "Not found.") -> ApiError:
+    return ApiError(404, "not_found", message)
+
+
+def error_response(status: int, code: str, message: str, headers: dict | None = None):
+    response = jsonify({"error": {"code": code, "message": message}})
+    response.status_code = status
+    response.headers.update(headers or {})
+    if status == 401:
+        response.headers.setdefault("WWW-Authenticate", 'Bearer realm="api"')
+    return response
+
+
+def init_app(app: Flask) -> None:
+    @app.errorhandler(ApiError)
+    def handle_api_error(error: ApiError):
+        return error_response(error.status, error.code, error.message, error.headers)
+
+    @app.errorhandler(HTTPException)
+    def handle_http_exception(error: HTTPException):
+        status = error.code or 500
+        code = _HTTP_CODES.get(status, "error")
+        headers = {}
+        if status == 429:
+            retry_after = getattr(getattr(error, "limit", None), "limit", None)
+            seconds = int(retry_after.get_expiry()) if retry_after is not None else 60
+            headers["Retry-After"] = str(seconds)
+            message = "Too many requests; retry later."
+        elif status == 405:
+            message = "Method not allowed."
+        elif status == 413:
+            message = "Request body is too large."
+        else:
+            message = error.description or error.name
+        return error_response(status, code, message, headers)
+
+    @app.errorhandler(redis.exceptions.ConnectionError)
+    @app.errorhandler(redis.exceptions.TimeoutError)
+    def handle_redis_down(error: Exception):
+        log.warning("redis unavailable: %s", type(error).__name__)
+        return error_response(503, "unavailable", "A dependency is unavailable; retry shortly.", {"Retry-After": "1"})
+
+    @app.errorhandler(Exception)
+    def handle_unexpected(error: Exception):
+        log.exception("unhandled error")
+        return error_response(500, "internal_error", "Internal server error.")

@@ -1,0 +1,206 @@
+"""The Redis client, every key name, and the Lua scripts that make multi-key changes atomic.
+
+The Lua scripts build a few key names themselves (a record names its family or owner only at run time);
+they follow the same patterns as `Keys` below, which is the one place to change them.
+"""
+
+from __future__ import annotations
+
+import redis
+from flask import Flask, current_app
+
+
+class Keys:
+    @staticmethod
+    def user(user_id: str) -> str:
+        return f"user:{user_id}"
+
+    @staticmethod
+    def user_by_email(email: str) -> str:
+        return f"user:email:{email}"
+
+    @staticmethod
+    def user_by_identity(provider: str, subject: str) -> str:
+        return f"user:identity:{provider}:{subject}"
+
+    @staticmethod
+    def user_sessions(user_id: str) -> str:
+        return f"user:{user_id}:sessions"
+
+    @staticmethod
+    def session(session_id: str) -> str:
+        return f"session:{session_id}"
+
+    @staticmethod
+    def session_tokens(session_id: str) -> str:
+        """Every refresh-token hash of one family (family id == session id)."""
+        return f"session:{session_id}:tokens"
+
+    @staticmethod
+    def refresh_token(token_hash: str) -> str:
+        return f"refresh:{token_hash}"
+
+    @staticmethod
+    def stream(channel: str) -> str:
+        return f"events:{{{channel}}}"
+
+    @staticmethod
+    def webhook_delivery(provider: str, delivery_id: str) -> str:
+        return f"webhook:{provider}:delivery:{delivery_id}"
+
+    @staticmethod
+    def webhook_log(provider: str) -> str:
+        return f"webhook:{provider}:log"
+
+
+# Shared Lua: revoke every live token of a family and end its session. Used by reuse detection,
+# per-device logout and logout-all so that all three end a session the same way.
+_END_SESSION_LUA = """
+local function end_session(sid, now)
+  local skey = 'session:' .. sid
+  local uid = redis.call('HGET', skey, 'user_id')
+  local tkey = skey .. ':tokens'
+  for _, h in ipairs(redis.call('SMEMBERS', tkey)) do
+    local rkey = 'refresh:' .. h
+    if redis.call('HGET', rkey, 'revoked_at') == '' then
+      redis.call('HSET', rkey, 'revoked_at', now)
+    end
+  end
+  redis.call('DEL', skey, tkey)
+  if uid then redis.call('SREM', 'user:' .. uid .. ':sessions', sid) end
+  return uid
+end
+"""
+
+# KEYS[1] user, KEYS[2] session. ARGV: user id, now, touch interval.
+# One round trip for every authenticated request: the current tokenVersion, and whether the
+# session still exists and belongs to this user (touching last_used_at at most once a minute).
+VERIFY_ACCESS = """
+local version = redis.call('HGET', KEYS[1], 'token_version')
+local s = redis.call('HMGET', KEYS[2], 'user_id', 'last_used_at')
+if s[1] ~= ARGV[1] then return {version, 0} end
+if tonumber(ARGV[2]) - tonumber(s[2] or 0) >= tonumber(ARGV[3]) then
+  redis.call('HSET', KEYS[2], 'last_used_at', ARGV[2])
+end
+return {version, 1}
+"""
+
+# KEYS[1] the presented token's record, KEYS[2] the new token's record.
+# ARGV: now, new expiry (epoch s), ttl (s), grace (s), presented hash, new hash.
+# Returns {outcome, user_id, session_id, role, token_version}; outcome is
+# rotated | grace | reused | invalid.
+ROTATE_REFRESH = _END_SESSION_LUA + """
+local now, expires, ttl, grace = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local rec = redis.call('HMGET', KEYS[1], 'user_id', 'family_id', 'expires_at', 'revoked_at')
+local uid, sid, exp, revoked = rec[1], rec[2], rec[3], rec[4]
+if not uid or tonumber(exp) <= now then return {'invalid'} end
+local skey = 'session:' .. sid
+local outcome = 'rotated'
+if revoked ~= '' then
+  local previous = redis.call('HGET', skey, 'previous_hash')
+  if grace > 0 and previous == ARGV[5] and now - tonumber(revoked) <= grace then
+    outcome = 'grace'
+  else
+    end_session(sid, ARGV[1])
+    return {'reused', uid, sid}
+  end
+end
+if redis.call('EXISTS', skey) == 0 then return {'invalid'} end
+if outcome == 'rotated' then redis.call('HSET', KEYS[1], 'revoked_at', ARGV[1]) end
+redis.call('HSET', KEYS[2], 'user_id', uid, 'family_id', sid, 'created_at', ARGV[1],
+           'expires_at', expires, 'revoked_at', '')
+redis.call('EXPIRE', KEYS[2], ttl)
+local tkey = skey .. ':tokens'
+redis.call('SADD', tkey, ARGV[6])
+redis.call('EXPIRE', tkey, ttl)
+if outcome == 'rotated' then redis.call('HSET', skey, 'previous_hash', ARGV[5]) end
+redis.call('HSET', skey, 'current_hash', ARGV[6], 'last_used_at', ARGV[1], 'expires_at', expires)
+redis.call('EXPIRE', skey, ttl)
+local user = redis.call('HMGET', 'user:' .. uid, 'role', 'token_version')
+return {outcome, uid, sid, user[1], user[2]}
+"""
+
+# ARGV: session id, now. Returns the owner's user id (or nil if the session was already gone).
+END_SESSION = _END_SESSION_LUA + """
+return end_session(ARGV[1], ARGV[2])
+"""
+
+# KEYS[1] user, KEYS[2] the user's session set. ARGV: now, session id to keep ('' for none).
+# Ends every session but the kept one; returns the ended session ids.
+END_OTHER_SESSIONS = _END_SESSION_LUA + """
+local ended = {}
+for _, sid in ipairs(redis.call('SMEMBERS', KEYS[2])) do
+  if sid ~= ARGV[2] then
+    end_session(sid, ARGV[1])
+    table.insert(ended, sid)
+  end
+end
+return ended
+"""
+
+# KEYS[1] user, KEYS[2] the user's session set. ARGV: now.
+# Logout from all devices: tokenVersion + 1 and every session ended, in one step.
+LOGOUT_ALL = _END_SESSION_LUA + """
+local version = redis.call('HINCRBY', KEYS[1], 'token_version', 1)
+local ended = {}
+for _, sid in ipairs(redis.call('SMEMBERS', KEYS[2])) do
+  end_session(sid, ARGV[1])
+  table.insert(ended, sid)
+end
+return {version, ended}
+"""
+
+
+# KEYS: index keys (e-mail, provider identity) then, last, the user record. ARGV: user id, then the
+# record's field/value pairs. Creates the user only if no index key is taken; returns the position
+# (1-based) of the first taken index key, or 0 on success. No half-written user on a conflict.
+CREATE_USER = """
+local user_key = KEYS[#KEYS]
+for i = 1, #KEYS - 1 do
+  if redis.call('EXISTS', KEYS[i]) == 1 then return i end
+end
+for i = 1, #KEYS - 1 do redis.call('SET', KEYS[i], ARGV[1]) end
+redis.call('HSET', user_key, unpack(ARGV, 2))
+return 0
+"""
+
+
+class Scripts:
+    """Registered scripts: redis-py sends EVALSHA and falls back to EVAL after a script flush."""
+
+    def __init__(self, client: redis.Redis):
+        self.create_user = client.register_script(CREATE_USER)
+        self.verify_access = client.register_script(VERIFY_ACCESS)
+        self.rotate_refresh = client.register_script(ROTATE_REFRESH)
+        self.end_session = client.register_script(END_SESSION)
+        self.end_other_sessions = client.register_script(END_OTHER_SESSIONS)
+        self.logout_all = client.register_script(LOGOUT_ALL)
+
+
+def connect(url: str, max_connections: int) -> redis.Redis:
+    """A client whose pool is bounded, so thousands of greenlets share a few connections."""
+    pool = redis.BlockingConnectionPool.from_url(
+        url,
+        max_connections=max_connections,
+        timeout=5,
+        decode_responses=True,
+        socket_connect_timeout=3,
+        socket_keepalive=True,
+        health_check_interval=30,
+    )
+    return redis.Redis(connection_pool=pool)
+
+
+def init_app(app: Flask) -> None:
+    settings = app.config["SETTINGS"]
+    client = connect(settings.redis_url, settings.redis_max_connections)
+    app.extensions["redis"] = client
+    app.extensions["redis_scripts"] = Scripts(client)
+
+
+def get_redis() -> redis.Redis:
+    return current_app.extensions["redis"]
+
+
+def get_scripts() -> Scripts:
+    return current_app.extensions["redis_scripts"]
