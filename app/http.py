@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from flask import request
 
@@ -44,5 +44,5 @@ def rfc3339(epoch: float | str | None) -> str | None:
     """An epoch time as an RFC 3339 UTC string."""
     if epoch in (None, ""):
         return None
-    moment = datetime.fromtimestamp(float(epoch), tz=timezone.utc)
+    moment = datetime.fromtimestamp(float(epoch), tz=UTC)
     return moment.isoformat(timespec="seconds").replace("+00:00", "Z")

@@ -89,7 +89,9 @@ return {version, 1}
 # ARGV: now, new expiry (epoch s), ttl (s), grace (s), presented hash, new hash.
 # Returns {outcome, user_id, session_id, role, token_version}; outcome is
 # rotated | grace | reused | invalid.
-ROTATE_REFRESH = _END_SESSION_LUA + """
+ROTATE_REFRESH = (
+    _END_SESSION_LUA
+    + """
 local now, expires, ttl, grace = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local rec = redis.call('HMGET', KEYS[1], 'user_id', 'family_id', 'expires_at', 'revoked_at')
 local uid, sid, exp, revoked = rec[1], rec[2], rec[3], rec[4]
@@ -119,15 +121,21 @@ redis.call('EXPIRE', skey, ttl)
 local user = redis.call('HMGET', 'user:' .. uid, 'role', 'token_version')
 return {outcome, uid, sid, user[1], user[2]}
 """
+)
 
 # ARGV: session id, now. Returns the owner's user id (or nil if the session was already gone).
-END_SESSION = _END_SESSION_LUA + """
+END_SESSION = (
+    _END_SESSION_LUA
+    + """
 return end_session(ARGV[1], ARGV[2])
 """
+)
 
 # KEYS[1] user, KEYS[2] the user's session set. ARGV: now, session id to keep ('' for none).
 # Ends every session but the kept one; returns the ended session ids.
-END_OTHER_SESSIONS = _END_SESSION_LUA + """
+END_OTHER_SESSIONS = (
+    _END_SESSION_LUA
+    + """
 local ended = {}
 for _, sid in ipairs(redis.call('SMEMBERS', KEYS[2])) do
   if sid ~= ARGV[2] then
@@ -137,10 +145,13 @@ for _, sid in ipairs(redis.call('SMEMBERS', KEYS[2])) do
 end
 return ended
 """
+)
 
 # KEYS[1] user, KEYS[2] the user's session set. ARGV: now.
 # Logout from all devices: tokenVersion + 1 and every session ended, in one step.
-LOGOUT_ALL = _END_SESSION_LUA + """
+LOGOUT_ALL = (
+    _END_SESSION_LUA
+    + """
 local version = redis.call('HINCRBY', KEYS[1], 'token_version', 1)
 local ended = {}
 for _, sid in ipairs(redis.call('SMEMBERS', KEYS[2])) do
@@ -149,6 +160,7 @@ for _, sid in ipairs(redis.call('SMEMBERS', KEYS[2])) do
 end
 return {version, ended}
 """
+)
 
 
 # KEYS: index keys (e-mail, provider identity) then, last, the user record. ARGV: user id, then the

@@ -96,7 +96,9 @@ def load_settings(overrides: dict | None = None) -> Settings:
         access_token_ttl=reader.integer("ACCESS_TOKEN_TTL_SECONDS", 900, minimum=1, maximum=900),
         refresh_token_ttl=reader.integer("REFRESH_TOKEN_TTL_SECONDS", 30 * 24 * 3600, minimum=60),
         refresh_reuse_grace=reader.integer("REFRESH_REUSE_GRACE_SECONDS", 0, minimum=0, maximum=60),
-        allowed_origins=tuple(o.strip().rstrip("/") for o in reader.text("ALLOWED_ORIGINS", "").split(",") if o.strip()),
+        allowed_origins=tuple(
+            o.strip().rstrip("/") for o in reader.text("ALLOWED_ORIGINS", "").split(",") if o.strip()
+        ),
         proxy_hops=reader.integer("PROXY_HOPS", 1, minimum=0, maximum=10),
         rate_limits_enabled=reader.boolean("RATE_LIMITS_ENABLED", True),
         rate_limit_login=reader.text("RATE_LIMIT_LOGIN", "10/minute"),

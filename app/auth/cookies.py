@@ -12,7 +12,13 @@ def set_token_cookies(response, access_token: str, access_ttl: int, refresh_toke
         ACCESS_COOKIE, access_token, max_age=access_ttl, path="/", secure=True, httponly=True, samesite="Strict"
     )
     response.set_cookie(
-        REFRESH_COOKIE, refresh_token, max_age=refresh_ttl, path=REFRESH_PATH, secure=True, httponly=True, samesite="Strict"
+        REFRESH_COOKIE,
+        refresh_token,
+        max_age=refresh_ttl,
+        path=REFRESH_PATH,
+        secure=True,
+        httponly=True,
+        samesite="Strict",
     )
 
 

@@ -66,7 +66,13 @@ def start_session(user_id: str, device: str | None, ip: str | None) -> IssuedSes
     pipe = get_redis().pipeline(transaction=True)
     pipe.hset(
         Keys.refresh_token(token_hash),
-        mapping={"user_id": user_id, "family_id": session_id, "created_at": stamp, "expires_at": expires_at, "revoked_at": ""},
+        mapping={
+            "user_id": user_id,
+            "family_id": session_id,
+            "created_at": stamp,
+            "expires_at": expires_at,
+            "revoked_at": "",
+        },
     )
     pipe.expire(Keys.refresh_token(token_hash), ttl)
     pipe.sadd(Keys.session_tokens(session_id), token_hash)
@@ -161,7 +167,7 @@ def list_sessions(user_id: str, current_session_id: str | None) -> list[dict]:
     for session_id in session_ids:
         pipe.hgetall(Keys.session(session_id))
     records = pipe.execute()
-    gone = [sid for sid, record in zip(session_ids, records) if not record]
+    gone = [sid for sid, record in zip(session_ids, records, strict=False) if not record]
     if gone:  # expired sessions leave their id behind in the set
         client.srem(Keys.user_sessions(user_id), *gone)
     sessions = [

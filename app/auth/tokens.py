@@ -14,7 +14,7 @@ from cryptography.hazmat.primitives import serialization
 from flask import Flask, current_app
 
 REQUIRED_CLAIMS = ["iss", "aud", "sub", "role", "ver", "sid", "jti", "iat", "exp"]
-TOKEN_TYPE = "at+jwt"
+TOKEN_TYPE = "at+jwt"  # noqa: S105 (a JWT "typ" value, not a secret)
 
 
 class TokenExpired(Exception):

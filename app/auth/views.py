@@ -83,7 +83,9 @@ def login():
     if new_hash:
         users.store_password_hash(user["id"], new_hash)
     issued = sessions.start_session(user["id"], device, request.remote_addr)
-    return _token_response(user, issued.session_id, user["role"], int(user["token_version"]), issued.refresh_token, transport)
+    return _token_response(
+        user, issued.session_id, user["role"], int(user["token_version"]), issued.refresh_token, transport
+    )
 
 
 @bp.post("/refresh")
@@ -102,7 +104,9 @@ def refresh():
     user = users.get_user(rotation.user_id) if rotation.outcome != "invalid" else None
     if user is None:
         return _refused(unauthorized("The refresh token is not valid.", "invalid_refresh_token"), transport)
-    return _token_response(user, rotation.session_id, rotation.role, rotation.token_version, rotation.refresh_token, transport)
+    return _token_response(
+        user, rotation.session_id, rotation.role, rotation.token_version, rotation.refresh_token, transport
+    )
 
 
 def _session_to_end() -> str:
@@ -188,4 +192,3 @@ def jwks():
     response = jsonify(keys.jwks)
     response.headers["Cache-Control"] = "public, max-age=300"
     return response
-

@@ -1,0 +1,32 @@
+# `make run` serves the app; `make test` runs the whole suite. Both set up everything they need.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt | sha1sum | cut -c1-12)
+SYSTEM_PACKAGES := redis-server=redis-server redis-cli=redis-tools
+
+.PHONY: run test lint deps system-deps clean
+
+$(STAMP): requirements.txt requirements-dev.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q -r requirements-dev.txt
+	rm -f $(VENV)/.installed-* && touch $@
+
+deps: $(STAMP)
+
+system-deps:
+	scripts/ensure-packages.sh $(SYSTEM_PACKAGES)
+
+run: deps system-deps
+	scripts/run.sh
+
+lint: deps
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+test: deps system-deps lint
+	$(BIN)/pytest
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

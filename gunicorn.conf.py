@@ -1,0 +1,55 @@
+"""gunicorn settings for the service; every value says why it is what it is.
+
+Run: gunicorn -c gunicorn.conf.py wsgi:app   (the Procfile's web line)
+"""
+
+import multiprocessing
+import os
+
+# PaaS platforms hand out the port in $PORT; listen on every interface so their router reaches us.
+bind = f"0.0.0.0:{os.environ.get('PORT', '8000')}"
+
+# gevent: one greenlet per connection, so thousands of idle SSE streams and WebSockets cost
+# memory, not threads. The worker monkey-patches the standard library before the app is imported.
+worker_class = "gevent"
+
+# One worker per core by default (WEB_CONCURRENCY is what Heroku-style platforms set).
+workers = int(os.environ.get("WEB_CONCURRENCY", multiprocessing.cpu_count()))
+
+# Open connections per worker. Streams are long-lived, so this is sized for thousands each;
+# the process file-descriptor limit (ulimit -n) must be at least this much.
+worker_connections = int(os.environ.get("WORKER_CONNECTIONS", "20000"))
+
+# Seconds a worker may go without notifying the arbiter. With gevent that only happens when the
+# hub is blocked (CPU work on the hub, an un-patched call): kept to catch exactly that bug.
+timeout = int(os.environ.get("GUNICORN_TIMEOUT", "30"))
+
+# On SIGTERM or a reload, open streams are ended at once (SSE) or closed with 1001 (WebSocket),
+# and clients reconnect with their cursor to a live worker; no need to wait long for them.
+graceful_timeout = int(os.environ.get("GRACEFUL_TIMEOUT", "10"))
+
+# Longer than nginx's upstream keepalive_timeout (60 s), so nginx, not gunicorn, closes idle
+# upstream connections; the other way round nginx may reuse a connection just being closed.
+keepalive = 75
+
+# Trust X-Forwarded-* only from these addresses (the proxy in front). The app's ProxyFix applies
+# PROXY_HOPS on top of this; both must agree with the real deployment.
+forwarded_allow_ips = os.environ.get("FORWARDED_ALLOW_IPS", "127.0.0.1,::1")
+
+# No preload: each worker builds its own app after gevent has patched the process, so the Redis
+# client and the event hub are made in the process (and loop) that uses them.
+preload_app = False
+
+# No max_requests: recycling a worker would cut every open stream it holds.
+max_requests = 0
+
+# Bounded request line and headers: refuse oversized requests before the app sees them.
+limit_request_line = 8190
+limit_request_fields = 100
+limit_request_field_size = 8190
+
+# Logs to stdout/stderr, where a PaaS or systemd collects them. The app writes its own JSON access
+# line per request, so gunicorn's access log is left off.
+accesslog = None
+errorlog = "-"
+loglevel = os.environ.get("LOG_LEVEL", "info").lower()

@@ -1,0 +1,169 @@
+"""Forged access tokens: each built from a real login's claims, so only the attack differs; all 401."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import time
+
+import jwt
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ed25519, rsa
+
+from tests.conftest import TEST_JWT_SECRET, https_client
+from tests.utils import AuthActions, bearer
+
+# Forgeries deliberately use short or empty HMAC keys; PyJWT warns when *signing* them.
+pytestmark = pytest.mark.filterwarnings("ignore::jwt.warnings.InsecureKeyLengthWarning")
+
+REQUIRED = ["iss", "aud", "sub", "role", "ver", "sid", "jti", "iat", "exp"]
+
+
+def b64(data: dict | bytes) -> str:
+    raw = json.dumps(data).encode() if isinstance(data, dict) else data
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+
+def real_claims(token: str) -> dict:
+    return jwt.decode(token, options={"verify_signature": False})
+
+
+@pytest.fixture
+def session(auth):
+    tokens = auth.new_user_tokens()
+    return tokens, real_claims(tokens["access_token"])
+
+
+def sign(claims: dict, key=TEST_JWT_SECRET, algorithm="HS256", headers=None) -> str:
+    return jwt.encode(claims, key, algorithm=algorithm, headers={"typ": "at+jwt", **(headers or {})})
+
+
+def hmac_sign(header: dict, claims: dict, key: bytes) -> str:
+    """HS256 by hand, for keys PyJWT itself refuses to use (empty, or a PEM public key)."""
+    signing_input = f"{b64(header)}.{b64(claims)}"
+    return f"{signing_input}.{b64(hmac.new(key, signing_input.encode(), hashlib.sha256).digest())}"
+
+
+def assert_refused(client, token: str, code: str = "unauthorized"):
+    response = client.get("/auth/me", headers=bearer(token))
+    assert response.status_code == 401, response.get_json()
+    assert response.get_json()["error"]["code"] == code
+
+
+def test_control_a_correctly_signed_copy_is_accepted(client, session):
+    """Proves the forgeries below fail for their attack, not for their claims."""
+    _, claims = session
+    assert client.get("/auth/me", headers=bearer(sign(claims))).status_code == 200
+
+
+@pytest.mark.parametrize("alg", ["none", "None", "NONE", "nOnE"])
+def test_alg_none_is_refused(client, session, alg):
+    _, claims = session
+    token = f"{b64({'alg': alg, 'typ': 'at+jwt'})}.{b64(claims)}."
+    assert_refused(client, token)
+
+
+@pytest.mark.parametrize("algorithm", ["HS384", "HS512"])
+def test_other_hmac_algorithm_with_the_right_secret_is_refused(client, session, algorithm):
+    _, claims = session
+    assert_refused(client, sign(claims, algorithm=algorithm))
+
+
+def test_tampered_payload_role_admin_is_refused(client, session):
+    tokens, claims = session
+    header, _, signature = tokens["access_token"].split(".")
+    assert_refused(client, f"{header}.{b64({**claims, 'role': 'admin'})}.{signature}")
+
+
+def test_wrong_key_is_refused(client, session):
+    _, claims = session
+    assert_refused(client, sign(claims, key="another-secret-of-sufficient-length-123456"))
+
+
+def test_expired_token_is_refused_as_expired(client, session):
+    _, claims = session
+    now = int(time.time())
+    assert_refused(client, sign({**claims, "iat": now - 1000, "exp": now - 100}), "token_expired")
+
+
+@pytest.mark.parametrize("claim", REQUIRED)
+def test_missing_required_claim_is_refused(client, session, claim):
+    _, claims = session
+    assert_refused(client, sign({k: v for k, v in claims.items() if k != claim}))
+
+
+@pytest.mark.parametrize("claim, value", [("iss", "https://evil.example"), ("aud", "another-api")])
+def test_wrong_issuer_or_audience_is_refused(client, session, claim, value):
+    _, claims = session
+    assert_refused(client, sign({**claims, claim: value}))
+
+
+def test_wrong_type_header_is_refused(client, session):
+    _, claims = session
+    assert_refused(client, jwt.encode(claims, TEST_JWT_SECRET, algorithm="HS256", headers={"typ": "JWT"}))
+
+
+def test_embedded_jwk_header_is_not_trusted(client, session):
+    _, claims = session
+    attacker = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    public_jwk = jwt.algorithms.RSAAlgorithm.to_jwk(attacker.public_key(), as_dict=True)
+    assert_refused(client, sign(claims, key=attacker, algorithm="RS256", headers={"jwk": public_jwk}))
+
+
+def test_kid_with_path_traversal_is_refused(client, session):
+    _, claims = session
+    # A verifier that loaded keys by kid would read /dev/null: an empty key.
+    token = hmac_sign({"alg": "HS256", "typ": "at+jwt", "kid": "../../../../dev/null"}, claims, b"")
+    assert_refused(client, token)
+
+
+def test_garbage_is_refused(client):
+    for token in ("not-a-jwt", "a.b.c", "....", "e30.e30.e30"):
+        assert_refused(client, token)
+
+
+# An asymmetric key: EdDSA with a kid and a JWKS document.
+
+
+@pytest.fixture
+def eddsa_key() -> ed25519.Ed25519PrivateKey:
+    return ed25519.Ed25519PrivateKey.generate()
+
+
+@pytest.fixture
+def eddsa_client(make_app, eddsa_key):
+    pem = eddsa_key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    ).decode()
+    return https_client(make_app(JWT_ALGORITHM="EdDSA", JWT_PRIVATE_KEY=pem, JWT_SECRET=""))
+
+
+def test_eddsa_tokens_carry_kid_published_in_jwks(eddsa_client, eddsa_key):
+    tokens = AuthActions(eddsa_client).new_user_tokens()
+    header = jwt.get_unverified_header(tokens["access_token"])
+    assert header["alg"] == "EdDSA" and header["typ"] == "at+jwt"
+    jwks = eddsa_client.get("/.well-known/jwks.json").get_json()
+    assert [key["kid"] for key in jwks["keys"]] == [header["kid"]]
+    public_key = jwt.PyJWK(jwks["keys"][0]).key
+    claims = jwt.decode(tokens["access_token"], public_key, algorithms=["EdDSA"], audience="auth-rt")
+    assert claims["sub"] == tokens["user"]["id"]
+    assert "password" not in json.dumps(claims)
+    assert eddsa_client.get("/auth/me", headers=bearer(tokens["access_token"])).status_code == 200
+
+
+def test_eddsa_refuses_hs256_signed_with_the_public_key(eddsa_client, eddsa_key):
+    """Algorithm confusion: the public key used as an HMAC secret."""
+    tokens = AuthActions(eddsa_client).new_user_tokens()
+    claims = real_claims(tokens["access_token"])
+    kid = jwt.get_unverified_header(tokens["access_token"])["kid"]
+    public_pem = eddsa_key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    assert_refused(eddsa_client, hmac_sign({"alg": "HS256", "typ": "at+jwt", "kid": kid}, claims, public_pem))
+
+
+def test_hs256_service_has_no_jwks(client):
+    assert client.get("/.well-known/jwks.json").status_code == 404

@@ -1,0 +1,105 @@
+"""Real servers for tests: redis-server and gunicorn (gevent worker), on loopback ports picked here."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import redis
+import requests
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV_BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_until(predicate, timeout: float = 10.0, interval: float = 0.02, message: str = "condition"):
+    """Poll `predicate` until it returns a truthy value; fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    last_error = None
+    while time.monotonic() < deadline:
+        try:
+            value = predicate()
+            if value:
+                return value
+        except Exception as error:  # noqa: BLE001 - the server may not be up yet
+            last_error = error
+        time.sleep(interval)
+    raise TimeoutError(f"timed out waiting for {message}: {last_error!r}")
+
+
+class RedisServer:
+    """A redis-server process that can be stopped and started again on the same port."""
+
+    def __init__(self, directory: Path):
+        self.port = free_port()
+        self.directory = directory
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def client(self) -> redis.Redis:
+        return redis.Redis.from_url(self.url, decode_responses=True)
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            ["redis-server", "--bind", "127.0.0.1", "--port", str(self.port), "--save", "", "--appendonly", "no"]
+            + ["--dir", str(self.directory)],
+            stdout=subprocess.DEVNULL,
+        )
+        wait_until(lambda: self.client().ping(), message="redis-server")
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(10)
+
+
+class LiveServer:
+    """gunicorn with the gevent worker, configured by gunicorn.conf.py and environment variables."""
+
+    def __init__(self, env: dict, workers: int = 1, log_path: Path | None = None):
+        self.port = free_port()
+        self.env = {**os.environ, **env, "PORT": str(self.port), "WEB_CONCURRENCY": str(workers)}
+        self.env["PATH"] = f"{VENV_BIN}:{self.env.get('PATH', '')}"
+        self.log_path = log_path
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
+        self.process = subprocess.Popen(
+            [str(VENV_BIN / "gunicorn"), "-c", "gunicorn.conf.py", "wsgi:app"],
+            cwd=ROOT,
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        wait_until(lambda: requests.get(self.url + "/healthz", timeout=1).ok, timeout=20, message="gunicorn")
+
+    def signal(self, sig: int) -> None:
+        self.process.send_signal(sig)
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
