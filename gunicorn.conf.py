@@ -53,3 +53,7 @@ limit_request_field_size = 8190
 accesslog = None
 errorlog = "-"
 loglevel = os.environ.get("LOG_LEVEL", "info").lower()
+
+# gunicorn 24+ opens a control socket at one fixed path per user; several instances on one host (a
+# scale-out test, a blue-green switch) would fight over it, and signals do everything we need.
+control_socket_disable = True

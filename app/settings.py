@@ -54,7 +54,9 @@ class Settings:
     event_history_maxlen: int
     ws_send_queue: int
     ws_send_timeout: float
-    extra: dict = field(default_factory=dict)
+    # The raw environment, for feature modules (OAuth, webhooks) that parse their own provider lists.
+    # Kept out of the repr: it holds secrets.
+    environ: dict = field(default_factory=dict, repr=False)
 
     @property
     def production(self) -> bool:
@@ -110,7 +112,7 @@ def load_settings(overrides: dict | None = None) -> Settings:
         event_history_maxlen=reader.integer("EVENT_HISTORY_MAXLEN", 1000, minimum=1),
         ws_send_queue=reader.integer("WS_SEND_QUEUE", 1000, minimum=1),
         ws_send_timeout=reader.number("WS_SEND_TIMEOUT_SECONDS", 10, minimum=0.05),
-        extra=env,
+        environ=env,
     )
     if settings.long_poll_timeout > settings.long_poll_max_timeout:
         raise SettingsError("LONG_POLL_TIMEOUT_SECONDS must not exceed LONG_POLL_MAX_TIMEOUT_SECONDS")
