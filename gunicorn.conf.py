@@ -57,3 +57,22 @@ loglevel = os.environ.get("LOG_LEVEL", "info").lower()
 # gunicorn 24+ opens a control socket at one fixed path per user; several instances on one host (a
 # scale-out test, a blue-green switch) would fight over it, and signals do everything we need.
 control_socket_disable = True
+
+
+def post_worker_init(worker):
+    """End this worker's streams as soon as it starts a graceful shutdown (SIGTERM, HUP reload).
+
+    gunicorn only flips `worker.alive` and then waits up to graceful_timeout for open requests; SSE
+    streams and WebSockets would hold it for all of that. Ending them at once (SSE end, WebSocket
+    close 1001) sends clients to a live worker, where they resume by cursor.
+    """
+    import gevent
+
+    from app.events.hub import shutdown_all
+
+    def watch():
+        while worker.alive:
+            gevent.sleep(0.2)
+        shutdown_all()
+
+    gevent.spawn(watch)

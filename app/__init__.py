@@ -7,7 +7,7 @@ import logging
 from flask import Flask
 from werkzeug.middleware.proxy_fix import ProxyFix
 
-from . import cli, errors, limits, ops
+from . import cli, errors, events, limits, ops
 from . import redis as redis_ext
 from .auth import guards, tokens
 from .auth import views as auth_views
@@ -38,6 +38,7 @@ def create_app(overrides: dict | None = None) -> Flask:
     app.register_blueprint(ops.bp)
     app.register_blueprint(auth_views.bp)
     app.register_blueprint(auth_views.jwks_bp)
+    events.init_app(app)
     limits.init_app(app)
     cli.init_app(app)
     return app

@@ -124,9 +124,9 @@ def session_of_refresh_token(raw: str) -> tuple[str, str] | None:
     return record["user_id"], record["family_id"]
 
 
-def session_is_valid(user_id: str, session_id: str, token_version: int) -> bool:
+def session_is_valid(user_id: str, session_id: str, token_version: int, scripts=None) -> bool:
     """One round trip: the token's version is the user's current one and its session still exists."""
-    version, session_ok = get_scripts().verify_access(
+    version, session_ok = (scripts or get_scripts()).verify_access(
         keys=[Keys.user(user_id), Keys.session(session_id)],
         args=[user_id, f"{time.time():.3f}", TOUCH_INTERVAL_SECONDS],
     )

@@ -1,0 +1,26 @@
+"""Real-time delivery: one Redis-backed bus read by polling, long polling, SSE and WebSocket."""
+
+from __future__ import annotations
+
+from flask import Flask
+
+from ..auth.sessions import sessions_ended
+from . import sse, ws  # noqa: F401 - they add their routes to the events blueprint
+from .bus import Bus
+from .hub import Hub
+from .views import bp
+
+
+def init_app(app: Flask) -> None:
+    settings = app.config["SETTINGS"]
+    client = app.extensions["redis"]
+    bus = Bus(client, app.extensions["redis_scripts"], settings.event_history_maxlen)
+    app.extensions["event_bus"] = bus
+    app.extensions["event_hub"] = Hub(client)
+    app.register_blueprint(bp)
+    ws.init_app(app)
+
+    def close_live_connections(sender, user_id, session_ids, whole_user=False, **_):
+        bus.announce_sessions_ended(user_id, session_ids, whole_user)
+
+    sessions_ended.connect(close_live_connections, sender=app, weak=False)

@@ -1,0 +1,155 @@
+"""The event bus: per-channel Redis streams for history, pub/sub wake-ups for live delivery.
+
+Publishing appends to the channel's stream and publishes the same event on `wake:<channel>` in one
+Lua script, so live order is stream order. Control messages ("these sessions ended") go on `control`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass
+
+import redis
+
+from ..auth.sessions import session_is_valid
+from ..errors import ApiError
+from ..redis import Keys
+from .cursor import is_after
+
+WAKE_PREFIX = "wake:"
+CONTROL_CHANNEL = "control"
+BROADCAST = "broadcast"
+DATA_LIMIT = 64 * 1024
+HISTORY_BATCH = 500
+CHANNEL_PATTERN = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
+EVENT_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.:-]{1,100}$")
+
+# KEYS[1] the channel's stream. ARGV: wake-up channel, maxlen, event name, data (JSON), ts, channel.
+# XADD then PUBLISH in one atomic step: every subscriber sees events in stream order.
+PUBLISH_LUA = """
+local id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[2], '*',
+                      'event', ARGV[3], 'data', ARGV[4], 'ts', ARGV[5])
+local wire = {id = id, channel = ARGV[6], event = ARGV[3], data = ARGV[4], ts = ARGV[5]}
+redis.call('PUBLISH', ARGV[1], cjson.encode(wire))
+return id
+"""
+
+
+@dataclass(frozen=True)
+class Event:
+    id: str
+    channel: str
+    event: str
+    data: str  # the JSON text, kept encoded: it is written to clients as it is
+    ts: str
+
+    def as_json(self, cursor: str | None = None, **extra) -> str:
+        """E of API.md as JSON text, splicing in the stored data without decoding it."""
+        head = {"id": self.id, "channel": self.channel, "event": self.event, **extra}
+        if cursor is not None:
+            head["cursor"] = cursor
+        head_json = json.dumps(head, separators=(",", ":"))
+        return f'{head_json[:-1]},"data":{self.data},"ts":{json.dumps(self.ts)}}}'
+
+    @classmethod
+    def from_wire(cls, raw: str) -> Event:
+        fields = json.loads(raw)
+        return cls(fields["id"], fields["channel"], fields["event"], fields["data"], fields["ts"])
+
+
+def reset_event(channel: str) -> Event:
+    data = json.dumps({"reason": "The cursor is older than the kept history; some events were dropped."})
+    return Event("0-0", channel, "reset", data, _now())
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + f".{int(time.time() * 1000) % 1000:03d}Z"
+
+
+def channels_for(user_id: str) -> list[str]:
+    """What a reader receives: its own channel and the broadcast channel."""
+    return [f"user:{user_id}", BROADCAST]
+
+
+def may_publish(user_id: str, is_admin: bool, channel: str) -> bool:
+    return is_admin or channel == f"user:{user_id}"
+
+
+def encode_data(data) -> str:
+    text = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+    if len(text.encode()) > DATA_LIMIT:
+        raise ApiError(413, "payload_too_large", f"Event data must be at most {DATA_LIMIT} bytes encoded.")
+    return text
+
+
+def validate_names(channel: str, event: str) -> None:
+    if not CHANNEL_PATTERN.match(channel):
+        raise ApiError(422, "validation_failed", "The channel name is not valid.")
+    if not EVENT_NAME_PATTERN.match(event):
+        raise ApiError(422, "validation_failed", "The event name must be 1-100 letters, digits or _.:-")
+
+
+class Bus:
+    """Publishing and history reads over one Redis client (shared by every greenlet of the process)."""
+
+    def __init__(self, client: redis.Redis, scripts, history_maxlen: int):
+        self.client = client
+        self.scripts = scripts
+        self.history_maxlen = history_maxlen
+        self._publish = client.register_script(PUBLISH_LUA)
+
+    def publish(self, channel: str, event: str, data) -> Event:
+        validate_names(channel, event)
+        encoded, ts = encode_data(data), _now()
+        stream_id = self._publish(
+            keys=[Keys.stream(channel)],
+            args=[WAKE_PREFIX + channel, self.history_maxlen, event, encoded, ts, channel],
+        )
+        return Event(stream_id, channel, event, encoded, ts)
+
+    def announce_sessions_ended(self, user_id: str, session_ids: list[str], whole_user: bool = False) -> None:
+        message = {"user_id": user_id, "session_ids": session_ids, "whole_user": whole_user}
+        self.client.publish(CONTROL_CHANNEL, json.dumps(message))
+
+    def present(self, channels: list[str]) -> dict[str, str]:
+        """The position just after the newest event of each channel (0-0 for a channel never used)."""
+        info = self._stream_info(channels)
+        return {channel: (i or {}).get("last-generated-id", "0-0") for channel, i in zip(channels, info, strict=False)}
+
+    def trimmed_past(self, positions: dict[str, str]) -> list[str]:
+        """Channels whose history no longer reaches back to the given position."""
+        channels = list(positions)
+        info = self._stream_info(channels)
+        return [
+            channel
+            for channel, i in zip(channels, info, strict=False)
+            if i and is_after(i.get("max-deleted-entry-id", "0-0"), positions[channel])
+        ]
+
+    def read_after(self, positions: dict[str, str], limit: int = HISTORY_BATCH) -> tuple[list[Event], bool]:
+        """Events after each position (up to `limit` per channel), and whether more remain."""
+        pipe = self.client.pipeline(transaction=False)
+        channels = list(positions)
+        for channel in channels:
+            pipe.xrange(Keys.stream(channel), f"({positions[channel]}", "+", count=limit)
+        events, more = [], False
+        for channel, entries in zip(channels, pipe.execute(), strict=False):
+            events.extend(Event(i, channel, f["event"], f["data"], f["ts"]) for i, f in entries)
+            more = more or len(entries) == limit
+        return events, more
+
+    def session_is_valid(self, caller) -> bool:
+        """Re-check a live connection's session (after a reconnect a control message may be lost)."""
+        return session_is_valid(caller.user_id, caller.session_id, caller.token_version, self.scripts)
+
+    def _stream_info(self, channels: list[str]) -> list[dict | None]:
+        pipe = self.client.pipeline(transaction=False)
+        for channel in channels:
+            pipe.xinfo_stream(Keys.stream(channel))
+        results = pipe.execute(raise_on_error=False)
+        for result in results:
+            if isinstance(result, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
+                raise result
+        return [None if isinstance(r, Exception) else r for r in results]

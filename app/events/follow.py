@@ -1,0 +1,108 @@
+"""Following a reader's channels from a cursor: history first, then live, every event exactly once.
+
+All four transports read through this; they differ only in framing and in how long they wait.
+Order of operations matters: subscribe locally, then read history, then take live events, dropping
+any whose id is not after the position already delivered for its channel.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from .bus import Bus, Event, channels_for, reset_event
+from .cursor import decode_cursor, encode_cursor, is_after, parse_id
+from .hub import RESYNC, Hub
+
+
+class StreamEnded(Exception):
+    """The connection must end: `reason` is token_expired, session_ended, overflow or shutdown."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Delivery:
+    event: Event
+    cursor: str  # the position just after this event: resuming from it yields the next one
+
+
+class Follower:
+    def __init__(self, bus: Bus, hub: Hub, caller, cursor: str | None, queue_size: int, subscribe: bool = True):
+        """Start following; raises a 400 ApiError for a malformed cursor before subscribing."""
+        self.bus = bus
+        self.hub = hub
+        self.caller = caller
+        self.channels = channels_for(caller.user_id)
+        if cursor:  # validate before subscribing: a malformed cursor is a plain 400
+            self.positions = decode_cursor(cursor, self.channels)
+        self.subscription = (
+            hub.subscribe(self.channels, caller.user_id, caller.session_id, queue_size) if subscribe else None
+        )
+        try:
+            if not cursor:
+                self.positions = bus.present(self.channels)
+            self.pending: list[Delivery] = []
+            if cursor:
+                for channel in bus.trimmed_past(self.positions):
+                    self.pending.append(Delivery(reset_event(channel), self.cursor))
+            self._catch_up()
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def cursor(self) -> str:
+        return encode_cursor(self.positions)
+
+    def close(self) -> None:
+        if self.subscription is not None:
+            self.hub.unsubscribe(self.subscription)
+            self.subscription = None
+
+    def __enter__(self) -> Follower:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def take_ready(self, limit: int | None = None) -> list[Delivery]:
+        """Deliveries available now, without waiting."""
+        taken, self.pending = (self.pending, []) if limit is None else (self.pending[:limit], self.pending[limit:])
+        return taken
+
+    def wait(self, timeout: float) -> list[Delivery]:
+        """Deliveries, waiting up to `timeout` s (less if the access token expires first); [] on time-out."""
+        if self.pending:
+            return self.take_ready()
+        remaining = self.caller.expires_at - time.time()
+        if remaining <= 0:
+            raise StreamEnded("token_expired")
+        items = self.subscription.take(min(timeout, remaining))
+        if self.subscription.ended:
+            raise StreamEnded(self.subscription.ended)
+        for item in items:
+            if item == RESYNC:
+                if not self.bus.session_is_valid(self.caller):
+                    raise StreamEnded("session_ended")  # a control message may have been missed
+                self._catch_up()
+            else:
+                self._accept(item)
+        if not items and time.time() >= self.caller.expires_at:
+            raise StreamEnded("token_expired")
+        return self.take_ready()
+
+    def _accept(self, event: Event) -> None:
+        if event.channel in self.positions and is_after(event.id, self.positions[event.channel]):
+            self.positions[event.channel] = event.id
+            self.pending.append(Delivery(event, self.cursor))
+
+    def _catch_up(self) -> None:
+        while True:
+            batch, more = self.bus.read_after(dict(self.positions))
+            for event in sorted(batch, key=lambda e: parse_id(e.id)):
+                self._accept(event)
+            if not more:
+                return

@@ -1,0 +1,63 @@
+"""Server-sent events: `GET /events/stream` (seed 4.1 and 6.1, API.md section 4)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from flask import Response, current_app, request
+
+from ..auth.guards import login_required
+from .follow import StreamEnded
+from .views import bp, follower_for_request
+
+RETRY_MILLISECONDS = 2000
+
+
+def sse_frame(data: str, event: str | None = None, id: str | None = None) -> str:
+    """One message: optional id and event lines, data line(s), then the blank line that ends it.
+
+    A data value with line breaks becomes several `data:` lines (the client joins them with \\n),
+    so a newline inside the data can never end the message early.
+    """
+    lines = []
+    if id is not None:
+        lines.append(f"id: {id}")
+    if event is not None:
+        lines.append(f"event: {event}")
+    lines.extend(f"data: {line}" for line in data.replace("\r\n", "\n").replace("\r", "\n").split("\n"))
+    return "\n".join(lines) + "\n\n"
+
+
+@bp.get("/events/stream")
+@login_required
+def stream():
+    cursor = request.args.get("cursor") or request.headers.get("Last-Event-ID") or None
+    follower = follower_for_request(subscribe=True, cursor=cursor)  # 400 for a bad cursor, before streaming
+    heartbeat = current_app.config["SETTINGS"].sse_heartbeat_seconds
+
+    def generate():
+        try:
+            yield f"retry: {RETRY_MILLISECONDS}\n: stream open\n\n"
+            deliveries, last_write = follower.take_ready(), time.monotonic()
+            while True:
+                if deliveries:
+                    yield "".join(sse_frame(d.event.as_json(), d.event.event, d.cursor) for d in deliveries)
+                    last_write = time.monotonic()
+                elif time.monotonic() - last_write >= heartbeat:
+                    yield ": ping\n\n"  # heartbeat: keeps proxies from closing an idle stream
+                    last_write = time.monotonic()
+                try:
+                    deliveries = follower.wait(max(0.0, heartbeat - (time.monotonic() - last_write)))
+                except StreamEnded as ended:
+                    if ended.reason in ("session_ended", "token_expired"):
+                        yield sse_frame(json.dumps({"reason": ended.reason}), "session_ended")
+                    return  # shutdown or overflow: the client reconnects with Last-Event-ID
+        finally:
+            follower.close()
+
+    response = Response(generate(), status=200, mimetype="text/event-stream")
+    response.headers["Cache-Control"] = "no-cache"
+    response.headers["Connection"] = "keep-alive"  # gunicorn writes its own; kept for other servers
+    response.headers["X-Accel-Buffering"] = "no"  # nginx: do not buffer this response
+    return response

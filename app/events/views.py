@@ -1,0 +1,101 @@
+"""Publishing, polling and long polling (API.md section 4)."""
+
+from __future__ import annotations
+
+import time
+
+from flask import Blueprint, Response, current_app, jsonify, request
+
+from ..auth.guards import current_caller, login_required
+from ..errors import bad_request, forbidden, unauthorized
+from ..http import field, json_body
+from .bus import Bus, may_publish
+from .follow import Delivery, Follower, StreamEnded
+from .hub import Hub
+
+bp = Blueprint("events", __name__)
+
+POLL_LIMIT_DEFAULT, POLL_LIMIT_MAX = 100, 1000
+
+
+def get_bus() -> Bus:
+    return current_app.extensions["event_bus"]
+
+
+def get_hub() -> Hub:
+    return current_app.extensions["event_hub"]
+
+
+def number_arg(name: str, default: float, minimum: float, maximum: float, kind=float):
+    raw = request.args.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = kind(raw)
+    except ValueError:
+        raise bad_request(f"Query parameter '{name}' must be a number.") from None
+    if not minimum <= value <= maximum:
+        raise bad_request(f"Query parameter '{name}' must be between {minimum} and {maximum}.")
+    return value
+
+
+def cursor_arg() -> str | None:
+    return request.args.get("cursor") or None
+
+
+def follower_for_request(subscribe: bool, cursor: str | None = None) -> Follower:
+    settings = current_app.config["SETTINGS"]
+    return Follower(get_bus(), get_hub(), current_caller(), cursor, settings.ws_send_queue, subscribe=subscribe)
+
+
+def events_answer(deliveries: list[Delivery], cursor: str) -> Response:
+    """200 with the events and the cursor after the last one, or 204; `Event-Cursor` on both."""
+    if not deliveries:
+        response = Response(status=204)
+        del response.headers["Content-Type"]
+    else:
+        cursor = deliveries[-1].cursor
+        events = ",".join(d.event.as_json() for d in deliveries)
+        response = Response(f'{{"events":[{events}],"cursor":"{cursor}"}}', mimetype="application/json")
+    response.headers["Event-Cursor"] = cursor
+    response.headers["Cache-Control"] = "no-store"
+    return response
+
+
+@bp.post("/events")
+@login_required
+def publish():
+    body = json_body()
+    channel, event = field(body, "channel"), field(body, "event")
+    caller = current_caller()
+    if not may_publish(caller.user_id, caller.is_admin, channel):
+        raise forbidden("You may publish only to your own channel.")
+    published = get_bus().publish(channel, event, body.get("data"))
+    return jsonify({"id": published.id, "channel": published.channel}), 201
+
+
+@bp.get("/events")
+@login_required
+def poll():
+    limit = number_arg("limit", POLL_LIMIT_DEFAULT, 1, POLL_LIMIT_MAX, int)
+    follower = follower_for_request(subscribe=False, cursor=cursor_arg())
+    return events_answer(follower.take_ready(limit), follower.cursor)
+
+
+@bp.get("/events/wait")
+@login_required
+def wait():
+    settings = current_app.config["SETTINGS"]
+    timeout = number_arg("timeout", settings.long_poll_timeout, 0, settings.long_poll_max_timeout)
+    limit = number_arg("limit", POLL_LIMIT_DEFAULT, 1, POLL_LIMIT_MAX, int)
+    with follower_for_request(subscribe=True, cursor=cursor_arg()) as follower:
+        deliveries = follower.take_ready(limit)
+        deadline = time.monotonic() + timeout
+        while not deliveries and (remaining := deadline - time.monotonic()) > 0:
+            try:
+                deliveries = follower.wait(remaining)[:limit]
+            except StreamEnded as ended:
+                if ended.reason in ("session_ended", "token_expired"):
+                    raise unauthorized("The session has ended.") from None
+                break  # shutdown or overflow: answer now, the client polls again with its cursor
+        return events_answer(deliveries, follower.cursor)

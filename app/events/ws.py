@@ -1,0 +1,194 @@
+"""WebSocket: `GET /ws` with flask-sock under gunicorn's gevent worker (API.md section 4).
+
+The handshake is authenticated and, for cookie callers, Origin-checked in a before_request hook:
+flask-sock upgrades as soon as the view is entered, and does no Origin check of its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import time
+
+import gevent
+import gevent.lock
+import gevent.socket
+from flask import current_app, request
+from flask_sock import Sock
+from simple_websocket import ConnectionClosed
+from wsproto.events import CloseConnection, TextMessage
+
+from ..auth.guards import authenticate, current_caller, origin_allowed
+from ..errors import ApiError, bad_request
+from .bus import channels_for
+from .cursor import decode_cursor
+from .follow import Follower, StreamEnded
+from .views import bp, get_bus, get_hub
+
+sock = Sock()
+
+CLOSE_NORMAL, CLOSE_GOING_AWAY, CLOSE_POLICY, CLOSE_TOO_BIG, CLOSE_TRY_AGAIN = 1000, 1001, 1008, 1009, 1013
+MESSAGE_LIMIT = 64 * 1024
+PING_INTERVAL = 25
+RECEIVE_POLL_SECONDS = 1.0
+CLOSE_REASONS = {
+    "token_expired": (CLOSE_POLICY, "token expired"),
+    "session_ended": (CLOSE_POLICY, "session ended"),
+    "shutdown": (CLOSE_GOING_AWAY, "server shutting down"),
+    "overflow": (CLOSE_TRY_AGAIN, "client fell behind; reconnect with your cursor"),
+}
+
+
+class FellBehind(Exception):
+    pass
+
+
+class FrameWriter:
+    """Sits in front of the WebSocket's socket: every frame written whole and in turn.
+
+    simple-websocket writes from two greenlets (its reader answers pings; we send events) with plain
+    `send`, which may write part of a frame. Here writes are serialised, and an event frame that cannot
+    be written within the send time-out leaves the client marked as behind, its unsent tail kept so a
+    close frame can still follow it.
+    """
+
+    def __init__(self, raw_socket, send_timeout: float):
+        self.raw = raw_socket
+        self.send_timeout = send_timeout
+        self.lock = gevent.lock.RLock()
+        self.unsent = b""
+
+    def __getattr__(self, name):  # recv, fileno, close, ... go straight to the socket
+        return getattr(self.raw, name)
+
+    def send(self, data: bytes) -> int:
+        """simple-websocket's own frames (pong, ping, close)."""
+        with self.lock:
+            self.raw.sendall(data)
+        return len(data)
+
+    def send_with_deadline(self, data: bytes) -> None:
+        # Wait for writability rather than setting a socket time-out: the reader greenlet is in recv()
+        # on the same socket, and a time-out there would end the connection.
+        with self.lock:
+            view, deadline = memoryview(data), time.monotonic() + self.send_timeout
+            try:
+                while view:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise FellBehind()
+                    try:
+                        gevent.socket.wait_write(self.raw.fileno(), timeout=remaining)
+                    except TimeoutError:
+                        raise FellBehind() from None
+                    view = view[self.raw.send(view) :]
+            except FellBehind:
+                self.unsent = bytes(view)
+                raise
+
+    def finish_and_close(self, close_frame: bytes, grace: float) -> None:
+        """Complete any half-written frame, send the close frame, within `grace` seconds; then hang up."""
+        with self.lock:
+            try:
+                with gevent.Timeout(grace):
+                    self.raw.sendall(self.unsent + close_frame)
+            except (gevent.Timeout, OSError):
+                pass
+            with contextlib.suppress(OSError):
+                self.raw.shutdown(socket.SHUT_RDWR)
+
+
+@bp.before_request
+def guard_websocket_handshake():
+    """Authenticate, check Origin and validate the cursor while a plain HTTP answer is still possible."""
+    if request.endpoint != "events.websocket":
+        return
+    caller = authenticate()  # 401 before the upgrade
+    origin = request.headers.get("Origin")
+    if caller.via == "cookie" and origin is not None and not origin_allowed(origin):
+        raise ApiError(403, "origin_rejected", "WebSocket connections from this origin are not allowed.")
+    if request.args.get("cursor"):
+        decode_cursor(request.args["cursor"], channels_for(caller.user_id))  # 400 for a malformed cursor
+
+
+@sock.route("/ws", bp=bp)
+def websocket(ws):
+    settings = current_app.config["SETTINGS"]
+    caller = current_caller()
+    bus, hub = get_bus(), get_hub()
+    writer = FrameWriter(ws.sock, settings.ws_send_timeout)
+    ws.sock = writer
+
+    def send(message: str) -> None:
+        writer.send_with_deadline(ws.ws.send(TextMessage(data=message)))
+
+    closing = []
+
+    def close(code: int, reason: str) -> None:
+        if ws.connected:
+            closing.append(code)
+            ws.connected = False
+            writer.finish_and_close(ws.ws.send(CloseConnection(code, reason)), grace=settings.ws_send_timeout)
+        ws.event.set()  # wake the receiving loop
+
+    follower = Follower(bus, hub, caller, request.args.get("cursor") or None, settings.ws_send_queue)
+
+    def pump():
+        """Forward events to the client until the stream must end; then close with the matching code."""
+        try:
+            user = {"id": caller.user_id, "role": caller.role}
+            send(json.dumps({"type": "welcome", "cursor": follower.cursor, "user": user}))
+            deliveries = follower.take_ready()
+            while True:
+                for delivery in deliveries:
+                    send(delivery.event.as_json(delivery.cursor, type="event"))
+                deliveries = follower.wait(PING_INTERVAL)
+        except StreamEnded as ended:
+            close(*CLOSE_REASONS[ended.reason])
+        except FellBehind:
+            close(*CLOSE_REASONS["overflow"])
+        except (ConnectionClosed, OSError):
+            close(CLOSE_NORMAL, "")
+
+    pumping = gevent.spawn(pump)
+    try:
+        while ws.connected and not pumping.dead:
+            message = ws.receive(timeout=RECEIVE_POLL_SECONDS)
+            if message is not None:
+                reply = handle_client_message(bus, caller, message)
+                if reply is not None:
+                    writer.send(ws.ws.send(TextMessage(data=json.dumps(reply))))
+    except (ConnectionClosed, OSError):
+        pass
+    finally:
+        if closing:  # the pump is delivering its close frame: give it the grace it asked for
+            pumping.join(timeout=settings.ws_send_timeout + 1)
+        pumping.kill(block=True, timeout=1)
+        follower.close()
+
+
+def handle_client_message(bus, caller, message) -> dict | None:
+    """One client frame: publish to the caller's own channel, or ping. Bad frames get an error frame."""
+    try:
+        frame = json.loads(message)
+        if not isinstance(frame, dict) or not isinstance(frame.get("type"), str):
+            raise bad_request("A frame must be a JSON object with a string 'type'.")
+        if frame["type"] == "ping":
+            return {"type": "pong"}
+        if frame["type"] == "publish":
+            event = frame.get("event")
+            if not isinstance(event, str):
+                raise bad_request("'event' must be a string.")
+            published = bus.publish(f"user:{caller.user_id}", event, frame.get("data"))
+            return {"type": "ack", "id": published.id}
+        raise bad_request(f"Unknown frame type {frame['type']!r}.")
+    except (ValueError, UnicodeDecodeError):
+        return {"type": "error", "code": "bad_request", "message": "A frame must be JSON text."}
+    except ApiError as error:
+        return {"type": "error", "code": error.code, "message": error.message}
+
+
+def init_app(app) -> None:
+    app.config["SOCK_SERVER_OPTIONS"] = {"ping_interval": PING_INTERVAL, "max_message_size": MESSAGE_LIMIT}
+    sock.init_app(app)
