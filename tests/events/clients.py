@@ -1,0 +1,185 @@
+"""Real clients for the delivery tests: HTTP API calls, an SSE reader on a raw connection, WebSocket."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import queue
+import threading
+import time
+from urllib.parse import urlencode, urlparse
+
+import requests
+import websocket
+
+from tests.utils import DEFAULT_PASSWORD, random_email
+
+
+class Api:
+    """One logged-in user (body transport) against a live server."""
+
+    def __init__(self, base: str, email: str | None = None, device: str = "test"):
+        self.base = base
+        self.http = requests.Session()
+        self.email = email or random_email()
+        if email is None:
+            response = self.http.post(f"{base}/auth/register", json={"email": self.email, "password": DEFAULT_PASSWORD})
+            assert response.status_code == 201, response.text
+        self.login(device)
+
+    def login(self, device: str = "test") -> None:
+        body = {"email": self.email, "password": DEFAULT_PASSWORD, "transport": "body", "device": device}
+        response = self.http.post(f"{self.base}/auth/login", json=body)
+        assert response.status_code == 200, response.text
+        tokens = response.json()
+        self.access_token, self.refresh_token = tokens["access_token"], tokens["refresh_token"]
+        self.session_id, self.user_id = tokens["session_id"], tokens["user"]["id"]
+
+    @property
+    def channel(self) -> str:
+        return f"user:{self.user_id}"
+
+    @property
+    def auth(self) -> dict:
+        return {"Authorization": f"Bearer {self.access_token}"}
+
+    def publish(self, data, event: str = "test", channel: str | None = None) -> requests.Response:
+        body = {"channel": channel or self.channel, "event": event, "data": data}
+        return self.http.post(f"{self.base}/events", json=body, headers=self.auth)
+
+    def publish_ok(self, data, event: str = "test", channel: str | None = None) -> str:
+        response = self.publish(data, event, channel)
+        assert response.status_code == 201, response.text
+        return response.json()["id"]
+
+    def poll(self, cursor: str | None = None, **params) -> requests.Response:
+        if cursor:
+            params["cursor"] = cursor
+        return self.http.get(f"{self.base}/events", params=params, headers=self.auth)
+
+    def wait(self, cursor: str | None = None, **params) -> requests.Response:
+        if cursor:
+            params["cursor"] = cursor
+        return self.http.get(f"{self.base}/events/wait", params=params, headers=self.auth, timeout=30)
+
+    def current_cursor(self) -> str:
+        return self.poll().headers["Event-Cursor"]
+
+    def logout_all(self) -> None:
+        assert self.http.post(f"{self.base}/auth/logout-all", headers=self.auth).status_code == 204
+
+
+class SSE:
+    """Reads an SSE response on its own thread; frames are parsed exactly as the wire carries them."""
+
+    def __init__(self, base: str, headers: dict, cursor: str | None = None, path: str = "/events/stream"):
+        url = urlparse(base)
+        self.conn = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
+        query = f"?{urlencode({'cursor': cursor})}" if cursor else ""
+        self.conn.request(
+            "GET", path + query, headers={"Accept": "text/event-stream", "Cache-Control": "no-cache", **headers}
+        )
+        self.response = self.conn.getresponse()
+        self.status = self.response.status
+        self.headers = self.response.headers
+        self.raw = ""
+        self.frames: queue.Queue = queue.Queue()
+        self.closed = threading.Event()
+        if self.status == 200:
+            threading.Thread(target=self._read, daemon=True).start()
+        else:
+            self.body = self.response.read()
+
+    def _read(self) -> None:
+        buffer = ""
+        try:
+            while True:
+                chunk = self.response.read1(65536)
+                if not chunk:
+                    break
+                text = chunk.decode()
+                self.raw += text
+                buffer += text
+                while "\n\n" in buffer:
+                    block, buffer = buffer.split("\n\n", 1)
+                    self.frames.put((time.monotonic(), parse_block(block)))
+        except Exception:  # noqa: BLE001, S110 - closing the connection under the reader ends it any way
+            pass
+        finally:
+            self.closed.set()
+
+    def next(self, timeout: float = 5.0, skip_comments: bool = True) -> dict:
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError("no SSE frame arrived")
+            try:
+                _, frame = self.frames.get(timeout=remaining)
+            except queue.Empty:
+                raise TimeoutError("no SSE frame arrived") from None
+            if skip_comments and ("comment" in frame and len(frame) == 1 or "retry" in frame and "data" not in frame):
+                continue
+            return frame
+
+    def next_event(self, timeout: float = 5.0) -> dict:
+        """The next frame that carries data, with `data` decoded from JSON."""
+        frame = self.next(timeout)
+        return {**frame, "data": json.loads(frame["data"])}
+
+    def events(self, count: int, timeout: float = 10.0) -> list[dict]:
+        deadline = time.monotonic() + timeout
+        return [self.next_event(max(0.01, deadline - time.monotonic())) for _ in range(count)]
+
+    def close(self) -> None:
+        try:
+            self.conn.sock and self.conn.sock.shutdown(2)
+        except OSError:
+            pass
+        self.conn.close()
+
+
+def parse_block(block: str) -> dict:
+    """One SSE message block: fields by name (data lines joined by \\n), comments under 'comment'."""
+    frame: dict = {}
+    for line in block.split("\n"):
+        if line.startswith(":"):
+            frame.setdefault("comment", []).append(line[1:].strip())
+            continue
+        name, _, value = line.partition(":")
+        value = value[1:] if value.startswith(" ") else value
+        frame[name] = f"{frame[name]}\n{value}" if name == "data" and name in frame else value
+    return frame
+
+
+def ws_url(base: str, cursor: str | None = None) -> str:
+    query = f"?{urlencode({'cursor': cursor})}" if cursor else ""
+    return base.replace("http://", "ws://") + "/ws" + query
+
+
+def open_ws(base: str, headers: dict, cursor: str | None = None, **options) -> websocket.WebSocket:
+    """A WebSocket client; an `Origin` in headers is sent as the only Origin (none is sent otherwise)."""
+    headers = dict(headers)
+    origin = headers.pop("Origin", None)
+    header = [f"{k}: {v}" for k, v in headers.items()]
+    origin_options = {"origin": origin} if origin else {"suppress_origin": True}
+    return websocket.create_connection(ws_url(base, cursor), header=header, timeout=10, **origin_options, **options)
+
+
+def ws_json(ws: websocket.WebSocket, timeout: float = 5.0) -> dict:
+    ws.settimeout(timeout)
+    return json.loads(ws.recv())
+
+
+def ws_close_code(ws: websocket.WebSocket, timeout: float = 5.0) -> int | None:
+    """Read until the server's close frame; its status code (None if the connection just dropped)."""
+    ws.settimeout(timeout)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            opcode, data = ws.recv_data(control_frame=True)
+        except websocket.WebSocketConnectionClosedException:
+            return None
+        if opcode == websocket.ABNF.OPCODE_CLOSE:
+            return int.from_bytes(data[:2], "big") if len(data) >= 2 else None
+    raise TimeoutError("no close frame")

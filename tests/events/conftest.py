@@ -1,0 +1,42 @@
+"""Live servers for the delivery tests: gunicorn (gevent worker) with quick heartbeats and time-outs."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.servers import LiveServer
+
+FAST = {
+    "SSE_HEARTBEAT_SECONDS": "0.5",
+    "LONG_POLL_TIMEOUT_SECONDS": "2",
+    "EVENT_HISTORY_MAXLEN": "1000",
+    "WS_SEND_QUEUE": "1000",
+    "WS_SEND_TIMEOUT_SECONDS": "2",
+}
+
+
+@pytest.fixture(scope="module")
+def server(base_env, tmp_path_factory):
+    """Two workers, as in production: tests run against whichever worker the kernel picks."""
+    live = LiveServer({**base_env, **FAST}, workers=2, log_path=tmp_path_factory.mktemp("logs") / "gunicorn.log")
+    live.start()
+    yield live
+    live.stop()
+
+
+@pytest.fixture
+def start_server(base_env, tmp_path):
+    """Start servers with extra settings; all stopped after the test."""
+    started = []
+
+    def start(workers: int = 1, **env):
+        live = LiveServer(
+            {**base_env, **FAST, **env}, workers=workers, log_path=tmp_path / f"gunicorn-{len(started)}.log"
+        )
+        live.start()
+        started.append(live)
+        return live
+
+    yield start
+    for live in started:
+        live.stop()

@@ -1,0 +1,257 @@
+"""Each transport delivers, with the exact wire format of API.md section 4 and seed sections 4 and 6."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+import websocket
+
+from app.events.sse import sse_frame
+from tests.events.clients import SSE, Api, open_ws, parse_block, ws_close_code, ws_json
+
+E_FIELDS = {"id", "channel", "event", "data", "ts"}
+
+
+# Server-sent events
+
+
+def test_sse_response_headers_and_opening(server):
+    user = Api(server.url)
+    stream = SSE(server.url, {**user.auth, "Accept-Encoding": "gzip, br"})
+    try:
+        assert stream.status == 200
+        assert stream.headers["Content-Type"].startswith("text/event-stream")
+        assert stream.headers["Cache-Control"] == "no-cache"
+        assert stream.headers["Connection"] == "keep-alive"
+        assert stream.headers["X-Accel-Buffering"] == "no"
+        assert "Content-Encoding" not in stream.headers  # never compressed, even when offered
+        opening = stream.next(skip_comments=False)
+        assert opening["retry"].isdigit() and opening["comment"]
+        assert stream.raw.startswith("retry: ")
+    finally:
+        stream.close()
+
+
+def test_sse_event_frame_is_id_event_data_then_blank_line(server):
+    user = Api(server.url)
+    stream = SSE(server.url, user.auth)
+    try:
+        stream.next(skip_comments=False)  # opening: the subscription is live once the stream has started
+        event_id = user.publish_ok({"text": "hello\nworld", "n": 1}, event="greeting")
+        frame = stream.next_event()
+        assert set(frame) == {"id", "event", "data"}
+        assert frame["event"] == "greeting"
+        assert frame["data"]["data"] == {"text": "hello\nworld", "n": 1}
+        assert set(frame["data"]) == E_FIELDS and frame["data"]["id"] == event_id
+        assert frame["data"]["channel"] == user.channel and frame["data"]["ts"].endswith("Z")
+        block = f"id: {frame['id']}\nevent: greeting\ndata: "
+        assert block in stream.raw
+        assert stream.raw[stream.raw.index(block) :].split("\n\n")[0].count("\n") == 2  # 3 lines, then blank
+    finally:
+        stream.close()
+
+
+def test_sse_heartbeat_comments_arrive_on_an_idle_stream(server):
+    user = Api(server.url)
+    stream = SSE(server.url, user.auth)
+    try:
+        stream.next(skip_comments=False)
+        started = time.monotonic()
+        pings = [stream.next(timeout=3, skip_comments=False) for _ in range(2)]
+        assert all(p == {"comment": ["ping"]} for p in pings)
+        assert time.monotonic() - started < 2.5  # SSE_HEARTBEAT_SECONDS=0.5 in these tests
+        assert ": ping\n\n" in stream.raw
+    finally:
+        stream.close()
+
+
+def test_sse_frame_splits_multiline_data_safely():
+    frame = sse_frame("line one\nline two\r\nline three", "note", "c1")
+    assert frame == "id: c1\nevent: note\ndata: line one\ndata: line two\ndata: line three\n\n"
+    assert parse_block(frame.rstrip("\n"))["data"] == "line one\nline two\nline three"
+
+
+def test_sse_without_token_is_a_json_401(server):
+    stream = SSE(server.url, {})
+    assert stream.status == 401
+    assert json.loads(stream.body)["error"]["code"] == "unauthorized"
+
+
+def test_sse_with_malformed_cursor_is_400(server):
+    user = Api(server.url)
+    stream = SSE(server.url, user.auth, cursor="not a cursor!")
+    assert stream.status == 400
+
+
+# Polling
+
+
+def test_polling_answers_at_once_with_204_and_a_cursor_when_nothing_is_new(server):
+    user = Api(server.url)
+    started = time.monotonic()
+    response = user.poll()
+    assert response.status_code == 204 and response.content == b""
+    assert response.headers["Event-Cursor"]
+    assert time.monotonic() - started < 1
+
+
+def test_polling_returns_new_events_and_the_cursor_after_them(server):
+    user = Api(server.url)
+    cursor = user.current_cursor()
+    ids = [user.publish_ok({"n": n}) for n in range(3)]
+    response = user.poll(cursor)
+    assert response.status_code == 200
+    body = response.json()
+    assert [e["id"] for e in body["events"]] == ids
+    assert all(set(e) == E_FIELDS for e in body["events"])
+    assert response.headers["Event-Cursor"] == body["cursor"]
+    assert user.poll(body["cursor"]).status_code == 204
+
+
+def test_polling_limit_pages_through_events(server):
+    user = Api(server.url)
+    cursor = user.current_cursor()
+    ids = [user.publish_ok({"n": n}) for n in range(5)]
+    first = user.poll(cursor, limit=2).json()
+    rest = user.poll(first["cursor"], limit=10).json()
+    assert [e["id"] for e in first["events"] + rest["events"]] == ids
+
+
+@pytest.mark.parametrize("params", [{"cursor": "%%%"}, {"limit": "0"}, {"limit": "many"}, {"limit": "5000"}])
+def test_polling_bad_query_is_400(server, params):
+    user = Api(server.url)
+    response = user.http.get(f"{server.url}/events", params=params, headers=user.auth)
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "bad_request"
+
+
+# Long polling
+
+
+def test_long_poll_answers_within_100ms_of_a_publish(server):
+    user = Api(server.url)
+    cursor = user.current_cursor()
+    answered = {}
+
+    def wait():
+        response = user.wait(cursor, timeout=10)
+        answered["at"], answered["response"] = time.monotonic(), response
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    time.sleep(0.5)  # the request must be held when the event comes: nothing to await from outside
+    published_at = time.monotonic()
+    Api(server.url, email=user.email).publish_ok({"late": True})
+    waiter.join(10)
+    assert answered["response"].status_code == 200
+    assert answered["response"].json()["events"][0]["data"] == {"late": True}
+    assert answered["at"] - published_at < 0.1
+
+
+def test_long_poll_holds_until_its_timeout_when_nothing_comes(server):
+    user, other = Api(server.url), Api(server.url)
+    cursor = user.current_cursor()
+    # Proof the path delivers: the other user's own long poll is answered by its own event.
+    other_cursor = other.current_cursor()
+    other.publish_ok({"for": "other"})
+    assert other.wait(other_cursor, timeout=1).status_code == 200
+
+    started = time.monotonic()
+    response = user.wait(cursor, timeout=1.5)
+    held = time.monotonic() - started
+    assert response.status_code == 204 and response.headers["Event-Cursor"]
+    assert 1.4 <= held < 3.0
+
+
+def test_long_poll_timeout_is_bounded(server):
+    user = Api(server.url)
+    assert user.wait(timeout=10_000).status_code == 400
+    assert user.wait(timeout="soon").status_code == 400
+
+
+# WebSocket
+
+
+def test_websocket_welcome_event_ack_pong_and_errors(server):
+    user = Api(server.url)
+    ws = open_ws(server.url, user.auth)
+    try:
+        welcome = ws_json(ws)
+        assert welcome["type"] == "welcome" and welcome["cursor"]
+        assert welcome["user"]["id"] == user.user_id
+        event_id = user.publish_ok({"via": "http"}, event="note")
+        frame = ws_json(ws)
+        assert frame["type"] == "event" and frame["id"] == event_id and frame["event"] == "note"
+        assert frame["data"] == {"via": "http"} and frame["channel"] == user.channel and frame["cursor"]
+        assert set(frame) >= E_FIELDS
+
+        ws.send(json.dumps({"type": "ping"}))
+        assert ws_json(ws) == {"type": "pong"}
+
+        ws.send(json.dumps({"type": "publish", "event": "typed", "data": [1, 2]}))
+        replies = [ws_json(ws), ws_json(ws)]  # the ack and the event itself, in either order
+        ack = next(r for r in replies if r["type"] == "ack")
+        echoed = next(r for r in replies if r["type"] == "event")
+        assert ack["id"] == echoed["id"] and echoed["data"] == [1, 2]
+
+        for bad in ("not json", json.dumps([1]), json.dumps({"type": "dance"}), json.dumps({"type": "publish"})):
+            ws.send(bad)
+            error = ws_json(ws)
+            assert error["type"] == "error" and error["code"] == "bad_request" and error["message"]
+        ws.send(json.dumps({"type": "ping"}))  # the connection lives on after bad frames
+        assert ws_json(ws) == {"type": "pong"}
+    finally:
+        ws.close()
+
+
+def test_websocket_frame_over_64_kib_closes_with_1009(server):
+    user = Api(server.url)
+    ws = open_ws(server.url, user.auth)
+    ws_json(ws)
+    ws.send(json.dumps({"type": "publish", "event": "big", "data": "x" * 1000}))
+    assert {ws_json(ws)["type"], ws_json(ws)["type"]} == {"ack", "event"}  # a normal frame is fine
+    ws.send("x" * (64 * 1024 + 1))
+    assert ws_close_code(ws) == 1009
+
+
+def test_websocket_handshake_without_credentials_is_401(server):
+    with pytest.raises(websocket.WebSocketBadStatusException) as refused:
+        open_ws(server.url, {})
+    assert refused.value.status_code == 401
+
+
+def test_websocket_handshake_with_cookie_from_foreign_origin_is_403(server):
+    user = Api(server.url)
+    cookie = {"Cookie": f"__Host-access={user.access_token}"}
+    # Proof the cookie handshake works from our own origin ...
+    ws = open_ws(server.url, {**cookie, "Origin": server.url})
+    assert ws_json(ws)["type"] == "welcome"
+    ws.close()
+    # ... and is refused before the upgrade from another one.
+    with pytest.raises(websocket.WebSocketBadStatusException) as refused:
+        open_ws(server.url, {**cookie, "Origin": "http://evil.example"})
+    assert refused.value.status_code == 403
+
+
+def test_websocket_with_bearer_is_not_origin_checked(server):
+    user = Api(server.url)
+    ws = open_ws(server.url, {**user.auth, "Origin": "http://other.example"})
+    assert ws_json(ws)["type"] == "welcome"
+    ws.close()
+
+
+# Publishing
+
+
+def test_publish_rules_and_limits(server):
+    user, other = Api(server.url), Api(server.url)
+    assert user.publish({"a": 1}).status_code == 201
+    assert user.publish({"a": 1}, channel=other.channel).status_code == 403
+    assert user.publish({"a": 1}, channel="broadcast").status_code == 403
+    assert user.publish("x" * (64 * 1024)).status_code == 413
+    assert user.publish({"a": 1}, event="bad name with spaces").status_code == 422
+    response = user.http.post(f"{server.url}/events", json={"event": "x"}, headers=user.auth)
+    assert response.status_code == 400
