@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import queue
@@ -132,10 +133,8 @@ class SSE:
         return [self.next_event(max(0.01, deadline - time.monotonic())) for _ in range(count)]
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(OSError):
             self.conn.sock and self.conn.sock.shutdown(2)
-        except OSError:
-            pass
         self.conn.close()
 
 
