@@ -41,9 +41,10 @@ def wait_until(predicate, timeout: float = 10.0, interval: float = 0.02, message
 class RedisServer:
     """A redis-server process that can be stopped and started again on the same port."""
 
-    def __init__(self, directory: Path):
+    def __init__(self, directory: Path, persistent: bool = False):
         self.port = free_port()
         self.directory = directory
+        self.persistent = persistent  # an append-only file, so a restart keeps users and streams
         self.process: subprocess.Popen | None = None
 
     @property
@@ -55,7 +56,8 @@ class RedisServer:
 
     def start(self) -> None:
         self.process = subprocess.Popen(
-            ["redis-server", "--bind", "127.0.0.1", "--port", str(self.port), "--save", "", "--appendonly", "no"]
+            ["redis-server", "--bind", "127.0.0.1", "--port", str(self.port), "--save", ""]
+            + ["--appendonly", "yes" if self.persistent else "no", "--appendfsync", "always"]
             + ["--dir", str(self.directory)],
             stdout=subprocess.DEVNULL,
         )
@@ -94,6 +96,10 @@ class LiveServer:
 
     def signal(self, sig: int) -> None:
         self.process.send_signal(sig)
+
+    def worker_pids(self) -> list[int]:
+        children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children").read_text().split()
+        return [int(pid) for pid in children]
 
     def stop(self) -> None:
         if self.process and self.process.poll() is None:

@@ -119,14 +119,21 @@ class Bus:
         return {channel: (i or {}).get("last-generated-id", "0-0") for channel, i in zip(channels, info, strict=False)}
 
     def trimmed_past(self, positions: dict[str, str]) -> list[str]:
-        """Channels whose history no longer reaches back to the given position."""
+        """Channels whose kept history no longer reaches back to the given position.
+
+        Trimming removes the oldest entries, so events after a position were lost when entries were
+        trimmed and the oldest kept entry is after the position. (A position exactly on the newest
+        trimmed entry also counts: at worst an unneeded reset, never a silent gap.)
+        """
         channels = list(positions)
-        info = self._stream_info(channels)
-        return [
-            channel
-            for channel, i in zip(channels, info, strict=False)
-            if i and is_after(i.get("max-deleted-entry-id", "0-0"), positions[channel])
-        ]
+        trimmed = []
+        for channel, info in zip(channels, self._stream_info(channels)):
+            if not info or int(info.get("entries-added", 0)) <= int(info.get("length", 0)):
+                continue
+            first = info.get("recorded-first-entry-id") or (info.get("first-entry") or ["0-0"])[0]
+            if is_after(first, positions[channel]):
+                trimmed.append(channel)
+        return trimmed
 
     def read_after(self, positions: dict[str, str], limit: int = HISTORY_BATCH) -> tuple[list[Event], bool]:
         """Events after each position (up to `limit` per channel), and whether more remain."""
