@@ -102,10 +102,14 @@ class LiveServer:
         return [int(pid) for pid in children]
 
     def stop(self) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
+        """SIGTERM; then, since idle keep-alive clients hold a gracefully stopping worker for the whole
+        graceful_timeout, gunicorn's quick shutdown (SIGQUIT) after a moment."""
+        if not self.process or self.process.poll() is not None:
+            return
+        for sig, grace in ((signal.SIGTERM, 2), (signal.SIGQUIT, 10), (signal.SIGKILL, 10)):
+            self.process.send_signal(sig)
             try:
-                self.process.wait(20)
+                self.process.wait(grace)
+                return
             except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+                continue

@@ -127,7 +127,7 @@ class Bus:
         """
         channels = list(positions)
         trimmed = []
-        for channel, info in zip(channels, self._stream_info(channels)):
+        for channel, info in zip(channels, self._stream_info(channels), strict=True):
             if not info or int(info.get("entries-added", 0)) <= int(info.get("length", 0)):
                 continue
             first = info.get("recorded-first-entry-id") or (info.get("first-entry") or ["0-0"])[0]
