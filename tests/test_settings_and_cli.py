@@ -90,3 +90,18 @@ def test_cli_reports_a_taken_email_clearly(base_env, rdb, auth):
     assert result.returncode != 0
     assert "already exists" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_cli_publishes_an_event_readers_receive(base_env, rdb, client, auth):
+    tokens = auth.new_user_tokens()
+    headers = {"Authorization": f"Bearer {tokens['access_token']}"}
+    cursor = client.get("/events", headers=headers).headers["Event-Cursor"]
+    channel = f"user:{tokens['user']['id']}"
+    result = flask_cli(
+        base_env, "events", "publish", "--channel", channel, "--event", "ops.notice", "--data", '{"a": 1}'
+    )
+    assert result.returncode == 0, result.stderr
+    events = client.get("/events", query_string={"cursor": cursor}, headers=headers).get_json()["events"]
+    assert [(e["event"], e["data"]) for e in events] == [("ops.notice", {"a": 1})]
+    bad = flask_cli(base_env, "events", "publish", "--channel", channel, "--event", "x", "--data", "{nope")
+    assert bad.returncode != 0 and "Traceback" not in bad.stderr
