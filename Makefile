@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt | sha1sum | cut -c1-12)
-SYSTEM_PACKAGES := redis-server=redis-server redis-cli=redis-tools
+SYSTEM_PACKAGES := redis-server=redis-server redis-cli=redis-tools nginx=nginx-light
 
 .PHONY: run test lint deps system-deps clean
 

@@ -76,3 +76,22 @@ def post_worker_init(worker):
         shutdown_all()
 
     gevent.spawn(watch)
+
+
+def on_starting(server):
+    """One fresh directory for every worker's Prometheus metrics, so /metrics adds up all workers."""
+    import glob
+    import tempfile
+
+    directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or tempfile.mkdtemp(prefix="auth-rt-metrics-")
+    os.makedirs(directory, exist_ok=True)
+    for stale in glob.glob(os.path.join(directory, "*.db")):  # values of a previous run
+        os.remove(stale)
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = directory  # inherited by the workers forked after this
+
+
+def child_exit(server, worker):
+    """Drop a dead worker's live gauges (open connections) from the sum."""
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(worker.pid)

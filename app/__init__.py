@@ -7,7 +7,7 @@ import logging
 from flask import Flask
 from werkzeug.middleware.proxy_fix import ProxyFix
 
-from . import cli, errors, events, limits, ops
+from . import cli, errors, events, limits, logs, ops
 from . import redis as redis_ext
 from .auth import guards, tokens
 from .auth import views as auth_views
@@ -29,9 +29,11 @@ def create_app(overrides: dict | None = None) -> Flask:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if settings.proxy_hops:
         hops = settings.proxy_hops
-        app.wsgi_app = ProxyFix(app.wsgi_app, x_for=hops, x_proto=hops, x_host=hops, x_port=hops)
+        # X-Forwarded-Host carries the port (nginx sends $http_host), so X-Forwarded-Port is not trusted.
+        app.wsgi_app = ProxyFix(app.wsgi_app, x_for=hops, x_proto=hops, x_host=hops)
 
     errors.init_app(app)
+    logs.init_app(app)
     redis_ext.init_app(app)
     tokens.init_app(app)
     guards.init_app(app)

@@ -1,11 +1,12 @@
-"""Liveness and readiness for load balancers and orchestrators."""
+"""Liveness, readiness and metrics for load balancers, orchestrators and Prometheus."""
 
 from __future__ import annotations
 
 import redis
-from flask import Blueprint, jsonify
+from flask import Blueprint, Response, jsonify
 
 from .errors import error_response
+from .metrics import render as render_metrics
 from .redis import get_redis
 
 bp = Blueprint("ops", __name__)
@@ -14,6 +15,12 @@ bp = Blueprint("ops", __name__)
 @bp.get("/healthz")
 def healthz():
     return jsonify({"status": "ok"})
+
+
+@bp.get("/metrics")
+def metrics():
+    body, content_type = render_metrics()
+    return Response(body, content_type=content_type)
 
 
 @bp.get("/readyz")

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `make run`: a local Redis (unless REDIS_URL is set) with its data under var/, then gunicorn.
+# `make run`: a local Redis (unless REDIS_URL is set) with its data under var/, gunicorn, and nginx in front.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PORT="${PORT:-8000}"
@@ -20,5 +20,14 @@ fi
 
 .venv/bin/gunicorn -c gunicorn.conf.py wsgi:app &
 pids+=($!)
-echo "service: http://127.0.0.1:${PORT}/"
-wait "${pids[-1]}"
+gunicorn_pid=$!
+
+# nginx in front, rendered from nginx/default.conf.template (as in production).
+nginx_port="${NGINX_PORT:-8080}"
+.venv/bin/python scripts/nginx_config.py var/nginx "$nginx_port" "127.0.0.1:${PORT}" >/dev/null
+nginx -c "$PWD/var/nginx/nginx.conf" &
+pids+=($!)
+
+echo "service: http://127.0.0.1:${PORT}/ (gunicorn, direct)"
+echo "nginx:   http://127.0.0.1:${nginx_port}/ (in front of it)"
+wait "$gunicorn_pid"

@@ -6,6 +6,7 @@ from flask import Blueprint, current_app, jsonify, make_response, request
 
 from ..errors import ApiError, error_response, not_found, unauthorized
 from ..http import field, json_body
+from ..metrics import LOGINS, REFRESHES
 from . import cookies, passwords, sessions, tokens, users
 from .guards import authenticate, current_caller, login_required
 
@@ -76,10 +77,13 @@ def login():
     user = users.get_user(user_id) if user_id else None
     if not user or not user.get("password_hash"):
         passwords.spend_verification_time(password)
+        LOGINS.labels("failure").inc()
         raise unauthorized("Wrong e-mail or password.", "invalid_credentials")
     ok, new_hash = passwords.verify_password(password, user["password_hash"])
     if not ok:
+        LOGINS.labels("failure").inc()
         raise unauthorized("Wrong e-mail or password.", "invalid_credentials")
+    LOGINS.labels("success").inc()
     if new_hash:
         users.store_password_hash(user["id"], new_hash)
     issued = sessions.start_session(user["id"], device, request.remote_addr)
@@ -98,6 +102,7 @@ def refresh():
     if not raw:
         return _refused(unauthorized("No refresh token was presented.", "invalid_refresh_token"), transport)
     rotation = sessions.rotate_refresh_token(raw)
+    REFRESHES.labels(rotation.outcome).inc()
     if rotation.outcome == "reused":
         message = "This refresh token was already used; the session has been ended. Log in again."
         return _refused(unauthorized(message, "refresh_token_reused"), transport)

@@ -15,6 +15,7 @@ import redis
 
 from ..auth.sessions import session_is_valid
 from ..errors import ApiError
+from ..metrics import EVENTS_PUBLISHED
 from ..redis import Keys
 from .cursor import is_after
 
@@ -107,6 +108,7 @@ class Bus:
             keys=[Keys.stream(channel)],
             args=[WAKE_PREFIX + channel, self.history_maxlen, event, encoded, ts, channel],
         )
+        EVENTS_PUBLISHED.inc()
         return Event(stream_id, channel, event, encoded, ts)
 
     def announce_sessions_ended(self, user_id: str, session_ids: list[str], whole_user: bool = False) -> None:

@@ -8,6 +8,7 @@ import time
 from flask import Response, current_app, request
 
 from ..auth.guards import login_required
+from ..metrics import EVENTS_DELIVERED, OPEN_CONNECTIONS
 from .follow import StreamEnded
 from .views import bp, follower_for_request
 
@@ -37,12 +38,14 @@ def stream():
     heartbeat = current_app.config["SETTINGS"].sse_heartbeat_seconds
 
     def generate():
+        OPEN_CONNECTIONS.labels("sse").inc()
         try:
             yield f"retry: {RETRY_MILLISECONDS}\n: stream open\n\n"
             deliveries, last_write = follower.take_ready(), time.monotonic()
             while True:
                 if deliveries:
                     yield "".join(sse_frame(d.event.as_json(), d.event.event, d.cursor) for d in deliveries)
+                    EVENTS_DELIVERED.labels("sse").inc(len(deliveries))
                     last_write = time.monotonic()
                 elif time.monotonic() - last_write >= heartbeat:
                     yield ": ping\n\n"  # heartbeat: keeps proxies from closing an idle stream
@@ -54,6 +57,7 @@ def stream():
                         yield sse_frame(json.dumps({"reason": ended.reason}), "session_ended")
                     return  # shutdown or overflow: the client reconnects with Last-Event-ID
         finally:
+            OPEN_CONNECTIONS.labels("sse").dec()
             follower.close()
 
     response = Response(generate(), status=200, mimetype="text/event-stream")

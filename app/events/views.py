@@ -9,6 +9,7 @@ from flask import Blueprint, Response, current_app, jsonify, request
 from ..auth.guards import current_caller, login_required
 from ..errors import bad_request, forbidden, unauthorized
 from ..http import field, json_body
+from ..metrics import EVENTS_DELIVERED, OPEN_CONNECTIONS
 from .bus import Bus, may_publish
 from .follow import Delivery, Follower, StreamEnded
 from .hub import Hub
@@ -48,8 +49,9 @@ def follower_for_request(subscribe: bool, cursor: str | None = None) -> Follower
     return Follower(get_bus(), get_hub(), current_caller(), cursor, settings.ws_send_queue, subscribe=subscribe)
 
 
-def events_answer(deliveries: list[Delivery], cursor: str) -> Response:
+def events_answer(deliveries: list[Delivery], cursor: str, transport: str) -> Response:
     """200 with the events and the cursor after the last one, or 204; `Event-Cursor` on both."""
+    EVENTS_DELIVERED.labels(transport).inc(len(deliveries))
     if not deliveries:
         response = Response(status=204)
         del response.headers["Content-Type"]
@@ -79,7 +81,7 @@ def publish():
 def poll():
     limit = number_arg("limit", POLL_LIMIT_DEFAULT, 1, POLL_LIMIT_MAX, int)
     follower = follower_for_request(subscribe=False, cursor=cursor_arg())
-    return events_answer(follower.take_ready(limit), follower.cursor)
+    return events_answer(follower.take_ready(limit), follower.cursor, "poll")
 
 
 @bp.get("/events/wait")
@@ -88,7 +90,16 @@ def wait():
     settings = current_app.config["SETTINGS"]
     timeout = number_arg("timeout", settings.long_poll_timeout, 0, settings.long_poll_max_timeout)
     limit = number_arg("limit", POLL_LIMIT_DEFAULT, 1, POLL_LIMIT_MAX, int)
-    with follower_for_request(subscribe=True, cursor=cursor_arg()) as follower:
+    OPEN_CONNECTIONS.labels("long_poll").inc()
+    try:
+        return _hold(follower_for_request(subscribe=True, cursor=cursor_arg()), timeout, limit)
+    finally:
+        OPEN_CONNECTIONS.labels("long_poll").dec()
+
+
+def _hold(follower: Follower, timeout: float, limit: int) -> Response:
+    """Answer as soon as an event arrives, or with 204 when `timeout` seconds pass without one."""
+    with follower:
         deliveries = follower.take_ready(limit)
         deadline = time.monotonic() + timeout
         while not deliveries and (remaining := deadline - time.monotonic()) > 0:
@@ -98,4 +109,4 @@ def wait():
                 if ended.reason in ("session_ended", "token_expired"):
                     raise unauthorized("The session has ended.") from None
                 break  # shutdown or overflow: answer now, the client polls again with its cursor
-        return events_answer(deliveries, follower.cursor)
+        return events_answer(deliveries, follower.cursor, "long_poll")

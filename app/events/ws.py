@@ -21,6 +21,7 @@ from wsproto.events import CloseConnection, TextMessage
 
 from ..auth.guards import authenticate, current_caller, origin_allowed
 from ..errors import ApiError, bad_request
+from ..metrics import EVENTS_DELIVERED, OPEN_CONNECTIONS
 from .bus import channels_for
 from .cursor import decode_cursor
 from .follow import Follower, StreamEnded
@@ -143,6 +144,7 @@ def websocket(ws):
             while True:
                 for delivery in deliveries:
                     send(delivery.event.as_json(delivery.cursor, type="event"))
+                EVENTS_DELIVERED.labels("websocket").inc(len(deliveries))
                 deliveries = follower.wait(PING_INTERVAL)
         except StreamEnded as ended:
             close(*CLOSE_REASONS[ended.reason])
@@ -152,6 +154,7 @@ def websocket(ws):
             close(CLOSE_NORMAL, "")
 
     pumping = gevent.spawn(pump)
+    OPEN_CONNECTIONS.labels("websocket").inc()
     try:
         while ws.connected and not pumping.dead:
             message = ws.receive(timeout=RECEIVE_POLL_SECONDS)
@@ -166,6 +169,7 @@ def websocket(ws):
             pumping.join(timeout=settings.ws_send_timeout + 1)
         pumping.kill(block=True, timeout=1)
         follower.close()
+        OPEN_CONNECTIONS.labels("websocket").dec()
 
 
 def handle_client_message(bus, caller, message) -> dict | None:

@@ -1,0 +1,84 @@
+"""One JSON line per request on stdout, with a request id taken from X-Request-ID or made here.
+
+Only the path is logged (no query, headers or body), so tokens, cookies and passwords never appear.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import sys
+import time
+import uuid
+
+from flask import Flask, g, request
+
+from .metrics import REQUEST_SECONDS
+
+REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+access_log = logging.getLogger("access")
+
+
+def _configure_access_log() -> None:
+    if not access_log.handlers:
+        handler = logging.StreamHandler(sys.stdout)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        access_log.addHandler(handler)
+        access_log.setLevel(logging.INFO)
+        access_log.propagate = False
+
+
+def _log_line(method, path, endpoint, status, started, request_id, user_id, remote_addr, scheme, host) -> None:
+    duration = time.perf_counter() - started
+    REQUEST_SECONDS.labels(method, endpoint or "unmatched", str(status)).observe(duration)
+    access_log.info(
+        json.dumps(
+            {
+                "ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "msg": "request",
+                "method": method,
+                "path": path,
+                "status": status,
+                "duration_ms": round(duration * 1000, 2),
+                "request_id": request_id,
+                "user_id": user_id,
+                "remote_addr": remote_addr,
+                "scheme": scheme,
+                "host": host,
+            }
+        )
+    )
+
+
+def init_app(app: Flask) -> None:
+    _configure_access_log()
+
+    @app.before_request
+    def start_request():
+        incoming = request.headers.get("X-Request-ID", "")
+        g.request_id = incoming if REQUEST_ID.match(incoming) else uuid.uuid4().hex
+        g.started = time.perf_counter()
+
+    @app.after_request
+    def finish_request(response):
+        request_id = g.get("request_id") or uuid.uuid4().hex
+        response.headers["X-Request-ID"] = request_id
+        caller = g.get("caller")
+        fields = (
+            request.method,
+            request.path,
+            request.endpoint,
+            response.status_code,
+            g.get("started", time.perf_counter()),
+            request_id,
+            caller.user_id if caller else None,
+            request.remote_addr,
+            request.scheme,
+            request.host,
+        )
+        if request.endpoint == "events.websocket":
+            _log_line(*fields)  # the session is over by now; the response is never iterated
+        else:
+            response.call_on_close(lambda: _log_line(*fields))  # streams: logged when they end
+        return response
