@@ -33,8 +33,9 @@ http {{
 def render_site(port: int, upstreams: list[str], template: str | None = None) -> str:
     """The template with ${NGINX_PORT} and ${APP_UPSTREAM}; more upstreams become more server lines."""
     text = (template or TEMPLATE.read_text()).replace("${NGINX_PORT}", str(port))
-    servers = ";\n    server ".join(upstreams)
-    return text.replace("${APP_UPSTREAM}", servers)
+    servers = "\n".join(f"    server {upstream};" for upstream in upstreams)
+    text = text.replace("    server ${APP_UPSTREAM};", servers)
+    return text.replace("${APP_UPSTREAM}", upstreams[0])
 
 
 def write_config(

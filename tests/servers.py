@@ -113,3 +113,41 @@ class LiveServer:
                 return
             except subprocess.TimeoutExpired:
                 continue
+
+
+class NginxServer:
+    """Debian's nginx with the project's template rendered in front of the given upstreams."""
+
+    def __init__(self, directory: Path, upstreams: list[str], site: str | None = None):
+        """`site` is a variant of the template (placeholders still in it); the template by default."""
+        from scripts.nginx_config import render_site, write_config
+
+        self.port = free_port()
+        self.directory = directory
+        self.config = write_config(directory, self.port, upstreams, site=render_site(self.port, upstreams, site))
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def check(self) -> subprocess.CompletedProcess:
+        return subprocess.run(["nginx", "-t", "-c", str(self.config)], capture_output=True, text=True, timeout=30)
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(["nginx", "-c", str(self.config)], stderr=subprocess.DEVNULL)
+
+        def accepting():
+            with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                return True
+
+        wait_until(accepting, message="nginx")
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.send_signal(signal.SIGQUIT)
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()

@@ -8,6 +8,7 @@ import json
 import queue
 import threading
 import time
+import zlib
 from urllib.parse import urlencode, urlparse
 
 import requests
@@ -73,9 +74,11 @@ class Api:
 class SSE:
     """Reads an SSE response on its own thread; frames are parsed exactly as the wire carries them."""
 
-    def __init__(self, base: str, headers: dict, cursor: str | None = None, path: str = "/events/stream"):
+    def __init__(
+        self, base: str, headers: dict, cursor: str | None = None, path: str = "/events/stream", timeout: float = 30
+    ):
         url = urlparse(base)
-        self.conn = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
+        self.conn = http.client.HTTPConnection(url.hostname, url.port, timeout=timeout)
         query = f"?{urlencode({'cursor': cursor})}" if cursor else ""
         self.conn.request(
             "GET", path + query, headers={"Accept": "text/event-stream", "Cache-Control": "no-cache", **headers}
@@ -93,12 +96,15 @@ class SSE:
 
     def _read(self) -> None:
         buffer = ""
+        # A proxy may compress the stream when the client offers gzip (as browsers do): decode it.
+        gzipped = self.headers.get("Content-Encoding") == "gzip"
+        inflate = zlib.decompressobj(16 + zlib.MAX_WBITS) if gzipped else None
         try:
             while True:
                 chunk = self.response.read1(65536)
                 if not chunk:
                     break
-                text = chunk.decode()
+                text = (inflate.decompress(chunk) if inflate else chunk).decode()
                 self.raw += text
                 buffer += text
                 while "\n\n" in buffer:

@@ -1,0 +1,286 @@
+"""Behind real nginx (Debian's, rendered from nginx/default.conf.template) in front of real gunicorn."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+
+import pytest
+import requests
+
+from scripts.nginx_config import TEMPLATE
+from tests.events.clients import SSE, Api, open_ws, ws_json
+from tests.events.conftest import FAST
+from tests.servers import LiveServer, NginxServer, RedisServer, wait_until
+
+
+@pytest.fixture(scope="module")
+def app_server(base_env, tmp_path_factory):
+    live = LiveServer({**base_env, **FAST}, workers=2, log_path=tmp_path_factory.mktemp("app") / "gunicorn.log")
+    live.start()
+    yield live
+    live.stop()
+
+
+@pytest.fixture(scope="module")
+def proxy(app_server, tmp_path_factory):
+    nginx = NginxServer(tmp_path_factory.mktemp("nginx"), [f"127.0.0.1:{app_server.port}"])
+    nginx.start()
+    yield nginx
+    nginx.stop()
+
+
+def stream_latencies(base: str, user: Api, count: int = 20, patience: float = 1.0) -> list[float]:
+    """Publish `count` events one after another, each once the previous arrived; their delays.
+
+    The client offers gzip, as browsers do, so a proxy that compresses (and so buffers) the stream shows.
+    """
+    try:
+        stream = SSE(base, {**user.auth, "Accept-Encoding": "gzip"}, timeout=patience + 1)
+    except TimeoutError:
+        return [float("inf")]  # not even the response headers came through
+    try:
+        stream.next(skip_comments=False)
+        delays = []
+        for n in range(count):
+            published_at = time.monotonic()
+            user.publish_ok({"n": n})
+            try:
+                stream.next_event(timeout=patience)
+                delays.append(time.monotonic() - published_at)
+            except TimeoutError:
+                delays.append(float("inf"))
+                break
+        return delays
+    finally:
+        stream.close()
+
+
+def test_rendered_template_passes_nginx_t(proxy):
+    result = proxy.check()
+    assert result.returncode == 0, result.stderr
+    assert "test is successful" in result.stderr
+
+
+def test_template_has_only_the_two_placeholders():
+    text = TEMPLATE.read_text()
+    import re
+
+    assert set(re.findall(r"\$\{(\w+)\}", text)) == {"NGINX_PORT", "APP_UPSTREAM"}
+
+
+def test_every_sse_event_arrives_through_nginx_within_100ms(proxy):
+    user = Api(proxy.url)
+    delays = stream_latencies(proxy.url, user)
+    assert len(delays) == 20 and max(delays) < 0.1, delays
+
+
+def test_a_buffering_proxy_would_delay_events_so_this_test_can_fail(app_server, tmp_path):
+    # The usual mistakes: buffering left on (and the app's X-Accel-Buffering ignored), and gzip for
+    # text/event-stream, which holds messages until its buffer fills.
+    buffering = (
+        TEMPLATE.read_text()
+        .replace("proxy_buffering off;", "proxy_buffering on; proxy_ignore_headers X-Accel-Buffering;")
+        .replace("gzip off;", "gzip on; gzip_types text/event-stream; gzip_min_length 0;")
+    )
+    nginx = NginxServer(tmp_path, [f"127.0.0.1:{app_server.port}"], site=buffering)
+    nginx.start()
+    try:
+        delays = stream_latencies(nginx.url, Api(nginx.url), patience=1.0)
+        assert max(delays) >= 0.1, delays
+    finally:
+        nginx.stop()
+
+
+def test_heartbeats_pass_through_nginx(proxy):
+    user = Api(proxy.url)
+    stream = SSE(proxy.url, user.auth)
+    try:
+        stream.next(skip_comments=False)
+        assert stream.next(timeout=3, skip_comments=False) == {"comment": ["ping"]}
+    finally:
+        stream.close()
+
+
+def test_websocket_upgrade_through_nginx_carries_frames_both_ways(proxy):
+    user = Api(proxy.url)
+    ws = open_ws(proxy.url, user.auth)
+    try:
+        assert ws_json(ws)["type"] == "welcome"
+        ws.send(json.dumps({"type": "ping"}))
+        assert ws_json(ws) == {"type": "pong"}
+        event_id = user.publish_ok({"via": "nginx"})
+        assert ws_json(ws)["id"] == event_id
+    finally:
+        ws.close()
+
+
+def test_long_poll_is_held_and_answered_through_nginx(proxy):
+    user = Api(proxy.url)
+    cursor = user.current_cursor()
+    answer = {}
+    waiter = threading.Thread(target=lambda: answer.update(response=user.wait(cursor, timeout=10)))
+    started = time.monotonic()
+    waiter.start()
+    time.sleep(0.5)
+    assert waiter.is_alive()  # held, not answered at once
+    Api(proxy.url, email=user.email).publish_ok({"held": True})
+    waiter.join(10)
+    assert answer["response"].status_code == 200
+    assert answer["response"].json()["events"][0]["data"] == {"held": True}
+    assert time.monotonic() - started < 5
+
+
+def test_forwarded_scheme_host_and_address_reach_the_app(proxy, app_server):
+    request_id = f"forward-check-{time.monotonic_ns()}"
+    spoofed = {"X-Forwarded-For": "203.0.113.66", "X-Forwarded-Host": "evil.example", "X-Request-ID": request_id}
+    response = requests.get(f"{proxy.url}/healthz", headers=spoofed)
+    assert response.headers["X-Request-ID"] == request_id
+
+    def logged():
+        for line in app_server.log_path.read_text().splitlines():
+            if request_id in line and line.startswith("{"):
+                return json.loads(line)
+        return None
+
+    line = wait_until(logged, message="access log line")
+    assert line["host"] == f"127.0.0.1:{proxy.port}" and line["scheme"] == "http"
+    assert line["remote_addr"] == "127.0.0.1"  # nginx's view of the client, not the spoofed header
+    assert line["path"] == "/healthz" and line["status"] == 200 and line["duration_ms"] >= 0
+
+    # Same-origin check: the Origin the browser sends through nginx matches the host the app sees.
+    browser = requests.Session()
+    user = Api(proxy.url)
+    cookie = {"Cookie": f"__Host-access={user.access_token}"}
+    own = browser.post(f"{proxy.url}/auth/logout-all", headers={**cookie, "Origin": proxy.url})
+    assert own.status_code == 204
+
+
+def test_metrics_are_prometheus_text_summed_over_workers(proxy):
+    user = Api(proxy.url)
+    for n in range(4):
+        user.publish_ok({"n": n})
+    text = requests.get(f"{proxy.url}/metrics").text
+    published = [line for line in text.splitlines() if line.startswith("rt_events_published_total")]
+    assert published and float(published[0].split()[-1]) >= 4
+    assert 'auth_logins_total{result="success"}' in text
+    assert "http_request_duration_seconds_bucket" in text
+
+
+# Scale-out and restarts
+
+
+def follow_with_reconnect(base: str, user: Api, last_id: str, count: int, timeout: float = 20) -> list[str]:
+    """Read events as a client would: when the stream ends, reconnect with Last-Event-ID."""
+    received, deadline = [], time.monotonic() + timeout
+    while len(received) < count and time.monotonic() < deadline:
+        try:
+            stream = SSE(base, {**user.auth, "Last-Event-ID": last_id})
+        except OSError:
+            time.sleep(0.1)
+            continue
+        if stream.status != 200:
+            time.sleep(0.1)
+            continue
+        try:
+            while len(received) < count:
+                frame = stream.next_event(timeout=max(0.1, min(3, deadline - time.monotonic())))
+                received.append(frame["data"]["id"])
+                last_id = frame["id"]
+        except TimeoutError:
+            pass
+        finally:
+            stream.close()
+    return received
+
+
+@pytest.fixture
+def two_instances(base_env, tmp_path):
+    instances = [LiveServer({**base_env, **FAST}, workers=1, log_path=tmp_path / f"app-{n}.log") for n in range(2)]
+    for live in instances:
+        live.start()
+    nginx = NginxServer(tmp_path / "nginx", [f"127.0.0.1:{live.port}" for live in instances])
+    nginx.start()
+    yield instances, nginx
+    nginx.stop()
+    for live in instances:
+        live.stop()
+
+
+def test_scale_out_two_instances_behind_one_upstream(two_instances):
+    (a, b), nginx = two_instances
+    user = Api(nginx.url)
+    stream = SSE(a.url, user.auth)
+    stream.next(skip_comments=False)
+    user.base = b.url
+    through_b = user.publish_ok({"via": "b"})
+    first = stream.next_event()
+    assert first["data"]["id"] == through_b  # streamed from A, published through B
+    stream.close()
+
+    user.base = nginx.url
+    streams_through_nginx = SSE(nginx.url, user.auth)
+    streams_through_nginx.next(skip_comments=False)
+    a.stop()  # one instance goes away; nginx sends new connections to the other
+    streams_through_nginx.close()
+    missed = [user.publish_ok({"n": n}) for n in range(20)]
+    assert follow_with_reconnect(nginx.url, user, first["id"], 20) == missed
+
+
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGTERM])
+def test_reload_and_shutdown_with_open_streams_lose_nothing(base_env, tmp_path, sig):
+    app = LiveServer({**base_env, **FAST}, workers=2, log_path=tmp_path / "app.log")
+    app.start()
+    replacement = None
+    nginx = NginxServer(tmp_path / "nginx", [f"127.0.0.1:{app.port}"])
+    nginx.start()
+    try:
+        user = Api(nginx.url)
+        stream = SSE(nginx.url, user.auth)
+        first_id = user.publish_ok({"n": "first"})
+        first = stream.next_event()
+        assert first["data"]["id"] == first_id
+        app.signal(sig)
+        assert stream.closed.wait(5)  # ended promptly by the worker's shutdown, not by a time-out
+        if sig == signal.SIGTERM:  # the same port comes back, as a process manager would restart it
+            app.process.wait(15)
+            replacement = LiveServer({**base_env, **FAST}, workers=2, log_path=tmp_path / "app-2.log")
+            replacement.port = app.port
+            replacement.env["PORT"] = str(app.port)
+            replacement.start()
+        publisher = Api(nginx.url, email=user.email)
+        missed = [wait_until(lambda n=n: _publish(publisher, n), message="publish") for n in range(10)]
+        assert follow_with_reconnect(nginx.url, user, first["id"], 10) == missed
+    finally:
+        nginx.stop()
+        app.stop()
+        if replacement:
+            replacement.stop()
+
+
+def _publish(user: Api, n: int) -> str | None:
+    response = user.publish({"n": n})
+    return response.json()["id"] if response.status_code == 201 else None
+
+
+def test_readyz_follows_redis_and_the_service_recovers_by_itself(base_env, tmp_path):
+    redis_server = RedisServer(tmp_path, persistent=True)
+    redis_server.start()
+    app = LiveServer({**base_env, "REDIS_URL": redis_server.url}, workers=1, log_path=tmp_path / "app.log")
+    app.start()
+    try:
+        assert requests.get(f"{app.url}/readyz").status_code == 200
+        user = Api(app.url)
+        redis_server.stop()
+        down = requests.get(f"{app.url}/readyz")
+        assert down.status_code == 503 and down.json()["error"]["code"] == "unavailable"
+        assert requests.get(f"{app.url}/healthz").status_code == 200  # alive, just not ready
+        assert requests.get(f"{app.url}/auth/me", headers=user.auth).status_code == 503
+        redis_server.start()
+        wait_until(lambda: requests.get(f"{app.url}/readyz").status_code == 200, timeout=15, message="ready again")
+        assert requests.get(f"{app.url}/auth/me", headers=user.auth).status_code == 200
+    finally:
+        app.stop()
+        redis_server.stop()
