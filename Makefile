@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt | sha1sum | cut -c1-12)
 SYSTEM_PACKAGES := redis-server=redis-server redis-cli=redis-tools nginx=nginx-light
 
-.PHONY: run test lint deps system-deps clean
+.PHONY: run test lint bench deps system-deps clean
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,6 +27,9 @@ lint: deps
 
 test: deps system-deps lint
 	$(BIN)/pytest
+
+bench: deps system-deps
+	$(BIN)/python -m bench.run
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
