@@ -5,6 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt | sha1sum | cut -c1-12)
 SYSTEM_PACKAGES := redis-server=redis-server redis-cli=redis-tools nginx=nginx-light
+TEST_PACKAGES := node=nodejs npm=npm
 
 .PHONY: run test lint bench deps system-deps clean
 
@@ -25,7 +26,14 @@ lint: deps
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-test: deps system-deps lint
+# The OpenID provider the OAuth tests run against (tests/oidc, pinned by its lock file).
+OIDC_STAMP := tests/oidc/node_modules/.installed
+$(OIDC_STAMP): tests/oidc/package.json tests/oidc/package-lock.json
+	scripts/ensure-packages.sh $(TEST_PACKAGES)
+	cd tests/oidc && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+test: deps system-deps lint $(OIDC_STAMP)
 	$(BIN)/pytest
 
 bench: deps system-deps

@@ -9,7 +9,7 @@ from werkzeug.middleware.proxy_fix import ProxyFix
 
 from . import cli, errors, events, limits, logs, ops
 from . import redis as redis_ext
-from .auth import guards, tokens
+from .auth import guards, oauth, tokens
 from .auth import views as auth_views
 from .settings import load_settings
 
@@ -40,6 +40,7 @@ def create_app(overrides: dict | None = None) -> Flask:
     app.register_blueprint(ops.bp)
     app.register_blueprint(auth_views.bp)
     app.register_blueprint(auth_views.jwks_bp)
+    oauth.init_app(app)
     events.init_app(app)
     limits.init_app(app)
     cli.init_app(app)

@@ -37,6 +37,7 @@ def create_user(email: str, password: str | None, role: str = "user", identities
     email = validate_email(email)
     if role not in ROLES:
         raise ApiError(422, "validation_failed", f"The role must be one of {', '.join(ROLES)}.")
+    # No password: an account that only logs in through an OAuth provider (password login always fails).
     password_hash = passwords.hash_password(validate_password(password)) if password is not None else ""
     user = {
         "id": uuid.uuid4().hex,

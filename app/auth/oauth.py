@@ -1,0 +1,226 @@
+"""OAuth 2.0 authorization-code login as a client (Authlib), with PKCE (S256), state and nonce.
+
+State, code_verifier, nonce and `next` live in Authlib's state data in the Flask session: a signed,
+HttpOnly, Secure, SameSite=Lax cookie scoped to /auth/oauth that lives ten minutes. Lax, because a
+Strict cookie is not sent on the provider's cross-site redirect back. The state check comes first in
+the callback; a state is also marked used in Redis, so even a replayed cookie cannot use it twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import html
+from dataclasses import dataclass
+from datetime import timedelta
+
+import requests
+from authlib.integrations.base_client import OAuthError
+from authlib.integrations.flask_client import OAuth
+from flask import Blueprint, Flask, Response, current_app, redirect, request, session, url_for
+
+from ..errors import ApiError, bad_request, not_found
+from ..redis import Keys, get_redis
+from ..settings import SettingsError
+from . import cookies, sessions, tokens, users
+
+bp = Blueprint("oauth", __name__, url_prefix="/auth/oauth")
+
+STATE_LIFETIME = timedelta(minutes=10)
+PRESETS = {
+    "google": {
+        "server_metadata_url": "https://accounts.google.com/.well-known/openid-configuration",
+        "scope": "openid email profile",
+    },
+    "github": {
+        "authorize_url": "https://github.com/login/oauth/authorize",
+        "access_token_url": "https://github.com/login/oauth/access_token",
+        "userinfo_endpoint": "https://api.github.com/user",
+        "api_base_url": "https://api.github.com/",
+        "scope": "read:user user:email",
+    },
+}
+
+
+@dataclass(frozen=True)
+class Identity:
+    subject: str
+    email: str | None
+    email_verified: bool
+
+
+def _provider_settings(env: dict, name: str) -> dict:
+    prefix = f"OAUTH_{name.upper()}_"
+    preset = PRESETS.get(name, {})
+
+    def read(key: str, default=None):
+        return (env.get(prefix + key) or "").strip() or default
+
+    client_id, client_secret = read("CLIENT_ID"), read("CLIENT_SECRET")
+    if not client_id or not client_secret:
+        raise SettingsError(f"{prefix}CLIENT_ID and {prefix}CLIENT_SECRET are required for OAuth provider {name!r}")
+    options = {
+        "client_id": client_id,
+        "client_secret": client_secret,
+        "server_metadata_url": read("DISCOVERY_URL", preset.get("server_metadata_url")),
+        "authorize_url": read("AUTHORIZE_URL", preset.get("authorize_url")),
+        "access_token_url": read("TOKEN_URL", preset.get("access_token_url")),
+        "userinfo_endpoint": read("USERINFO_URL", preset.get("userinfo_endpoint")),
+        "api_base_url": preset.get("api_base_url"),
+        "client_kwargs": {"scope": read("SCOPE", preset.get("scope", "openid email")), "code_challenge_method": "S256"},
+    }
+    if not options["server_metadata_url"] and not (options["authorize_url"] and options["access_token_url"]):
+        raise SettingsError(f"{prefix}DISCOVERY_URL, or {prefix}AUTHORIZE_URL and {prefix}TOKEN_URL, must be set")
+    return {key: value for key, value in options.items() if value is not None}
+
+
+def init_app(app: Flask) -> None:
+    env = app.config["SETTINGS"].environ
+    names = [n.strip().lower() for n in env.get("OAUTH_PROVIDERS", "").split(",") if n.strip()]
+    oauth = OAuth(app)
+    for name in names:
+        oauth.register(name, **_provider_settings(env, name))
+    app.extensions["oauth_providers"] = names
+    app.config.update(
+        SESSION_COOKIE_NAME="__Secure-oauth",
+        SESSION_COOKIE_PATH=bp.url_prefix,
+        SESSION_COOKIE_HTTPONLY=True,
+        SESSION_COOKIE_SECURE=True,
+        SESSION_COOKIE_SAMESITE="Lax",
+        PERMANENT_SESSION_LIFETIME=STATE_LIFETIME,
+        SESSION_REFRESH_EACH_REQUEST=False,
+    )
+    app.register_blueprint(bp)
+
+
+def provider_names() -> list[str]:
+    return current_app.extensions.get("oauth_providers", [])
+
+
+def _client(provider: str):
+    if provider not in provider_names():
+        raise not_found("No such OAuth provider.")
+    return current_app.extensions["authlib.integrations.flask_client"].create_client(provider)
+
+
+def safe_next(value: str | None) -> str:
+    """A same-site relative path, or 400: `next` must never send the browser to another site."""
+    if not value:
+        return "/"
+    if not value.startswith("/") or value.startswith("//") or "\\" in value or any(ord(c) < 32 for c in value):
+        raise bad_request("'next' must be a relative path on this site.")
+    return value
+
+
+@bp.get("/<provider>/login")
+def login(provider: str):
+    client = _client(provider)
+    next_path = safe_next(request.args.get("next"))
+    redirect_uri = url_for(".callback", provider=provider, _external=True)
+    authorization = client.create_authorization_url(redirect_uri)
+    session.permanent = True  # Max-Age = STATE_LIFETIME
+    client.save_authorize_data(redirect_uri=redirect_uri, next=next_path, **authorization)
+    return redirect(authorization["url"], 302)
+
+
+def _claim_state_once(state: str) -> bool:
+    key = f"oauth:state-used:{hashlib.sha256(state.encode()).hexdigest()}"
+    return bool(get_redis().set(key, "1", nx=True, ex=int(STATE_LIFETIME.total_seconds())))
+
+
+@bp.get("/<provider>/callback")
+def callback(provider: str):
+    client = _client(provider)
+    state = request.args.get("state")
+    state_data = client.framework.get_state_data(session, state) if state else None
+    if state_data is None or not _claim_state_once(state):
+        raise ApiError(400, "invalid_state", "The login attempt could not be matched to this browser; start again.")
+    try:
+        return _complete_login(provider, client, state_data)
+    finally:
+        _forget_attempt(client, state)
+
+
+def _forget_attempt(client, state: str) -> None:
+    """Used once: drop this attempt's data, and the cookie itself when no other attempt is pending."""
+    client.framework.clear_state_data(session, state)
+    if not any(key.startswith("_state_") for key in session):
+        session.clear()
+
+
+def _complete_login(provider: str, client, state_data: dict):
+    if "error" in request.args:
+        reason = request.args.get("error_description") or request.args["error"]
+        raise ApiError(400, "oauth_error", f"The provider did not authorise the login: {reason[:200]}")
+    try:
+        token = client.authorize_access_token()  # sends the original code_verifier; verifies the ID token
+        identity = _identity(provider, client, token)
+    except OAuthError as error:
+        raise ApiError(400, "oauth_failed", f"The provider refused the login: {error.error}") from None
+    except requests.RequestException:
+        raise ApiError(503, "unavailable", "The provider could not be reached; try again.") from None
+    user = find_or_create_user(provider, identity)
+    issued = sessions.start_session(user["id"], request.user_agent.string or f"{provider} login", request.remote_addr)
+    access_token = tokens.issue_access_token(user["id"], user["role"], int(user["token_version"]), issued.session_id)
+    # A Strict cookie set during a cross-site redirect chain is not sent within that chain, so land
+    # through a page of our own that moves on to `next` as a fresh, same-site navigation.
+    response = redirect(url_for(".landing", next=state_data.get("next", "/")), 302)
+    settings = current_app.config["SETTINGS"]
+    cookies.set_token_cookies(
+        response, access_token, settings.access_token_ttl, issued.refresh_token, settings.refresh_token_ttl
+    )
+    return response
+
+
+@bp.get("/landing")
+def landing():
+    target = html.escape(safe_next(request.args.get("next")), quote=True)
+    page = (
+        '<!doctype html><html lang="en"><head><meta charset="utf-8">'
+        f'<meta http-equiv="refresh" content="0; url={target}"><title>Signed in</title></head>'
+        f'<body><p>Signed in. <a href="{target}">Continue</a></p></body></html>'
+    )
+    response = Response(page, mimetype="text/html")
+    response.headers["Cache-Control"] = "no-store"
+    return response
+
+
+def _identity(provider: str, client, token: dict) -> Identity:
+    """Who the provider says this is: verified ID-token claims for OpenID, the API for GitHub."""
+    if "userinfo" in token:  # OpenID: Authlib checked signature (JWKS), issuer, audience, nonce, expiry
+        claims = dict(token["userinfo"])
+        if "email" not in claims:  # providers may keep scope claims for the userinfo endpoint only
+            extra = client.userinfo(token=token)
+            if str(extra.get("sub")) != str(claims["sub"]):
+                raise OAuthError(error="userinfo_subject_mismatch")
+            claims.update({k: extra[k] for k in ("email", "email_verified") if k in extra})
+        return Identity(str(claims["sub"]), claims.get("email"), claims.get("email_verified") is True)
+    if provider == "github":
+        profile = client.get("user", token=token).json()
+        emails = client.get("user/emails", token=token).json()
+        primary = next((e for e in emails if e.get("primary")), None) or {}
+        return Identity(str(profile["id"]), primary.get("email"), primary.get("verified") is True)
+    claims = client.userinfo(token=token)
+    return Identity(str(claims["sub"]), claims.get("email"), claims.get("email_verified") is True)
+
+
+def find_or_create_user(provider: str, identity: Identity) -> dict:
+    """By (provider, subject); else link a local account by e-mail only if the provider verified it."""
+    client = get_redis()
+    identity_key = Keys.user_by_identity(provider, identity.subject)
+    user_id = client.get(identity_key)
+    if user_id and (user := users.get_user(user_id)):
+        return user
+    if not identity.email:
+        raise ApiError(422, "validation_failed", "The provider did not share an e-mail address.")
+    existing_id = users.find_user_id_by_email(identity.email)
+    if existing_id:
+        if not identity.email_verified:
+            raise ApiError(
+                409,
+                "conflict",
+                "An account with this e-mail exists, and the provider has not verified the address, so it cannot "
+                "be linked. Log in with your password.",
+            )
+        client.set(identity_key, existing_id, nx=True)
+        return users.get_user(existing_id)
+    return users.create_user(identity.email, None, identities=(identity_key,))

@@ -1,0 +1,297 @@
+"""OAuth login against a real OpenID provider (node-oidc-provider), driven like a browser would."""
+
+from __future__ import annotations
+
+import base64
+import http.cookiejar
+import os
+import re
+import shutil
+import subprocess
+from datetime import UTC, datetime, timedelta
+from email.utils import parsedate_to_datetime
+from pathlib import Path
+from urllib.parse import parse_qs, urljoin, urlparse
+
+import pytest
+import requests
+from flask import Flask
+
+from tests.conftest import TEST_SECRET_KEY
+from tests.servers import ROOT, LiveServer, free_port, wait_until
+from tests.utils import DEFAULT_PASSWORD, parse_set_cookies, random_email, redis_snapshot
+
+OIDC_DIR = ROOT / "tests" / "oidc"
+CLIENT_ID, CLIENT_SECRET = "auth-rt-test", "test-client-secret-0123456789"
+STATE_COOKIE = "__Secure-oauth"
+
+
+@pytest.fixture(autouse=True)
+def secure_cookies_to_loopback(monkeypatch):
+    """Send Secure cookies to http://127.0.0.1, as browsers do for loopback (a secure context).
+
+    requests copies cookies into a jar with the default policy on every request, so the default
+    policy is what has to allow it, for this module's tests only.
+    """
+    default = http.cookiejar.DefaultCookiePolicy.return_ok_secure
+
+    def return_ok_secure(self, cookie, request):
+        return urlparse(request.get_full_url()).hostname == "127.0.0.1" or default(self, cookie, request)
+
+    monkeypatch.setattr(http.cookiejar.DefaultCookiePolicy, "return_ok_secure", return_ok_secure)
+
+
+def browser() -> requests.Session:
+    return requests.Session()
+
+
+class OpenIdProvider:
+    def __init__(self, log_path: Path):
+        self.port = free_port()
+        self.log_path = log_path
+        self.process = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, redirect_uri: str) -> None:
+        node = shutil.which("node")
+        assert node, "Node.js is required for the OpenID provider (make test installs it)"
+        if not (OIDC_DIR / "node_modules" / "oidc-provider").exists():
+            subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=OIDC_DIR, check=True, capture_output=True)
+        env = {**os.environ, "PORT": str(self.port), "CLIENT_ID": CLIENT_ID, "CLIENT_SECRET": CLIENT_SECRET}
+        env["REDIRECT_URI"] = redirect_uri
+        self.process = subprocess.Popen(
+            [node, "provider.mjs"], cwd=OIDC_DIR, env=env, stdout=open(self.log_path, "wb"), stderr=subprocess.STDOUT
+        )
+        wait_until(lambda: requests.get(f"{self.url}/.well-known/openid-configuration", timeout=1).ok, timeout=20)
+
+    def token_requests(self) -> int:
+        return requests.get(f"{self.url}/__counts").json()["token"]
+
+    def stop(self) -> None:
+        if self.process:
+            self.process.terminate()
+            self.process.wait(10)
+
+
+@pytest.fixture(scope="module")
+def oauth_setup(base_env, tmp_path_factory):
+    logs = tmp_path_factory.mktemp("oauth")
+    provider = OpenIdProvider(logs / "provider.log")
+    app = LiveServer({**base_env}, workers=1, log_path=logs / "app.log")
+    provider.start(f"{app.url}/auth/oauth/test/callback")
+    app.env.update(
+        OAUTH_PROVIDERS="test",
+        OAUTH_TEST_CLIENT_ID=CLIENT_ID,
+        OAUTH_TEST_CLIENT_SECRET=CLIENT_SECRET,
+        OAUTH_TEST_DISCOVERY_URL=f"{provider.url}/.well-known/openid-configuration",
+        OAUTH_TEST_SCOPE="openid email",
+    )
+    app.start()
+    yield app, provider
+    app.stop()
+    provider.stop()
+
+
+def set_cookies(response: requests.Response) -> dict:
+    return parse_set_cookies(response.raw.headers.getlist("Set-Cookie"))
+
+
+def start_login(client: requests.Session, app: LiveServer, next_path: str = "/") -> requests.Response:
+    response = client.get(f"{app.url}/auth/oauth/test/login", params={"next": next_path}, allow_redirects=False)
+    assert response.status_code == 302, response.text
+    return response
+
+
+def callback_url(client: requests.Session, app: LiveServer, provider: OpenIdProvider, login: str, next_path="/"):
+    """Go through the provider's login and consent screens; the URL it sends the browser back to."""
+    url = start_login(client, app, next_path).headers["Location"]
+    while True:
+        response = client.get(url, allow_redirects=False)
+        if response.status_code in (302, 303):
+            url = urljoin(url, response.headers["Location"])
+            if url.startswith(app.url):
+                return url
+            continue
+        form = re.search(r'<form[^>]*action="([^"]+)"', response.text)
+        assert form, response.text[:500]
+        fields = form_fields(response.text)  # hidden fields (the screen's `prompt`) as a browser sends them
+        if "login" in fields:
+            fields.update(login=login, password="anything")
+        response = client.post(urljoin(url, form.group(1)), data=fields, allow_redirects=False)
+        assert "Location" in response.headers, (response.status_code, response.text[:500])
+        url = urljoin(url, response.headers["Location"])
+        if url.startswith(app.url):
+            return url
+
+
+def form_fields(page: str) -> dict:
+    fields = {}
+    for tag in re.findall(r"<input[^>]*>", page):
+        name = re.search(r'name="([^"]*)"', tag)
+        value = re.search(r'value="([^"]*)"', tag)
+        if name:
+            fields[name.group(1)] = value.group(1) if value else ""
+    return fields
+
+
+def finish(client, url) -> requests.Response:
+    return client.get(url, allow_redirects=False)
+
+
+def test_login_redirect_carries_every_parameter_and_a_lax_state_cookie(oauth_setup):
+    app, provider = oauth_setup
+    response = start_login(browser(), app, "/after")
+    location = urlparse(response.headers["Location"])
+    assert f"{location.scheme}://{location.netloc}" == provider.url
+    query = {k: v[0] for k, v in parse_qs(location.query).items()}
+    assert query["response_type"] == "code" and query["client_id"] == CLIENT_ID
+    assert query["redirect_uri"] == f"{app.url}/auth/oauth/test/callback"
+    assert "openid" in query["scope"].split()
+    assert query["code_challenge_method"] == "S256"
+    assert re.fullmatch(r"[A-Za-z0-9_-]{43}", query["code_challenge"])  # base64url SHA-256, unpadded
+    assert len(query["state"]) >= 20 and len(query["nonce"]) >= 20
+    cookie = set_cookies(response)[STATE_COOKIE]
+    assert cookie["httponly"] is True and cookie["secure"] is True and cookie["samesite"] == "Lax"
+    assert cookie["path"] == "/auth/oauth"
+    lifetime = parsedate_to_datetime(cookie["expires"]) - datetime.now(UTC)
+    assert timedelta(minutes=9) < lifetime <= timedelta(minutes=10)  # short-lived
+
+
+def test_states_differ_per_attempt(oauth_setup):
+    app, _ = oauth_setup
+    states = {parse_qs(urlparse(start_login(browser(), app).headers["Location"]).query)["state"][0] for _ in range(3)}
+    assert len(states) == 3
+
+
+def test_full_flow_logs_in_and_a_second_login_finds_the_same_user(oauth_setup):
+    app, provider = oauth_setup
+    email = random_email()
+    client = browser()
+    before = provider.token_requests()
+    response = finish(client, callback_url(client, app, provider, email, "/dashboard"))
+    assert response.status_code == 302, response.text
+    assert provider.token_requests() == before + 1  # the provider accepted the code and the verifier
+    cookies = set_cookies(response)
+    assert cookies["__Host-access"]["samesite"] == "Strict" and cookies["__Host-access"]["httponly"] is True
+    assert cookies[STATE_COOKIE]["max-age"] == "0"  # used once, then deleted
+    landing = client.get(urljoin(app.url, response.headers["Location"]))
+    assert landing.status_code == 200
+    assert 'http-equiv="refresh"' in landing.text and "url=/dashboard" in landing.text
+    me = client.get(f"{app.url}/auth/me")
+    assert me.status_code == 200 and me.json()["user"]["email"] == email
+    first_id = me.json()["user"]["id"]
+
+    again = browser()
+    finish(again, callback_url(again, app, provider, email))
+    assert again.get(f"{app.url}/auth/me").json()["user"]["id"] == first_id
+    sessions = again.get(f"{app.url}/auth/sessions").json()["sessions"]
+    assert len(sessions) == 2  # two logins, two sessions of one user
+
+
+def test_refused_callbacks_are_400_and_never_reach_the_provider(oauth_setup, redis_server):
+    app, provider = oauth_setup
+    client = browser()
+    url = callback_url(client, app, provider, random_email())
+    code, state = (parse_qs(urlparse(url).query)[k][0] for k in ("code", "state"))
+    callback = f"{app.url}/auth/oauth/test/callback"
+    before_tokens, before_keys = provider.token_requests(), redis_snapshot(redis_server.client())
+
+    def refused(response):
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["code"] == "invalid_state"
+
+    refused(client.get(callback, params={"code": code, "state": "not-the-state"}))  # wrong state
+    refused(client.get(callback, params={"code": code}))  # missing state
+    refused(browser().get(callback, params={"code": code, "state": state}))  # another browser's attempt
+    tampered = browser()
+    value = client.cookies.get(STATE_COOKIE)
+    tampered.cookies.set(STATE_COOKIE, value[:-3] + ("AAA" if not value.endswith("AAA") else "BBB"))
+    refused(tampered.get(callback, params={"code": code, "state": state}))  # tampered state cookie
+    assert provider.token_requests() == before_tokens
+    assert redis_snapshot(redis_server.client()) == before_keys  # nothing stored
+
+    saved_cookie = client.cookies.get(STATE_COOKIE)
+    assert finish(client, url).status_code == 302  # the real callback, once
+    refused(finish(client, url))  # replayed: the state was used
+    replay = browser()
+    replay.cookies.set(STATE_COOKIE, saved_cookie)
+    refused(replay.get(callback, params={"code": code, "state": state}))  # replayed with the old cookie too
+    assert provider.token_requests() == before_tokens + 1
+
+
+def test_wrong_code_verifier_is_rejected_by_the_provider_as_a_clean_error(oauth_setup):
+    app, provider = oauth_setup
+    client = browser()
+    url = callback_url(client, app, provider, random_email())
+    state = parse_qs(urlparse(url).query)["state"][0]
+    signer = Flask(__name__)
+    signer.secret_key = TEST_SECRET_KEY
+    serializer = signer.session_interface.get_signing_serializer(signer)
+    session = serializer.loads(client.cookies.get(STATE_COOKIE))
+    session[f"_state_test_{state}"]["data"]["code_verifier"] = base64.urlsafe_b64encode(os.urandom(48)).decode()
+    client.cookies.set(STATE_COOKIE, serializer.dumps(session), domain="127.0.0.1", path="/auth/oauth")
+    before = provider.token_requests()
+    response = finish(client, url)
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "oauth_failed"
+    assert provider.token_requests() == before + 1  # it reached the provider, which refused it
+    assert client.get(f"{app.url}/auth/me").status_code == 401
+
+
+def test_provider_error_parameter_is_a_clear_400(oauth_setup):
+    app, _ = oauth_setup
+    client = browser()
+    state = parse_qs(urlparse(start_login(client, app).headers["Location"]).query)["state"][0]
+    response = client.get(
+        f"{app.url}/auth/oauth/test/callback", params={"error": "access_denied", "state": state}
+    )
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "oauth_error" and "access_denied" in response.json()["error"]["message"]
+
+
+def test_verified_email_links_to_the_existing_account(oauth_setup):
+    app, provider = oauth_setup
+    email = random_email()
+    local = requests.post(f"{app.url}/auth/register", json={"email": email, "password": DEFAULT_PASSWORD}).json()
+    client = browser()
+    assert finish(client, callback_url(client, app, provider, email)).status_code == 302
+    assert client.get(f"{app.url}/auth/me").json()["user"]["id"] == local["user"]["id"]
+
+
+def test_unverified_email_is_not_linked_to_an_existing_account(oauth_setup):
+    app, provider = oauth_setup
+    email = random_email()
+    requests.post(f"{app.url}/auth/register", json={"email": email, "password": DEFAULT_PASSWORD})
+    client = browser()
+    response = finish(client, callback_url(client, app, provider, f"unverified.{email}"))
+    assert response.status_code == 409
+    assert response.json()["error"]["code"] == "conflict"
+    assert client.get(f"{app.url}/auth/me").status_code == 401
+    # The owner's password login is untouched.
+    login = requests.post(f"{app.url}/auth/login", json={"email": email, "password": DEFAULT_PASSWORD})
+    assert login.status_code == 200
+
+
+def test_unverified_email_without_a_local_account_creates_one(oauth_setup):
+    app, provider = oauth_setup
+    email = random_email()
+    client = browser()
+    assert finish(client, callback_url(client, app, provider, f"unverified.{email}")).status_code == 302
+    assert client.get(f"{app.url}/auth/me").json()["user"]["email"] == email
+
+
+@pytest.mark.parametrize("next_path", ["https://evil.example/", "//evil.example/x", "/\\evil.example", "evil"])
+def test_next_must_be_a_relative_path(oauth_setup, next_path):
+    app, _ = oauth_setup
+    response = browser().get(f"{app.url}/auth/oauth/test/login", params={"next": next_path}, allow_redirects=False)
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "bad_request"
+
+
+def test_unknown_provider_is_404(oauth_setup):
+    app, _ = oauth_setup
+    assert browser().get(f"{app.url}/auth/oauth/nope/login", allow_redirects=False).status_code == 404
+    assert browser().get(f"{app.url}/auth/oauth/nope/callback?state=x&code=y").status_code == 404
