@@ -62,9 +62,10 @@ class OpenIdProvider:
             subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=OIDC_DIR, check=True, capture_output=True)
         env = {**os.environ, "PORT": str(self.port), "CLIENT_ID": CLIENT_ID, "CLIENT_SECRET": CLIENT_SECRET}
         env["REDIRECT_URI"] = redirect_uri
-        self.process = subprocess.Popen(
-            [node, "provider.mjs"], cwd=OIDC_DIR, env=env, stdout=open(self.log_path, "wb"), stderr=subprocess.STDOUT
-        )
+        with open(self.log_path, "wb") as log:  # the child keeps its own copy of the descriptor
+            self.process = subprocess.Popen(
+                [node, "provider.mjs"], cwd=OIDC_DIR, env=env, stdout=log, stderr=subprocess.STDOUT
+            )
         wait_until(lambda: requests.get(f"{self.url}/.well-known/openid-configuration", timeout=1).ok, timeout=20)
 
     def token_requests(self) -> int:
@@ -245,9 +246,7 @@ def test_provider_error_parameter_is_a_clear_400(oauth_setup):
     app, _ = oauth_setup
     client = browser()
     state = parse_qs(urlparse(start_login(client, app).headers["Location"]).query)["state"][0]
-    response = client.get(
-        f"{app.url}/auth/oauth/test/callback", params={"error": "access_denied", "state": state}
-    )
+    response = client.get(f"{app.url}/auth/oauth/test/callback", params={"error": "access_denied", "state": state})
     assert response.status_code == 400
     assert response.json()["error"]["code"] == "oauth_error" and "access_denied" in response.json()["error"]["message"]
 
