@@ -69,6 +69,9 @@ def post_worker_init(worker):
     import gevent
 
     from app.events.hub import shutdown_all
+    from app.webhooks import start_background_tasks
+
+    start_background_tasks(worker.wsgi)  # retries webhook deliveries whose publishing failed
 
     def watch():
         while worker.alive:

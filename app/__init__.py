@@ -7,7 +7,7 @@ import logging
 from flask import Flask
 from werkzeug.middleware.proxy_fix import ProxyFix
 
-from . import cli, errors, events, limits, logs, ops
+from . import cli, errors, events, limits, logs, ops, webhooks
 from . import redis as redis_ext
 from .auth import guards, oauth, tokens
 from .auth import views as auth_views
@@ -42,6 +42,7 @@ def create_app(overrides: dict | None = None) -> Flask:
     app.register_blueprint(auth_views.jwks_bp)
     oauth.init_app(app)
     events.init_app(app)
+    webhooks.init_app(app)
     limits.init_app(app)
     cli.init_app(app)
     return app

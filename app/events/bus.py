@@ -69,9 +69,12 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + f".{int(time.time() * 1000) % 1000:03d}Z"
 
 
-def channels_for(user_id: str) -> list[str]:
-    """What a reader receives: its own channel and the broadcast channel."""
-    return [f"user:{user_id}", BROADCAST]
+WEBHOOKS = "webhooks"
+
+
+def channels_for(user_id: str, is_admin: bool = False) -> list[str]:
+    """What a reader receives: its own channel and the broadcast channel (admins: webhooks too)."""
+    return [f"user:{user_id}", BROADCAST] + ([WEBHOOKS] if is_admin else [])
 
 
 def may_publish(user_id: str, is_admin: bool, channel: str) -> bool:

@@ -35,7 +35,7 @@ class Follower:
         self.bus = bus
         self.hub = hub
         self.caller = caller
-        self.channels = channels_for(caller.user_id)
+        self.channels = channels_for(caller.user_id, caller.is_admin)
         if cursor:  # validate before subscribing: a malformed cursor is a plain 400
             self.positions = decode_cursor(cursor, self.channels)
         self.subscription = (

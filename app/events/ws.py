@@ -110,7 +110,9 @@ def guard_websocket_handshake():
     if caller.via == "cookie" and origin is not None and not origin_allowed(origin):
         raise ApiError(403, "origin_rejected", "WebSocket connections from this origin are not allowed.")
     if request.args.get("cursor"):
-        decode_cursor(request.args["cursor"], channels_for(caller.user_id))  # 400 for a malformed cursor
+        decode_cursor(
+            request.args["cursor"], channels_for(caller.user_id, caller.is_admin)
+        )  # 400 for a malformed cursor
 
 
 @sock.route("/ws", bp=bp)

@@ -284,3 +284,15 @@ def test_readyz_follows_redis_and_the_service_recovers_by_itself(base_env, tmp_p
     finally:
         app.stop()
         redis_server.stop()
+
+
+def test_oversize_chunked_json_is_413_not_a_parse_error(app_server):
+    def chunks():  # no Content-Length, as a streaming client sends it
+        for _ in range(70):
+            yield b"x" * 1024
+
+    response = requests.post(
+        f"{app_server.url}/auth/login", data=chunks(), headers={"Content-Type": "application/json"}
+    )
+    assert response.status_code == 413
+    assert response.json()["error"]["code"] == "payload_too_large"

@@ -1,0 +1,159 @@
+"""Deliveries: recorded once (the de-duplication and the log in one Lua step), then published.
+
+Record first, publish after: the answer never waits for publishing, and a delivery whose publishing
+fails (or whose worker dies) stays in the pending set, where a sweeper in every worker retries it.
+Claiming a pending delivery is a ZREM, so exactly one greenlet anywhere publishes it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+import gevent
+import redis
+
+from ..events.bus import CHANNEL_PATTERN, WEBHOOKS, Bus
+from ..redis import Keys
+
+log = logging.getLogger(__name__)
+
+PENDING_KEY = "webhook:pending"
+RETENTION_SECONDS = 8 * 24 * 3600  # longer than the providers' retry windows (Stripe: 3 days)
+LOG_LENGTH = 1000
+PAYLOAD_IN_EVENT_LIMIT = 60 * 1024  # event data is at most 64 KiB; larger payloads are announced only
+SWEEP_INTERVAL, RETRY_DELAY = 2.0, 5.0
+
+# KEYS: delivery record, provider log, pending set. ARGV: ttl, log length, pending member, now,
+# delivery id, then the record's field/value pairs. 0 if this delivery id was seen before.
+RECORD_LUA = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('HSET', KEYS[1], unpack(ARGV, 6))
+redis.call('EXPIRE', KEYS[1], ARGV[1])
+redis.call('LPUSH', KEYS[2], ARGV[5])
+redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[2]) - 1)
+redis.call('ZADD', KEYS[3], ARGV[4], ARGV[3])
+return 1
+"""
+
+
+def user_at_path(payload, path: str | None) -> str | None:
+    """The value at a dotted path (e.g. data.object.metadata.user_id), if it names a user."""
+    if not path:
+        return None
+    value = payload
+    for part in path.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return None
+        value = value[part]
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        return None
+    value = str(value)
+    return value if CHANNEL_PATTERN.match(f"user:{value}") else None
+
+
+class DeliveryStore:
+    def __init__(self, client: redis.Redis, bus: Bus):
+        self.client = client
+        self.bus = bus
+        self._record = client.register_script(RECORD_LUA)
+        self._sweeper: gevent.Greenlet | None = None
+
+    def record(self, provider: str, delivery_id: str, kind: str, payload, user_id: str | None) -> bool:
+        """Store a verified delivery once; False if its id was seen before (also under a race)."""
+        encoded = json.dumps(payload, separators=(",", ":"))
+        record = {
+            "id": delivery_id,
+            "provider": provider,
+            "type": kind,
+            "user_id": user_id or "",
+            "received_at": f"{time.time():.3f}",
+            "status": "pending",
+            "payload": encoded,
+        }
+        created = self._record(
+            keys=[Keys.webhook_delivery(provider, delivery_id), Keys.webhook_log(provider), PENDING_KEY],
+            args=[RETENTION_SECONDS, LOG_LENGTH, f"{provider}\n{delivery_id}", f"{time.time():.3f}", delivery_id]
+            + [item for pair in record.items() for item in pair],
+        )
+        return bool(created)
+
+    def publish_soon(self, provider: str, delivery_id: str) -> None:
+        """Publish in the background: the provider's answer does not wait for it."""
+        self.ensure_sweeper()
+        gevent.spawn(self.publish_pending, f"{provider}\n{delivery_id}")
+
+    def publish_pending(self, member: str) -> bool:
+        """Claim one pending delivery and publish it; on failure put it back for a later retry."""
+        try:
+            if not self.client.zrem(PENDING_KEY, member):
+                return False  # another greenlet (or worker) has it
+        except redis.exceptions.RedisError:
+            return False
+        provider, _, delivery_id = member.partition("\n")
+        key = Keys.webhook_delivery(provider, delivery_id)
+        try:
+            record = self.client.hgetall(key)
+            if not record:
+                return False  # expired before it could be published
+            self._publish(record)
+            self.client.hset(key, mapping={"status": "published", "published_at": f"{time.time():.3f}"})
+            return True
+        except redis.exceptions.RedisError as error:
+            log.warning("publishing webhook delivery failed (%s); will retry", type(error).__name__)
+            try:
+                self.client.zadd(PENDING_KEY, {member: time.time() + RETRY_DELAY})
+            except redis.exceptions.RedisError:
+                log.error("webhook delivery %s could not be re-queued", delivery_id)
+            return False
+
+    def _publish(self, record: dict) -> None:
+        payload_text = record["payload"]
+        small = len(payload_text.encode()) <= PAYLOAD_IN_EVENT_LIMIT
+        data = {
+            "provider": record["provider"],
+            "delivery_id": record["id"],
+            "type": record["type"],
+            "payload": json.loads(payload_text) if small else None,
+            "truncated": not small,
+        }
+        name = f"webhook.{record['provider']}.{record['type']}"[:100]
+        self.bus.publish(WEBHOOKS, name, data)
+        if record.get("user_id"):
+            self.bus.publish(f"user:{record['user_id']}", name, data)
+
+    def ensure_sweeper(self) -> None:
+        if self._sweeper is None or self._sweeper.dead:
+            self._sweeper = gevent.spawn(self._sweep_forever)
+
+    def _sweep_forever(self) -> None:
+        while True:
+            gevent.sleep(SWEEP_INTERVAL)
+            try:
+                due = self.client.zrangebyscore(PENDING_KEY, "-inf", time.time() - SWEEP_INTERVAL, start=0, num=100)
+            except redis.exceptions.RedisError:
+                continue
+            for member in due:
+                self.publish_pending(member)
+
+    def recent(self, provider: str, limit: int) -> list[dict]:
+        ids = self.client.lrange(Keys.webhook_log(provider), 0, limit - 1)
+        pipe = self.client.pipeline(transaction=False)
+        for delivery_id in ids:
+            pipe.hmget(Keys.webhook_delivery(provider, delivery_id), "id", "type", "status", "received_at", "user_id")
+        rows = []
+        for values in pipe.execute():
+            if values[0] is None:
+                continue  # expired
+            delivery_id, kind, status, received_at, user_id = values
+            rows.append(
+                {
+                    "id": delivery_id,
+                    "type": kind,
+                    "status": status,
+                    "received_at": received_at,
+                    "user_id": user_id or None,
+                }
+            )
+        return rows

@@ -1,0 +1,93 @@
+"""`POST /webhooks/<provider>` (API.md section 6) and the admins' list of recent deliveries."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from flask import Blueprint, current_app, jsonify, request
+
+from ..auth.guards import current_caller, login_required
+from ..errors import ApiError, bad_request, forbidden, not_found, unauthorized
+from ..http import read_body, rfc3339
+from .schemes import VERIFIERS, SignatureRejected
+from .store import DeliveryStore, user_at_path
+
+bp = Blueprint("webhooks", __name__, url_prefix="/webhooks")
+
+BODY_LIMIT = 1024 * 1024
+ID_LIMIT = 200
+
+
+@dataclass(frozen=True)
+class WebhookProvider:
+    name: str
+    scheme: str
+    secrets: list[str]
+    user_path: str | None
+
+
+def _provider(name: str) -> WebhookProvider:
+    provider = current_app.extensions["webhook_providers"].get(name)
+    if provider is None:
+        raise not_found("No such webhook provider.")
+    return provider
+
+
+def _store() -> DeliveryStore:
+    return current_app.extensions["webhook_store"]
+
+
+@bp.post("/<name>")
+def receive(name: str):
+    provider = _provider(name)
+    body = read_body(BODY_LIMIT)  # enforced while reading, chunked bodies included
+    try:
+        signed_id = VERIFIERS[provider.scheme](body, request.headers, provider.secrets)
+    except SignatureRejected as refusal:
+        raise unauthorized(f"Webhook signature rejected: {refusal}.") from None
+    try:
+        payload = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        raise bad_request("The verified body is not JSON.") from None
+    delivery_id, kind = _identify(provider, signed_id, payload)
+    store = _store()
+    user_id = user_at_path(payload, provider.user_path)
+    if not store.record(provider.name, delivery_id, kind, payload, user_id):
+        return jsonify({"id": delivery_id, "duplicate": True}), 200
+    store.publish_soon(provider.name, delivery_id)
+    return jsonify({"id": delivery_id, "status": "accepted"}), 202
+
+
+def _identify(provider: WebhookProvider, signed_id: str | None, payload) -> tuple[str, str]:
+    """The delivery id (for de-duplication) and the event type, per scheme."""
+    if provider.scheme == "github":
+        delivery_id, kind = signed_id, request.headers["X-GitHub-Event"]
+    else:
+        if not isinstance(payload, dict) or not isinstance(payload.get("type"), str):
+            raise bad_request("The payload has no 'type'.")
+        kind = payload["type"]
+        delivery_id = signed_id if provider.scheme == "standard" else payload.get("id")
+        if not isinstance(delivery_id, str) or not delivery_id:
+            raise bad_request("The payload has no event 'id'.")
+    if len(delivery_id) > ID_LIMIT or len(kind) > ID_LIMIT:
+        raise ApiError(422, "validation_failed", "The delivery id or type is too long.")
+    return delivery_id, kind
+
+
+@bp.get("/<name>/deliveries")
+@login_required
+def deliveries(name: str):
+    provider = _provider(name)
+    if not current_caller().is_admin:
+        raise forbidden("Only administrators may list webhook deliveries.")
+    try:
+        limit = int(request.args.get("limit", 50))
+    except ValueError:
+        raise bad_request("limit must be a number.") from None
+    if not 1 <= limit <= 1000:
+        raise bad_request("limit must be between 1 and 1000.")
+    rows = _store().recent(provider.name, limit)
+    for row in rows:
+        row["received_at"] = rfc3339(row["received_at"])
+    return jsonify({"deliveries": rows})
