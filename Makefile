@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt | sha1sum | cut -c1-12)
 SYSTEM_PACKAGES := redis-server=redis-server redis-cli=redis-tools nginx=nginx-light
-TEST_PACKAGES := node=nodejs npm=npm
+TEST_PACKAGES := node=nodejs npm=npm chromium=chromium
 
 .PHONY: run test lint bench deps system-deps clean
 
@@ -34,6 +34,7 @@ $(OIDC_STAMP): tests/oidc/package.json tests/oidc/package-lock.json
 	touch $@
 
 test: deps system-deps lint $(OIDC_STAMP)
+	scripts/ensure-packages.sh $(TEST_PACKAGES)
 	$(BIN)/pytest
 
 bench: deps system-deps

@@ -7,7 +7,7 @@ import logging
 from flask import Flask
 from werkzeug.middleware.proxy_fix import ProxyFix
 
-from . import cli, errors, events, limits, logs, ops, webhooks
+from . import cli, errors, events, limits, logs, ops, page, webhooks
 from . import redis as redis_ext
 from .auth import guards, oauth, tokens
 from .auth import views as auth_views
@@ -43,6 +43,7 @@ def create_app(overrides: dict | None = None) -> Flask:
     oauth.init_app(app)
     events.init_app(app)
     webhooks.init_app(app)
+    page.init_app(app)
     limits.init_app(app)
     cli.init_app(app)
     return app

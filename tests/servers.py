@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -14,6 +15,8 @@ import redis
 import requests
 
 ROOT = Path(__file__).resolve().parent.parent
+OIDC_DIR = ROOT / "tests" / "oidc"
+CLIENT_ID, CLIENT_SECRET = "auth-rt-test", "test-client-secret-0123456789"
 VENV_BIN = Path(sys.executable).parent
 
 
@@ -151,3 +154,35 @@ class NginxServer:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+
+
+class OpenIdProvider:
+    def __init__(self, log_path: Path):
+        self.port = free_port()
+        self.log_path = log_path
+        self.process = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, redirect_uri: str) -> None:
+        node = shutil.which("node")
+        assert node, "Node.js is required for the OpenID provider (make test installs it)"
+        if not (OIDC_DIR / "node_modules" / "oidc-provider").exists():
+            subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=OIDC_DIR, check=True, capture_output=True)
+        env = {**os.environ, "PORT": str(self.port), "CLIENT_ID": CLIENT_ID, "CLIENT_SECRET": CLIENT_SECRET}
+        env["REDIRECT_URI"] = redirect_uri
+        with open(self.log_path, "wb") as log:  # the child keeps its own copy of the descriptor
+            self.process = subprocess.Popen(
+                [node, "provider.mjs"], cwd=OIDC_DIR, env=env, stdout=log, stderr=subprocess.STDOUT
+            )
+        wait_until(lambda: requests.get(f"{self.url}/.well-known/openid-configuration", timeout=1).ok, timeout=20)
+
+    def token_requests(self) -> int:
+        return requests.get(f"{self.url}/__counts").json()["token"]
+
+    def stop(self) -> None:
+        if self.process:
+            self.process.terminate()
+            self.process.wait(10)

@@ -33,7 +33,8 @@ def sse_frame(data: str, event: str | None = None, id: str | None = None) -> str
 @bp.get("/events/stream")
 @login_required
 def stream():
-    cursor = request.args.get("cursor") or request.headers.get("Last-Event-ID") or None
+    # Last-Event-ID first: a browser reconnecting by itself sends it, newer than the URL's ?cursor=.
+    cursor = request.headers.get("Last-Event-ID") or request.args.get("cursor") or None
     follower = follower_for_request(subscribe=True, cursor=cursor)  # 400 for a bad cursor, before streaming
     heartbeat = current_app.config["SETTINGS"].sse_heartbeat_seconds
 

@@ -6,11 +6,8 @@ import base64
 import http.cookiejar
 import os
 import re
-import shutil
-import subprocess
 from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
-from pathlib import Path
 from urllib.parse import parse_qs, urljoin, urlparse
 
 import pytest
@@ -18,11 +15,9 @@ import requests
 from flask import Flask
 
 from tests.conftest import TEST_SECRET_KEY
-from tests.servers import ROOT, LiveServer, free_port, wait_until
+from tests.servers import CLIENT_ID, CLIENT_SECRET, LiveServer, OpenIdProvider
 from tests.utils import DEFAULT_PASSWORD, parse_set_cookies, random_email, redis_snapshot
 
-OIDC_DIR = ROOT / "tests" / "oidc"
-CLIENT_ID, CLIENT_SECRET = "auth-rt-test", "test-client-secret-0123456789"
 STATE_COOKIE = "__Secure-oauth"
 
 
@@ -43,38 +38,6 @@ def secure_cookies_to_loopback(monkeypatch):
 
 def browser() -> requests.Session:
     return requests.Session()
-
-
-class OpenIdProvider:
-    def __init__(self, log_path: Path):
-        self.port = free_port()
-        self.log_path = log_path
-        self.process = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self, redirect_uri: str) -> None:
-        node = shutil.which("node")
-        assert node, "Node.js is required for the OpenID provider (make test installs it)"
-        if not (OIDC_DIR / "node_modules" / "oidc-provider").exists():
-            subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=OIDC_DIR, check=True, capture_output=True)
-        env = {**os.environ, "PORT": str(self.port), "CLIENT_ID": CLIENT_ID, "CLIENT_SECRET": CLIENT_SECRET}
-        env["REDIRECT_URI"] = redirect_uri
-        with open(self.log_path, "wb") as log:  # the child keeps its own copy of the descriptor
-            self.process = subprocess.Popen(
-                [node, "provider.mjs"], cwd=OIDC_DIR, env=env, stdout=log, stderr=subprocess.STDOUT
-            )
-        wait_until(lambda: requests.get(f"{self.url}/.well-known/openid-configuration", timeout=1).ok, timeout=20)
-
-    def token_requests(self) -> int:
-        return requests.get(f"{self.url}/__counts").json()["token"]
-
-    def stop(self) -> None:
-        if self.process:
-            self.process.terminate()
-            self.process.wait(10)
 
 
 @pytest.fixture(scope="module")

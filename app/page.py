@@ -1,0 +1,35 @@
+"""`GET /`: the browser page, and the security headers every answer carries."""
+
+from __future__ import annotations
+
+from flask import Blueprint, Flask, render_template, request
+
+from .auth.oauth import provider_names
+
+bp = Blueprint("page", __name__)
+
+# No inline script or style; connections only to this origin (WebSocket included); no framing.
+CONTENT_SECURITY_POLICY = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+    "frame-ancestors 'none'; base-uri 'none'; form-action 'self'; object-src 'none'"
+)
+
+
+@bp.get("/")
+def index():
+    response = render_template("index.html", providers=provider_names())
+    return response, 200, {"Cache-Control": "no-store"}
+
+
+def _security_headers(response):
+    response.headers.setdefault("X-Content-Type-Options", "nosniff")
+    response.headers.setdefault("Referrer-Policy", "no-referrer")
+    response.headers.setdefault("X-Frame-Options", "DENY")
+    if response.mimetype == "text/html" or request.endpoint == "static":
+        response.headers.setdefault("Content-Security-Policy", CONTENT_SECURITY_POLICY)
+    return response
+
+
+def init_app(app: Flask) -> None:
+    app.register_blueprint(bp)
+    app.after_request(_security_headers)

@@ -1,0 +1,101 @@
+"""Real Chromium (Debian's, driven by Playwright) through real nginx in front of real gunicorn and Redis."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import sync_playwright
+
+from tests.events.conftest import FAST
+from tests.servers import CLIENT_ID, CLIENT_SECRET, ROOT, LiveServer, NginxServer, OpenIdProvider
+
+ARTIFACTS = ROOT / "tests" / "artifacts"
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+# As this machine's notes advise: no sandbox as root, and no background traffic to the outside.
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+class Stack:
+    """gunicorn (2 workers) behind nginx, optionally with the test OpenID provider configured."""
+
+    def __init__(self, base_env: dict, directory: Path, with_oauth: bool = False, **env):
+        self.app = LiveServer({**base_env, **FAST, **env}, workers=2, log_path=directory / "app.log")
+        self.nginx = NginxServer(directory / "nginx", [f"127.0.0.1:{self.app.port}"])
+        self.provider = OpenIdProvider(directory / "provider.log") if with_oauth else None
+
+    @property
+    def url(self) -> str:
+        return self.nginx.url
+
+    def start(self) -> Stack:
+        if self.provider:
+            self.provider.start(f"{self.nginx.url}/auth/oauth/test/callback")
+            self.app.env.update(
+                OAUTH_PROVIDERS="test",
+                OAUTH_TEST_CLIENT_ID=CLIENT_ID,
+                OAUTH_TEST_CLIENT_SECRET=CLIENT_SECRET,
+                OAUTH_TEST_DISCOVERY_URL=f"{self.provider.url}/.well-known/openid-configuration",
+                OAUTH_TEST_SCOPE="openid email",
+            )
+        self.app.start()
+        self.nginx.start()
+        return self
+
+    def stop(self) -> None:
+        self.nginx.stop()
+        self.app.stop()
+        if self.provider:
+            self.provider.stop()
+
+
+@pytest.fixture(scope="module")
+def stack(base_env, tmp_path_factory):
+    running = Stack(base_env, tmp_path_factory.mktemp("stack"), with_oauth=True).start()
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="session")
+def browser():
+    assert Path(CHROMIUM).exists(), "Chromium is required (make test installs Debian's chromium)"
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        yield launched
+        launched.close()
+
+
+@pytest.fixture
+def new_context(browser, request):
+    """Browser contexts (each a separate device), with a screenshot of every page kept at the end."""
+    contexts = []
+
+    def make():
+        context = browser.new_context()
+        context.set_default_timeout(10_000)
+        contexts.append(context)
+        return context
+
+    yield make
+    ARTIFACTS.mkdir(exist_ok=True)
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", request.node.name)
+    for c, context in enumerate(contexts):
+        for p, page in enumerate(context.pages):
+            if not page.is_closed():
+                page.screenshot(path=str(ARTIFACTS / f"{name}-{c}-{p}.png"), full_page=True)
+        context.close()
+
+
+def pytest_terminal_summary(terminalreporter):
+    if ARTIFACTS.exists() and any(ARTIFACTS.glob("*.png")):
+        terminalreporter.write_line(f"browser test screenshots (last state of each page): {ARTIFACTS}")

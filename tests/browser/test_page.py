@@ -1,0 +1,238 @@
+"""The browser page and its reference client, proved in real Chromium behind nginx."""
+
+from __future__ import annotations
+
+import http.server
+import threading
+import time
+
+import pytest
+import requests
+from playwright.sync_api import expect
+
+from tests.browser.conftest import Stack
+from tests.events.clients import Api
+from tests.servers import free_port
+from tests.utils import DEFAULT_PASSWORD, random_email
+
+# transport: (its radio button's label, the words the page uses once connected)
+TRANSPORTS = {
+    "sse": ("Server-sent events", "server-sent events"),
+    "websocket": ("WebSocket", "WebSocket"),
+    "long-poll": ("Long polling", "long polling"),
+    "poll": ("Polling", "polling"),
+}
+
+
+def register(base: str) -> str:
+    email = random_email()
+    assert requests.post(f"{base}/auth/register", json={"email": email, "password": DEFAULT_PASSWORD}).ok
+    return email
+
+
+def log_in(page, base: str, email: str):
+    page.goto(base + "/")
+    page.get_by_label("E-mail").fill(email)
+    page.get_by_label("Password").fill(DEFAULT_PASSWORD)
+    page.get_by_role("button", name="Log in", exact=True).click()
+    expect(page.locator("#status")).to_have_text(f"Logged in as {email}")
+    expect(page.locator("#connection")).to_contain_text("Connected")
+
+
+def logged_out(page, timeout: float = 2000):
+    expect(page.locator("#status")).to_contain_text("logged out", timeout=timeout)
+
+
+def events_in(page) -> list[str]:
+    return page.locator("#event-log li").all_inner_texts()
+
+
+def test_page_is_served_with_a_strict_policy(stack):
+    response = requests.get(stack.url + "/")
+    assert response.status_code == 200 and response.headers["Content-Type"].startswith("text/html")
+    policy = response.headers["Content-Security-Policy"]
+    assert "script-src 'self'" in policy and "unsafe-inline" not in policy and "frame-ancestors 'none'" in policy
+    assert response.headers["X-Content-Type-Options"] == "nosniff"
+    assert response.headers["Referrer-Policy"] == "no-referrer"
+    assert response.headers["X-Frame-Options"] == "DENY"
+    assert "<script>" not in response.text  # no inline script
+    assert 'type="module"' in response.text
+
+
+def test_login_keeps_tokens_out_of_script_and_storage(stack, new_context):
+    context = new_context()
+    page = context.new_page()
+    errors = []
+    page.on("pageerror", lambda error: errors.append(error))
+    email = register(stack.url)
+    log_in(page, stack.url, email)
+    assert page.evaluate("document.cookie") == ""  # HttpOnly: script sees no token
+    assert page.evaluate("localStorage.length + sessionStorage.length") == 0
+    cookies = {c["name"]: c for c in context.cookies()}
+    access, refresh = cookies["__Host-access"], cookies["__Secure-refresh"]
+    assert access["httpOnly"] and access["secure"] and access["sameSite"] == "Strict"
+    assert refresh["httpOnly"] and refresh["path"] == "/auth"
+    assert errors == []
+
+
+def test_an_event_published_through_the_api_appears_on_each_transport(stack, new_context):
+    page = new_context().new_page()
+    email = register(stack.url)
+    log_in(page, stack.url, email)
+    publisher = Api(stack.url, email=email)
+    for transport, (label, words) in TRANSPORTS.items():
+        page.get_by_role("radio", name=label, exact=True).check()
+        expect(page.locator("#connection")).to_contain_text(f"Connected by {words}")
+        publisher.publish_ok(f"via {transport}", event="note")
+        expect(page.locator("#event-log li").first).to_have_text(f'note: "via {transport}"', timeout=5000)
+    assert len(events_in(page)) == 4  # each exactly once, across the switches
+
+
+def test_publish_box_reaches_the_users_other_device(stack, new_context):
+    email = register(stack.url)
+    phone, laptop = new_context().new_page(), new_context().new_page()
+    log_in(phone, stack.url, email)
+    log_in(laptop, stack.url, email)
+    laptop.get_by_label("Message to your other devices").fill("hello from the laptop")
+    laptop.get_by_role("button", name="Publish").click()
+    expect(phone.locator("#event-log li").first).to_have_text('note: "hello from the laptop"')
+
+
+def test_two_devices_see_each_other_and_log_out_everywhere(stack, new_context):
+    email = register(stack.url)
+    first, second = new_context().new_page(), new_context().new_page()
+    log_in(first, stack.url, email)
+    log_in(second, stack.url, email)
+    for page in (first, second):
+        expect(page.locator("#sessions li")).to_have_count(2)
+        expect(page.locator("#sessions li.current")).to_have_count(1)
+    first.get_by_role("button", name="Log out everywhere").click()
+    logged_out(first)
+    logged_out(second, timeout=2000)  # ended elsewhere: the page says so within two seconds
+
+
+@pytest.mark.parametrize("transport", ["sse", "websocket", "long-poll", "poll"])
+def test_ending_one_session_from_the_other_logs_out_only_that_one(stack, new_context, transport):
+    email = register(stack.url)
+    keeper, ended = new_context().new_page(), new_context().new_page()
+    log_in(keeper, stack.url, email)
+    log_in(ended, stack.url, email)
+    label, words = TRANSPORTS[transport]
+    ended.get_by_role("radio", name=label, exact=True).check()
+    expect(ended.locator("#connection")).to_contain_text(f"Connected by {words}")
+    expect(keeper.locator("#sessions li")).to_have_count(2)
+    keeper.locator("#sessions li:not(.current)").get_by_role("button", name="End").click()
+    logged_out(ended, timeout=2000)
+    expect(keeper.locator("#status")).to_have_text(f"Logged in as {email}")
+    Api(stack.url, email=email).publish_ok("still here", event="note")
+    expect(keeper.locator("#event-log li").first).to_have_text('note: "still here"')
+
+
+def test_two_tabs_refreshing_at_the_same_moment_stay_logged_in(stack, new_context):
+    context = new_context()
+    first, second = context.new_page(), context.new_page()
+    email = register(stack.url)
+    log_in(first, stack.url, email)
+    second.goto(stack.url + "/")
+    expect(second.locator("#status")).to_have_text(f"Logged in as {email}")
+    context.clear_cookies(name="__Host-access")  # as if the access token had just expired
+    for page in (first, second):  # start both refreshes before either finishes
+        page.evaluate("() => { window.refreshed = window.authRt.client.refresh(); }")
+    assert first.evaluate("window.refreshed") is True
+    assert second.evaluate("window.refreshed") is True
+    for page in (first, second):
+        assert page.evaluate("window.authRt.client.request('/auth/me').then((r) => r.status)") == 200
+        expect(page.locator("#status")).to_have_text(f"Logged in as {email}")
+
+
+def test_expired_access_token_is_refreshed_and_the_stream_resumes_without_loss(base_env, tmp_path, new_context):
+    stack = Stack(base_env, tmp_path, ACCESS_TOKEN_TTL_SECONDS="3").start()
+    try:
+        page = new_context().new_page()
+        email = register(stack.url)
+        log_in(page, stack.url, email)
+        publisher = Api(stack.url, email=email)
+        sent = []
+        deadline = time.monotonic() + 8  # past two expiries of the page's access token
+        while time.monotonic() < deadline:
+            if publisher.publish(f"n{len(sent)}", event="note").status_code == 401:
+                publisher.login()  # the publisher's own short token expired too
+                continue
+            sent.append(f'note: "n{len(sent)}"')
+            time.sleep(0.25)
+        expect(page.locator("#event-log li")).to_have_count(len(sent), timeout=10_000)
+        assert events_in(page)[::-1] == sent  # every event, once, in order
+        expect(page.locator("#status")).to_have_text(f"Logged in as {email}")
+    finally:
+        stack.stop()
+
+
+EVIL_PAGE = """<!doctype html><html><body>
+<form id="forged" method="post" action="{target}/auth/logout-all"></form>
+<script>
+window.result = {{ fetchStatus: null, wsOpened: false, wsClosed: false }};
+fetch("{target}/auth/logout-all", {{ method: "POST", credentials: "include", mode: "no-cors" }})
+  .then((r) => {{ window.result.fetchStatus = r.type; }}, () => {{ window.result.fetchStatus = "error"; }});
+const ws = new WebSocket("{ws_target}/ws");
+ws.onopen = () => {{ window.result.wsOpened = true; }};
+ws.onclose = () => {{ window.result.wsClosed = true; }};
+</script></body></html>"""
+
+
+@pytest.fixture
+def foreign_site(stack):
+    """A page on another origin (a second loopback port) that attacks the service."""
+    body = EVIL_PAGE.format(target=stack.url, ws_target=stack.url.replace("http://", "ws://")).encode()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - the http.server interface
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_another_origin_cannot_log_the_user_out_or_open_a_websocket(stack, new_context, foreign_site):
+    context = new_context()
+    page = context.new_page()
+    email = register(stack.url)
+    log_in(page, stack.url, email)
+    # Same site (127.0.0.1), another origin: SameSite=Strict cookies ARE sent, so the Origin rule must hold.
+    evil = context.new_page()
+    evil.goto(foreign_site + "/")
+    evil.wait_for_function("window.result.wsClosed && window.result.fetchStatus !== null")
+    assert evil.evaluate("window.result.wsOpened") is False
+    with evil.expect_navigation():
+        evil.evaluate("document.getElementById('forged').submit()")
+    assert '"csrf_rejected"' in evil.content()
+    # And from another site altogether (localhost), where the browser does not even send the cookies.
+    other_site = foreign_site.replace("127.0.0.1", "localhost")
+    evil.goto(other_site + "/")
+    evil.wait_for_function("window.result.wsClosed && window.result.fetchStatus !== null")
+    assert evil.evaluate("window.result.wsOpened") is False
+    # Nothing changed: the user is still logged in, on the page and on the server.
+    assert page.evaluate("window.authRt.client.request('/auth/me').then((r) => r.status)") == 200
+    expect(page.locator("#sessions li")).to_have_count(1)
+    expect(page.locator("#status")).to_have_text(f"Logged in as {email}")
+
+
+def test_the_oauth_button_completes_the_flow_and_lands_logged_in(stack, new_context):
+    page = new_context().new_page()
+    email = random_email()
+    page.goto(stack.url + "/")
+    page.get_by_role("link", name="Log in with Test").click()
+    page.locator('input[name="login"]').fill(email)  # the provider's own development login screen
+    page.locator('input[name="password"]').fill("anything")
+    page.locator('button[type="submit"]').click()
+    page.locator('button[type="submit"]').click()  # its consent screen
+    expect(page.locator("#status")).to_have_text(f"Logged in as {email}")
+    assert page.url == stack.url + "/"
+    expect(page.locator("#sessions li.current")).to_have_count(1)
