@@ -73,16 +73,17 @@ end
 """
 
 # KEYS[1] user, KEYS[2] session. ARGV: user id, now, touch interval.
-# One round trip for every authenticated request: the current tokenVersion, and whether the
-# session still exists and belongs to this user (touching last_used_at at most once a minute).
+# One round trip for every authenticated request: the current tokenVersion, whether the session
+# still exists and belongs to this user (touching last_used_at at most once a minute), and the
+# user's e-mail and role, so that most views need no second read.
 VERIFY_ACCESS = """
-local version = redis.call('HGET', KEYS[1], 'token_version')
+local user = redis.call('HMGET', KEYS[1], 'token_version', 'email', 'role')
 local s = redis.call('HMGET', KEYS[2], 'user_id', 'last_used_at')
-if s[1] ~= ARGV[1] then return {version, 0} end
+if s[1] ~= ARGV[1] then return {user[1], 0} end
 if tonumber(ARGV[2]) - tonumber(s[2] or 0) >= tonumber(ARGV[3]) then
   redis.call('HSET', KEYS[2], 'last_used_at', ARGV[2])
 end
-return {version, 1}
+return {user[1], 1, user[2], user[3]}
 """
 
 # KEYS[1] the presented token's record, KEYS[2] the new token's record.

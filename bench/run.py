@@ -1,43 +1,372 @@
-"""`make bench`: run every benchmark in turn and write bench/results/latest.json.
+"""`make bench`: every benchmark, for the service (WEB_CONCURRENCY=2, directly and through nginx) and
+side by side with flask-sse and nginx+nchan in the same run. Writes bench/results/latest.json,
+bench/results/latest.md (the tables) and two PNG plots.
 
-Each benchmark is also runnable alone (see bench/README.md). They start their own redis-server and
-gunicorn on loopback ports and stop them after.
+Run: .venv/bin/python -m bench.run [--quick]   (--quick: smaller connection counts, for a smoke run)
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import math
+import re
 import subprocess
-import sys
+import threading
 import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from multiprocessing import get_context
 from pathlib import Path
 
-from bench.common import machine
+import requests
+
+from bench.common import PASSWORD, machine, summary_ms
+from bench.streams import StreamFleet, single_latency
+from bench.targets import FlaskSse, Nchan, Service, fd_count, rss_bytes, shared_redis
 
 HERE = Path(__file__).resolve().parent
-STEPS = [
-    ["bench.auth_latency"],
-    ["bench.single_client", "--events", "1000"],
-    ["bench.capacity", "--streams", "1000"],
-    ["bench.capacity", "--streams", "5000"],
-    ["bench.capacity", "--streams", "1000", "--transport", "ws"],
-]
+RESULTS = HERE / "results"
+
+
+def fleet_processes(count: int) -> int:
+    return max(1, math.ceil(count / 8000))  # under the 20,000 descriptors one process may hold
+
+
+def capacity(system, target, count: int, pids, wait_ready=None) -> dict:
+    """Open `count` idle streams, read the server's footprint, then time one broadcast to all."""
+    baseline = rss_bytes(pids())
+    token = f"fanout-{uuid.uuid4().hex}"
+    fleet = StreamFleet(target, count, token, expected=1, processes=fleet_processes(count))
+    started = time.perf_counter()
+    fleet.open()
+    if wait_ready:
+        wait_ready(count)
+    open_seconds = time.perf_counter() - started
+    time.sleep(1.0)
+    current = pids()
+    rss = rss_bytes(current)
+    result = {
+        "system": target.name,
+        "streams": count,
+        "open_seconds": round(open_seconds, 2),
+        "server_rss_mb": round(rss / 2**20, 1),
+        "rss_per_connection_kb": round((rss - baseline) / count / 1024, 1),
+        "server_fds": fd_count(current),
+        "redis_connections": system.redis_connections(),
+    }
+    published = time.time()
+    system.publish(token)
+    arrivals, cpu = fleet.collect()
+    latencies = [a[0] - published for a in arrivals if a]
+    result["broadcast"] = summary_ms(latencies) | {
+        "last_client_ms": round(max(latencies) * 1000, 1),
+        "missing": count - len(latencies),
+    }
+    result["client_cpu_seconds"] = round(cpu, 2)
+    print(json.dumps(result), flush=True)
+    return result
+
+
+def sustained(system, target, count: int, rates: list[int], seconds: float = 2.0, wait_ready=None) -> list[dict]:
+    """With `count` streams open, publish at each rate for `seconds`; deliveries/s and the lag behind."""
+    steps = []
+    for rate in rates:
+        events = max(1, int(rate * seconds))
+        token = f"rate-{uuid.uuid4().hex}"
+        fleet = StreamFleet(target, count, token, expected=events, processes=fleet_processes(count))
+        fleet.open()
+        if wait_ready:
+            wait_ready(count)
+        time.sleep(0.5)
+        first = time.time()
+        with ThreadPoolExecutor(16) as pool:
+            futures = []
+            for n in range(events):
+                delay = first + n / rate - time.time()
+                if delay > 0:
+                    time.sleep(delay)
+                futures.append(pool.submit(system.publish, token))
+            for future in futures:
+                future.result()
+        last_published = time.time()
+        arrivals, cpu = fleet.collect()
+        complete = [a for a in arrivals if len(a) == events]
+        finished = max((a[-1] for a in complete), default=float("nan"))
+        step = {
+            "system": target.name,
+            "streams": count,
+            "rate_per_second": rate,
+            "achieved_publish_rate": round(events / (last_published - first), 1),
+            "deliveries_per_second": round(len(complete) * events / (finished - first), 0) if complete else 0,
+            "lag_after_last_publish_ms": round((finished - last_published) * 1000, 1),
+            "incomplete_clients": count - len(complete),
+            "client_cpu_seconds": round(cpu, 2),
+        }
+        print(json.dumps(step), flush=True)
+        steps.append(step)
+        if step["incomplete_clients"] or step["lag_after_last_publish_ms"] > 1000:
+            break  # it no longer keeps up: higher rates would only fall further behind
+    return steps
+
+
+def single(system, target, count: int) -> dict:
+    latencies = single_latency(target, system.publish, count)
+    result = {"system": target.name, **summary_ms(latencies)}
+    print(json.dumps(result), flush=True)
+    return result
+
+
+def wrk(url: str, headers: dict, seconds: int = 8) -> dict:
+    command = ["wrk", "-t2", "-c64", f"-d{seconds}s", "--latency"]
+    for key, value in headers.items():
+        command += ["-H", f"{key}: {value}"]
+    output = subprocess.run(command + [url], capture_output=True, text=True, check=True).stdout
+    rate = float(re.search(r"Requests/sec:\s+([\d.]+)", output).group(1))
+    p50 = re.search(r"50%\s+([\d.]+)(\w+)", output)
+    p99 = re.search(r"99%\s+([\d.]+)(\w+)", output)
+    unit = {"us": 0.001, "ms": 1, "s": 1000}
+    return {
+        "requests_per_second": rate,
+        "p50_ms": round(float(p50.group(1)) * unit[p50.group(2)], 3),
+        "p99_ms": round(float(p99.group(1)) * unit[p99.group(2)], 3),
+        "non_2xx": int(m.group(1)) if (m := re.search(r"Non-2xx or 3xx responses: (\d+)", output)) else 0,
+    }
+
+
+def auth_cost(service: Service) -> dict:
+    bearer = {"Authorization": f"Bearer {service.token}"}
+    me, health = wrk(f"{service.app.url}/auth/me", bearer), wrk(f"{service.app.url}/healthz", {})
+    result = {
+        "auth_me": me,
+        "healthz": health,
+        "ratio": round(me["requests_per_second"] / health["requests_per_second"], 3),
+    }
+    print(json.dumps(result), flush=True)
+    return result
+
+
+def hub_stalls(service: Service, streams: int = 200, events: int = 50, logins: int = 50) -> dict:
+    """Event latency for open streams while many logins hash passwords at once, next to a quiet run."""
+    email = f"storm-{uuid.uuid4().hex[:8]}@example.com"
+    requests.post(f"{service.app.url}/auth/register", json={"email": email, "password": PASSWORD})
+
+    def run(storm: bool) -> dict:
+        token = f"stall-{uuid.uuid4().hex}"
+        fleet = StreamFleet(service.target(), streams, token, expected=events, processes=1)
+        fleet.open()
+        time.sleep(0.5)
+        stop = threading.Event()
+
+        def login_forever():
+            with requests.Session() as http:
+                while not stop.is_set():
+                    http.post(f"{service.app.url}/auth/login", json={"email": email, "password": PASSWORD})
+
+        stormers = [threading.Thread(target=login_forever) for _ in range(logins if storm else 0)]
+        for thread in stormers:
+            thread.start()
+        time.sleep(0.5 if storm else 0)
+        published = []
+        for _ in range(events):
+            published.append(time.time())
+            service.publish(token)
+            time.sleep(0.05)
+        arrivals, _ = fleet.collect()
+        stop.set()
+        for thread in stormers:
+            thread.join()
+        latencies = [a[i] - published[i] for a in arrivals for i in range(min(len(a), events))]
+        return summary_ms(latencies)
+
+    result = {"quiet": run(False), "during_logins": run(True), "streams": streams, "concurrent_logins": logins}
+    result["p99_increase_ms"] = round(result["during_logins"]["p99_ms"] - result["quiet"]["p99_ms"], 2)
+    print(json.dumps(result), flush=True)
+    return result
+
+
+def _hash_for(seconds: float) -> int:
+    from app.auth.passwords import PASSWORD_CONTEXT
+
+    done, deadline = 0, time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        PASSWORD_CONTEXT.hash(PASSWORD)
+        done += 1
+    return done
+
+
+def rates(service: Service, seconds: float = 5.0) -> dict:
+    """Logins/s and refresh rotations/s (8 concurrent clients), next to the raw Argon2 hash rate."""
+    base = service.app.url
+    email = f"rate-{uuid.uuid4().hex[:8]}@example.com"
+    requests.post(f"{base}/auth/register", json={"email": email, "password": PASSWORD})
+    body = {"email": email, "password": PASSWORD, "transport": "body"}
+
+    def loop(action) -> int:
+        done, deadline = 0, time.perf_counter() + seconds
+        with requests.Session() as http:
+            state = http.post(f"{base}/auth/login", json=body).json()["refresh_token"]
+            while time.perf_counter() < deadline:
+                state = action(http, state)
+                done += 1
+        return done
+
+    def login(http, state):
+        http.post(f"{base}/auth/login", json=body).raise_for_status()
+        return state
+
+    def rotate(http, refresh_token):
+        response = http.post(f"{base}/auth/refresh", json={"refresh_token": refresh_token})
+        response.raise_for_status()
+        return response.json()["refresh_token"]
+
+    with ThreadPoolExecutor(8) as pool:
+        logins = sum(pool.map(lambda _: loop(login), range(8)))
+        rotations = sum(pool.map(lambda _: loop(rotate), range(8)))
+    with get_context("fork").Pool(2) as pool:  # both cores, as the server's thread pool would use them
+        hashes = sum(pool.map(_hash_for, [seconds, seconds]))
+    result = {
+        "logins_per_second": round(logins / seconds, 1),
+        "refresh_rotations_per_second": round(rotations / seconds, 1),
+        "raw_argon2_hashes_per_second_2_cores": round(hashes / seconds, 1),
+    }
+    print(json.dumps(result), flush=True)
+    return result
+
+
+def plot(results: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series: dict[str, list[dict]] = {}
+    for row in results["capacity"]:
+        series.setdefault(row["system"], []).append(row)
+    for metric, ylabel, filename in (
+        ("rss_per_connection_kb", "server memory per open connection (KB)", "memory_per_connection.png"),
+        ("broadcast_p99_ms", "broadcast publish-to-receive p99 (ms)", "broadcast_latency.png"),
+    ):
+        figure, axis = plt.subplots(figsize=(8, 5))
+        for name, rows in sorted(series.items()):
+            rows = sorted(rows, key=lambda r: r["streams"])
+            values = [r["broadcast"]["p99_ms"] if metric == "broadcast_p99_ms" else r[metric] for r in rows]
+            axis.plot([r["streams"] for r in rows], values, marker="o", label=name)
+        axis.set_xlabel("open streams")
+        axis.set_ylabel(ylabel)
+        axis.set_xscale("log")
+        axis.grid(True, alpha=0.3)
+        axis.legend()
+        axis.set_title(f"{ylabel} ({results['machine']})", fontsize=9)
+        figure.tight_layout()
+        figure.savefig(RESULTS / filename, dpi=110)
+        plt.close(figure)
+
+
+def _wrk_row(name: str, run: dict) -> str:
+    return f"| {name} | {run['requests_per_second']:,.0f} | {run['p50_ms']} ms | {run['p99_ms']} ms |"
+
+
+def tables(results: dict) -> str:
+    lines = [f"Machine: {results['machine']}. Run: {results['started']} (`{results['command']}`).", ""]
+    lines += [
+        "| system | streams | open time | RSS/connection | server fds | Redis conns "
+        "| broadcast p50 / p99 / last | missing | client CPU |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results["capacity"]:
+        b = r["broadcast"]
+        lines.append(
+            f"| {r['system']} | {r['streams']:,} | {r['open_seconds']} s | {r['rss_per_connection_kb']} KB | "
+            f"{r['server_fds']:,} | {r['redis_connections']} | {b['p50_ms']:.0f} / {b['p99_ms']:.0f} / "
+            f"{b['last_client_ms']:.0f} ms | {b['missing']} | {r['client_cpu_seconds']} s |"
+        )
+    lines += [
+        "",
+        "| system | streams | target rate/s | achieved | deliveries/s | lag after last publish | incomplete |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in results["sustained"]:
+        lines.append(
+            f"| {r['system']} | {r['streams']} | {r['rate_per_second']} | {r['achieved_publish_rate']} | "
+            f"{r['deliveries_per_second']:,.0f} | {r['lag_after_last_publish_ms']} ms | {r['incomplete_clients']} |"
+        )
+    lines += ["", "| one client, 1,000 events | p50 | p99 | max |", "|---|---|---|---|"]
+    for r in results["single_client"]:
+        lines.append(f"| {r['system']} | {r['p50_ms']} ms | {r['p99_ms']} ms | {r['max_ms']} ms |")
+    a = results["auth_cost"]
+    lines += [
+        "",
+        "| wrk -t2 -c64 | requests/s | p50 | p99 |",
+        "|---|---|---|---|",
+        _wrk_row("GET /auth/me (bearer)", a["auth_me"]),
+        _wrk_row("GET /healthz", a["healthz"]),
+        f"| ratio | {a['ratio']:.0%} | | |",
+    ]
+    h = results["hub_stalls"]
+    lines += [
+        "",
+        f"| {h['streams']} streams, 50 events | p50 | p99 | max |",
+        "|---|---|---|---|",
+        f"| quiet | {h['quiet']['p50_ms']} ms | {h['quiet']['p99_ms']} ms | {h['quiet']['max_ms']} ms |",
+        f"| during {h['concurrent_logins']} concurrent logins | {h['during_logins']['p50_ms']} ms | "
+        f"{h['during_logins']['p99_ms']} ms | {h['during_logins']['max_ms']} ms |",
+    ]
+    r = results["rates"]
+    lines += [
+        "",
+        f"Logins: {r['logins_per_second']}/s; raw Argon2id hashes on both cores: "
+        f"{r['raw_argon2_hashes_per_second_2_cores']}/s; refresh rotations: {r['refresh_rotations_per_second']}/s.",
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def main() -> None:
-    results = {"machine": machine(), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "runs": []}
-    for step in STEPS:
-        command = [sys.executable, "-m", *step]
-        print("$", " ".join(["python", "-m", *step]), flush=True)
-        done = subprocess.run(command, cwd=HERE.parent, capture_output=True, text=True, timeout=1800)
-        print(done.stdout, flush=True)
-        if done.returncode != 0:
-            print(done.stderr, file=sys.stderr)
-        results["runs"].append({"command": " ".join(step), "output": done.stdout, "exit": done.returncode})
-    out = HERE / "results" / "latest.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(results, indent=2))
-    print(f"written to {out.relative_to(HERE.parent)}")
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true", help="small counts: a smoke run of every benchmark")
+    args = parser.parse_args()
+    counts = [200, 1000] if args.quick else [1000, 5000, 10000, 20000]
+    nginx_counts = [c for c in counts if c <= 10000]  # nginx holds two descriptors per proxied stream
+    peer_counts = [c for c in counts if c <= 10000]  # flask-sse: one Redis connection per stream
+    single_count = 100 if args.quick else 1000
+    rate_steps = [50, 200] if args.quick else [100, 250, 500, 1000, 2000]
+    results = {
+        "machine": machine(),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "command": "python -m bench.run" + (" --quick" if args.quick else ""),
+        "capacity": [],
+        "sustained": [],
+        "single_client": [],
+    }
+    with shared_redis() as redis_server:
+        with Service(redis_server) as service:
+            for transport in ("sse", "ws"):
+                for count in counts:
+                    results["capacity"].append(capacity(service, service.target(transport), count, service.server_pids))
+            for count in nginx_counts:
+                target = service.target("sse", through_nginx=True)
+                results["capacity"].append(capacity(service, target, count, lambda: service.server_pids(True)))
+            results["sustained"] += sustained(service, service.target(), 1000, rate_steps)
+            for target in (service.target(), service.target("sse", through_nginx=True)):
+                results["single_client"].append(single(service, target, single_count))
+            results["auth_cost"] = auth_cost(service)
+            results["hub_stalls"] = hub_stalls(service)
+            results["rates"] = rates(service)
+        with FlaskSse(redis_server) as peer:
+            for count in peer_counts:
+                results["capacity"].append(capacity(peer, peer.target(), count, peer.server_pids, peer.wait_subscribed))
+            results["sustained"] += sustained(peer, peer.target(), 1000, rate_steps, wait_ready=peer.wait_subscribed)
+        with Nchan() as peer:
+            for count in counts:
+                results["capacity"].append(capacity(peer, peer.target(), count, peer.server_pids))
+            results["sustained"] += sustained(peer, peer.target(), 1000, rate_steps)
+            results["single_client"].append(single(peer, peer.target(), single_count))
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "latest.json").write_text(json.dumps(results, indent=2))
+    (RESULTS / "latest.md").write_text(tables(results))
+    plot(results)
+    print(tables(results))
+    print(f"written: {RESULTS / 'latest.json'}, latest.md, memory_per_connection.png, broadcast_latency.png")
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ class Caller:
     token_version: int
     expires_at: int
     via: str  # "bearer" | "cookie"
+    user: dict  # the user's public fields (U of API.md) as verification found them
 
     @property
     def is_admin(self) -> bool:
@@ -60,9 +61,12 @@ def authenticate() -> Caller:
         raise unauthorized("The access token has expired.", "token_expired") from None
     except tokens.TokenInvalid:
         raise unauthorized("The access token is not valid.") from None
-    if not sessions.session_is_valid(claims.user_id, claims.session_id, claims.token_version):
+    user = sessions.verify_session(claims.user_id, claims.session_id, claims.token_version)
+    if user is None:
         raise unauthorized("The session has ended; log in again.")
-    g.caller = Caller(claims.user_id, claims.role, claims.session_id, claims.token_version, claims.expires_at, via)
+    g.caller = Caller(
+        claims.user_id, claims.role, claims.session_id, claims.token_version, claims.expires_at, via, user
+    )
     return g.caller
 
 

@@ -124,13 +124,22 @@ def session_of_refresh_token(raw: str) -> tuple[str, str] | None:
     return record["user_id"], record["family_id"]
 
 
-def session_is_valid(user_id: str, session_id: str, token_version: int, scripts=None) -> bool:
-    """One round trip: the token's version is the user's current one and its session still exists."""
-    version, session_ok = (scripts or get_scripts()).verify_access(
+def verify_session(user_id: str, session_id: str, token_version: int, scripts=None) -> dict | None:
+    """One round trip: the token's version is the user's current one and its session still exists.
+
+    Returns the user's public fields (id, email, role) when both hold, else None.
+    """
+    version, session_ok, *user = (scripts or get_scripts()).verify_access(
         keys=[Keys.user(user_id), Keys.session(session_id)],
         args=[user_id, f"{time.time():.3f}", TOUCH_INTERVAL_SECONDS],
     )
-    return bool(session_ok) and version is not None and int(version) == token_version
+    if not session_ok or version is None or int(version) != token_version:
+        return None
+    return {"id": user_id, "email": user[0], "role": user[1]}
+
+
+def session_is_valid(user_id: str, session_id: str, token_version: int, scripts=None) -> bool:
+    return verify_session(user_id, session_id, token_version, scripts) is not None
 
 
 def end_session(session_id: str) -> str | None:

@@ -97,12 +97,7 @@ def decode_access_token(token: str) -> AccessClaims:
     """Verify signature, algorithm (ours, never the header's), type, issuer, audience, expiry, claims."""
     keys = _keys()
     try:
-        header = jwt.get_unverified_header(token)
-        if header.get("typ") != TOKEN_TYPE:
-            raise TokenInvalid("wrong token type")
-        if keys.kid and header.get("kid") != keys.kid:
-            raise TokenInvalid("unknown key id")
-        claims = jwt.decode(
+        decoded = jwt.decode_complete(
             token,
             keys.verifying_key,
             algorithms=[keys.algorithm],
@@ -114,6 +109,11 @@ def decode_access_token(token: str) -> AccessClaims:
         raise TokenExpired() from None
     except jwt.InvalidTokenError as error:
         raise TokenInvalid(type(error).__name__) from None
+    header, claims = decoded["header"], decoded["payload"]
+    if header.get("typ") != TOKEN_TYPE:
+        raise TokenInvalid("wrong token type")
+    if keys.kid and header.get("kid") != keys.kid:
+        raise TokenInvalid("unknown key id")
     if not (
         isinstance(claims["sub"], str)
         and isinstance(claims["sid"], str)

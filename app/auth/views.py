@@ -148,10 +148,7 @@ def logout_all():
 @login_required
 def me():
     caller = current_caller()
-    user = users.get_user(caller.user_id)
-    if user is None:
-        raise unauthorized()
-    return jsonify({"user": users.public_user(user), "session_id": caller.session_id})
+    return jsonify({"user": caller.user, "session_id": caller.session_id})
 
 
 @bp.get("/sessions")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import redis
 
@@ -38,20 +38,31 @@ return id
 """
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Event:
     id: str
     channel: str
     event: str
     data: str  # the JSON text, kept encoded: it is written to clients as it is
     ts: str
+    _json: str | None = field(default=None, repr=False, compare=False)
 
     def as_json(self, cursor: str | None = None, **extra) -> str:
-        """E of API.md as JSON text, splicing in the stored data without decoding it."""
-        head = {"id": self.id, "channel": self.channel, "event": self.event, **extra}
-        if cursor is not None:
-            head["cursor"] = cursor
-        head_json = json.dumps(head, separators=(",", ":"))
+        """E of API.md as JSON text, splicing in the stored data without decoding it.
+
+        The plain form is made once per event: a broadcast hands the same object to every subscriber
+        of the process, so thousands of deliveries share one serialisation.
+        """
+        if cursor is None and not extra:
+            if self._json is None:
+                self._json = self._render({})
+            return self._json
+        return self._render({**extra, **({"cursor": cursor} if cursor is not None else {})})
+
+    def _render(self, extra: dict) -> str:
+        head_json = json.dumps(
+            {"id": self.id, "channel": self.channel, "event": self.event, **extra}, separators=(",", ":")
+        )
         return f'{head_json[:-1]},"data":{self.data},"ts":{json.dumps(self.ts)}}}'
 
     @classmethod

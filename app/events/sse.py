@@ -13,6 +13,7 @@ from .follow import StreamEnded
 from .views import bp, follower_for_request
 
 RETRY_MILLISECONDS = 2000
+DELIVERED = EVENTS_DELIVERED.labels("sse")
 
 
 def sse_frame(data: str, event: str | None = None, id: str | None = None) -> str:
@@ -21,6 +22,9 @@ def sse_frame(data: str, event: str | None = None, id: str | None = None) -> str
     A data value with line breaks becomes several `data:` lines (the client joins them with \\n),
     so a newline inside the data can never end the message early.
     """
+    if "\n" not in data and "\r" not in data:  # JSON text never holds a raw line break: the common case
+        head = (f"id: {id}\n" if id is not None else "") + (f"event: {event}\n" if event is not None else "")
+        return f"{head}data: {data}\n\n"
     lines = []
     if id is not None:
         lines.append(f"id: {id}")
@@ -46,7 +50,7 @@ def stream():
             while True:
                 if deliveries:
                     yield "".join(sse_frame(d.event.as_json(), d.event.event, d.cursor) for d in deliveries)
-                    EVENTS_DELIVERED.labels("sse").inc(len(deliveries))
+                    DELIVERED.inc(len(deliveries))
                     last_write = time.monotonic()
                 elif time.monotonic() - last_write >= heartbeat:
                     yield ": ping\n\n"  # heartbeat: keeps proxies from closing an idle stream

@@ -31,6 +31,7 @@ sock = Sock()
 
 CLOSE_NORMAL, CLOSE_GOING_AWAY, CLOSE_POLICY, CLOSE_TOO_BIG, CLOSE_TRY_AGAIN = 1000, 1001, 1008, 1009, 1013
 MESSAGE_LIMIT = 64 * 1024
+DELIVERED = EVENTS_DELIVERED.labels("websocket")
 PING_INTERVAL = 25
 RECEIVE_POLL_SECONDS = 1.0
 CLOSE_REASONS = {
@@ -146,7 +147,7 @@ def websocket(ws):
             while True:
                 for delivery in deliveries:
                     send(delivery.event.as_json(delivery.cursor, type="event"))
-                EVENTS_DELIVERED.labels("websocket").inc(len(deliveries))
+                DELIVERED.inc(len(deliveries))
                 deliveries = follower.wait(PING_INTERVAL)
         except StreamEnded as ended:
             close(*CLOSE_REASONS[ended.reason])
