@@ -21,6 +21,7 @@ from pathlib import Path
 
 import requests
 
+from bench import single_client
 from bench.common import PASSWORD, machine, summary_ms
 from bench.streams import StreamFleet, single_latency
 from bench.targets import FlaskSse, Nchan, Service, fd_count, rss_bytes, shared_redis
@@ -74,7 +75,9 @@ def sustained(system, target, count: int, rates: list[int], seconds: float = 2.0
     for rate in rates:
         events = max(1, int(rate * seconds))
         token = f"rate-{uuid.uuid4().hex}"
-        fleet = StreamFleet(target, count, token, expected=events, processes=fleet_processes(count))
+        fleet = StreamFleet(
+            target, count, token, expected=events, processes=fleet_processes(count), timeout=seconds + 15
+        )
         fleet.open()
         if wait_ready:
             wait_ready(count)
@@ -115,6 +118,17 @@ def single(system, target, count: int) -> dict:
     result = {"system": target.name, **summary_ms(latencies)}
     print(json.dumps(result), flush=True)
     return result
+
+
+def per_transport(service: Service, count: int, through_nginx: bool) -> list[dict]:
+    """One client, publish-to-receive per transport, with bench.single_client's own clients."""
+    base = service.nginx.url if through_nginx else service.app.url
+    measured = single_client.run(base, count)
+    suffix = " via nginx" if through_nginx else ""
+    rows = [{"system": f"service {name}{suffix}", **summary} for name, summary in measured.items()]
+    for row in rows:
+        print(json.dumps(row), flush=True)
+    return rows
 
 
 def wrk(url: str, headers: dict, seconds: int = 8) -> dict:
@@ -339,26 +353,34 @@ def main() -> None:
         "single_client": [],
     }
     with shared_redis() as redis_server:
+        # A fresh server for every capacity run: a server learns that an idle stream's client left
+        # only at its next write, so the previous run's streams would still be held.
+        for transport, through_nginx, sizes in (
+            ("sse", False, counts),
+            ("ws", False, counts),
+            ("sse", True, nginx_counts),
+        ):
+            for count in sizes:
+                with Service(redis_server) as service:
+                    target = service.target(transport, through_nginx=through_nginx)
+                    pids = lambda s=service, n=through_nginx: s.server_pids(n)  # noqa: E731
+                    results["capacity"].append(capacity(service, target, count, pids))
         with Service(redis_server) as service:
-            for transport in ("sse", "ws"):
-                for count in counts:
-                    results["capacity"].append(capacity(service, service.target(transport), count, service.server_pids))
-            for count in nginx_counts:
-                target = service.target("sse", through_nginx=True)
-                results["capacity"].append(capacity(service, target, count, lambda: service.server_pids(True)))
             results["sustained"] += sustained(service, service.target(), 1000, rate_steps)
-            for target in (service.target(), service.target("sse", through_nginx=True)):
-                results["single_client"].append(single(service, target, single_count))
+            for through_nginx in (False, True):
+                results["single_client"] += per_transport(service, single_count, through_nginx)
             results["auth_cost"] = auth_cost(service)
             results["hub_stalls"] = hub_stalls(service)
             results["rates"] = rates(service)
-        with FlaskSse(redis_server) as peer:
-            for count in peer_counts:
+        for count in peer_counts:
+            with FlaskSse(redis_server) as peer:
                 results["capacity"].append(capacity(peer, peer.target(), count, peer.server_pids, peer.wait_subscribed))
+        with FlaskSse(redis_server) as peer:
             results["sustained"] += sustained(peer, peer.target(), 1000, rate_steps, wait_ready=peer.wait_subscribed)
-        with Nchan() as peer:
-            for count in counts:
+        for count in counts:
+            with Nchan() as peer:
                 results["capacity"].append(capacity(peer, peer.target(), count, peer.server_pids))
+        with Nchan() as peer:
             results["sustained"] += sustained(peer, peer.target(), 1000, rate_steps)
             results["single_client"].append(single(peer, peer.target(), single_count))
     RESULTS.mkdir(exist_ok=True)

@@ -73,7 +73,7 @@ async def count_tokens(reader, token: bytes, expected: int, arrivals: list) -> N
         tail = window[-(len(token) - 1) :] if len(token) > 1 else b""
 
 
-def _client_process(target: Target, count: int, token: bytes, expected: int, ready, results) -> None:
+def _client_process(target: Target, count: int, token: bytes, expected: int, timeout: float, ready, results) -> None:
     raise_fd_limit()
 
     async def main():
@@ -93,7 +93,7 @@ def _client_process(target: Target, count: int, token: bytes, expected: int, rea
         ]
         cpu_before = os.times()
         with contextlib.suppress(TimeoutError):  # what has not arrived by then is reported as missing
-            await asyncio.wait_for(asyncio.gather(*readers), READ_TIMEOUT)
+            await asyncio.wait_for(asyncio.gather(*readers), timeout)
         cpu_after = os.times()
         for _, writer in connections:
             writer.close()
@@ -114,14 +114,25 @@ class Run:
 class StreamFleet:
     """N streams across `processes` client processes; `measure()` runs while they are open."""
 
-    def __init__(self, target: Target, count: int, token: str, expected: int = 1, processes: int = 2):
+    def __init__(
+        self,
+        target: Target,
+        count: int,
+        token: str,
+        expected: int = 1,
+        processes: int = 2,
+        timeout: float = READ_TIMEOUT,
+    ):
         self.target, self.count, self.token, self.expected = target, count, token.encode(), expected
+        self.timeout = timeout
         self.processes = max(1, min(processes, count))
         context = multiprocessing.get_context("fork")
         self.ready, self.results = context.Queue(), context.Queue()
         shares = [count // self.processes + (1 if i < count % self.processes else 0) for i in range(self.processes)]
         self.workers = [
-            context.Process(target=_client_process, args=(target, n, self.token, expected, self.ready, self.results))
+            context.Process(
+                target=_client_process, args=(target, n, self.token, expected, timeout, self.ready, self.results)
+            )
             for n in shares
         ]
 
@@ -133,10 +144,10 @@ class StreamFleet:
             self.ready.get(timeout=timeout)
         return time.perf_counter() - started
 
-    def collect(self, timeout: float = READ_TIMEOUT + 30) -> tuple[list[list[float]], float]:
+    def collect(self) -> tuple[list[list[float]], float]:
         arrivals, cpu = [], 0.0
         for _ in self.workers:
-            result = self.results.get(timeout=timeout)
+            result = self.results.get(timeout=self.timeout + 30)
             arrivals += result["arrivals"]
             cpu += result["cpu_seconds"]
         for worker in self.workers:
