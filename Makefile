@@ -37,7 +37,15 @@ test: deps system-deps lint $(OIDC_STAMP)
 	scripts/ensure-packages.sh $(TEST_PACKAGES)
 	$(BIN)/pytest
 
-bench: deps system-deps
+BENCH_STAMP := $(VENV)/.bench-installed
+$(BENCH_STAMP): requirements-bench.txt $(STAMP)
+	$(BIN)/pip install -q -r requirements-bench.txt
+	touch $@
+
+# Not part of `make test`: benchmarks of the service beside flask-sse and nginx+nchan (bench/README.md).
+bench: deps system-deps $(BENCH_STAMP)
+	scripts/ensure-packages.sh wrk=wrk
+	test -f /usr/lib/nginx/modules/ngx_nchan_module.so || scripts/ensure-packages.sh nchan-module=libnginx-mod-nchan
 	$(BIN)/python -m bench.run
 
 clean:
