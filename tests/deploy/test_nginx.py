@@ -11,7 +11,7 @@ import pytest
 import requests
 
 from scripts.nginx_config import TEMPLATE
-from tests.events.clients import SSE, Api, open_ws, ws_json
+from tests.events.clients import SSE, Api, held_long_polls, open_ws, ws_json
 from tests.events.conftest import FAST
 from tests.servers import LiveServer, NginxServer, RedisServer, wait_until
 
@@ -124,7 +124,7 @@ def test_long_poll_is_held_and_answered_through_nginx(proxy):
     waiter = threading.Thread(target=lambda: answer.update(response=user.wait(cursor, timeout=10)))
     started = time.monotonic()
     waiter.start()
-    time.sleep(0.5)
+    wait_until(lambda: held_long_polls(proxy.url) >= 1, message="the long poll to be held")
     assert waiter.is_alive()  # held, not answered at once
     Api(proxy.url, email=user.email).publish_ok({"held": True})
     waiter.join(10)

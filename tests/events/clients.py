@@ -71,6 +71,14 @@ class Api:
         assert self.http.post(f"{self.base}/auth/logout-all", headers=self.auth).status_code == 204
 
 
+def held_long_polls(base: str) -> int:
+    """How many long polls the server holds right now (its own gauge, summed over workers)."""
+    for line in requests.get(f"{base}/metrics", timeout=5).text.splitlines():
+        if line.startswith('rt_open_connections{transport="long_poll"}'):
+            return int(float(line.split()[-1]))
+    return 0
+
+
 class SSE:
     """Reads an SSE response on its own thread; frames are parsed exactly as the wire carries them."""
 
