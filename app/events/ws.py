@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import socket
 import time
 
@@ -28,12 +29,13 @@ from .follow import Follower, StreamEnded
 from .views import bp, get_bus, get_hub
 
 sock = Sock()
+log = logging.getLogger(__name__)
 
-CLOSE_NORMAL, CLOSE_GOING_AWAY, CLOSE_POLICY, CLOSE_TOO_BIG, CLOSE_TRY_AGAIN = 1000, 1001, 1008, 1009, 1013
+CLOSE_NORMAL, CLOSE_GOING_AWAY, CLOSE_POLICY, CLOSE_TOO_BIG = 1000, 1001, 1008, 1009
+CLOSE_INTERNAL_ERROR, CLOSE_TRY_AGAIN = 1011, 1013
 MESSAGE_LIMIT = 64 * 1024
 DELIVERED = EVENTS_DELIVERED.labels("websocket")
 PING_INTERVAL = 25
-RECEIVE_POLL_SECONDS = 1.0
 CLOSE_REASONS = {
     "token_expired": (CLOSE_POLICY, "token expired"),
     "session_ended": (CLOSE_POLICY, "session ended"),
@@ -155,12 +157,17 @@ def websocket(ws):
             close(*CLOSE_REASONS["overflow"])
         except (ConnectionClosed, OSError):
             close(CLOSE_NORMAL, "")
+        except Exception:  # e.g. Redis failing mid-catch-up: the client reconnects and resumes by cursor
+            log.exception("websocket pump failed")
+            close(CLOSE_INTERNAL_ERROR, "internal error; reconnect with your cursor")
 
     pumping = gevent.spawn(pump)
     OPEN_CONNECTIONS.labels("websocket").inc()
     try:
         while ws.connected and not pumping.dead:
-            message = ws.receive(timeout=RECEIVE_POLL_SECONDS)
+            # No polling time-out: with thousands of sockets a periodic wake-up of every receiver costs
+            # real CPU. The pump always ends through close(), which wakes this loop.
+            message = ws.receive(timeout=None)
             if message is not None:
                 reply = handle_client_message(bus, caller, message)
                 if reply is not None:
