@@ -332,15 +332,13 @@ def tables(results: dict) -> str:
     lines += ["", "| one client, 1,000 events | p50 | p99 | max |", "|---|---|---|---|"]
     for r in results["single_client"]:
         lines.append(f"| {r['system']} | {r['p50_ms']} ms | {r['p99_ms']} ms | {r['max_ms']} ms |")
-    a = results["auth_cost"]
-    lines += [
-        "",
-        "| wrk -t2 -c64 | requests/s | p50 | p99 |",
-        "|---|---|---|---|",
-        _wrk_row("GET /auth/me (bearer)", a["auth_me"]),
-        _wrk_row("GET /healthz", a["healthz"]),
-        f"| ratio | {a['ratio']:.0%} | | |",
-    ]
+    lines += ["", "| wrk -t2 -c64 | requests/s | p50 | p99 |", "|---|---|---|---|"]
+    for a in results["auth_cost"]:
+        lines += [
+            _wrk_row(f"GET /auth/me (bearer), {a['via']}", a["auth_me"]),
+            _wrk_row(f"GET /healthz, {a['via']}", a["healthz"]),
+            f"| ratio, {a['via']} | {a['ratio']:.0%} | | |",
+        ]
     h = results["hub_stalls"]
     lines += [
         "",
@@ -383,6 +381,7 @@ def main() -> None:
             ("sse", False, counts),
             ("ws", False, counts),
             ("sse", True, nginx_counts),
+            ("ws", True, nginx_counts),
         ):
             for count in sizes:
                 with Service(redis_server) as service:
@@ -391,9 +390,10 @@ def main() -> None:
                     results["capacity"].append(capacity(service, target, count, pids))
         with Service(redis_server) as service:
             results["sustained"] += sustained(service, service.target(), 1000, rate_steps)
+            results["sustained"] += sustained(service, service.target("sse", through_nginx=True), 1000, rate_steps)
             for through_nginx in (False, True):
                 results["single_client"] += per_transport(service, single_count, through_nginx)
-            results["auth_cost"] = auth_cost(service)
+            results["auth_cost"] = [auth_cost(service), auth_cost(service, through_nginx=True)]
             results["hub_stalls"] = hub_stalls(service)
             results["rates"] = rates(service)
         for count in peer_counts:

@@ -143,8 +143,7 @@ def websocket(ws):
     def pump():
         """Forward events to the client until the stream must end; then close with the matching code."""
         try:
-            user = {"id": caller.user_id, "role": caller.role}
-            send(json.dumps({"type": "welcome", "cursor": follower.cursor, "user": user}))
+            send(json.dumps({"type": "welcome", "cursor": follower.cursor, "user": caller.user}))
             deliveries = follower.take_ready()
             while True:
                 for delivery in deliveries:
