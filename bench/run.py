@@ -357,6 +357,57 @@ def tables(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _row(results: dict, system: str, streams: int) -> dict | None:
+    return next((r for r in results["capacity"] if r["system"] == system and r["streams"] == streams), None)
+
+
+def targets(results: dict) -> str:
+    """The issue's targets, each with where this run stands."""
+    lines = ["| target | this run |", "|---|---|"]
+    sse20k, sse10k = _row(results, "service sse", 20000), _row(results, "service sse", 10000)
+    if sse20k:
+        lines.append(
+            f"| 20,000 SSE streams at <= 30 KB each | {sse20k['rss_per_connection_kb']} KB, "
+            f"{sse20k['broadcast']['missing']} missed the broadcast |"
+        )
+    if sse10k:
+        lines.append(f"| broadcast to 10,000 streams, p99 < 1 s | {sse10k['broadcast']['p99_ms']:.0f} ms |")
+    single_sse = next(r for r in results["single_client"] if r["system"] == "service sse")
+    lines.append(f"| one client p50 < 2 ms, p99 < 10 ms | SSE {single_sse['p50_ms']} / {single_sse['p99_ms']} ms |")
+    ours, flask, nchan = (_row(results, n, 10000) for n in ("service sse", "flask-sse", "nchan"))
+    if ours and flask and nchan:
+        per_stream = {
+            name: row["rss_per_connection_kb"] for name, row in (("ours", ours), ("flask", flask), ("nchan", nchan))
+        }
+        lines.append(
+            f"| >= 3x flask-sse's streams per GB, within 3x of nchan | {per_stream['flask'] / per_stream['ours']:.1f}x "
+            f"flask-sse; nchan uses {per_stream['ours'] / per_stream['nchan']:.1f}x less |"
+        )
+
+    def best(system: str) -> float:
+        return max((r["deliveries_per_second"] for r in results["sustained"] if r["system"] == system), default=0)
+
+    if best("flask-sse") and best("nchan"):
+        lines.append(
+            f"| >= 3x flask-sse's fan-out rate, within 3x of nchan | {best('service sse') / best('flask-sse'):.1f}x "
+            f"flask-sse; nchan {best('nchan') / best('service sse'):.1f}x faster |"
+        )
+    direct = next(a for a in results["auth_cost"] if a["via"] == "direct")
+    lines.append(f"| GET /auth/me >= 70 % of GET /healthz requests/s | {direct['ratio']:.0%} |")
+    stalls = results["hub_stalls"]
+    lines.append(f"| event p99 during the login storm <= 20 ms above quiet | {stalls['p99_increase_ms']:+.1f} ms |")
+    return "\n".join(lines) + "\n"
+
+
+def write_into_readme(results: dict) -> None:
+    readme = HERE / "README.md"
+    text = readme.read_text()
+    start, end = "<!-- results -->", "<!-- /results -->"
+    if start in text and end in text:
+        block = f"{start}\n{tables(results)}\n### Against the targets\n\n{targets(results)}{end}"
+        readme.write_text(text[: text.index(start)] + block + text[text.index(end) + len(end) :])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="small counts: a smoke run of every benchmark")
@@ -411,6 +462,7 @@ def main() -> None:
     (RESULTS / "latest.json").write_text(json.dumps(results, indent=2))
     (RESULTS / "latest.md").write_text(tables(results))
     plot(results)
+    write_into_readme(results)
     print(tables(results))
     print(f"written: {RESULTS / 'latest.json'}, latest.md, memory_per_connection.png, broadcast_latency.png")
 
