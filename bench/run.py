@@ -154,14 +154,12 @@ def wrk(url: str, headers: dict, seconds: int = 8) -> dict:
     }
 
 
-def auth_cost(service: Service) -> dict:
+def auth_cost(service: Service, through_nginx: bool = False) -> dict:
+    base = service.nginx.url if through_nginx else service.app.url
     bearer = {"Authorization": f"Bearer {service.token}"}
-    me, health = wrk(f"{service.app.url}/auth/me", bearer), wrk(f"{service.app.url}/healthz", {})
-    result = {
-        "auth_me": me,
-        "healthz": health,
-        "ratio": round(me["requests_per_second"] / health["requests_per_second"], 3),
-    }
+    me, health = wrk(f"{base}/auth/me", bearer), wrk(f"{base}/healthz", {})
+    ratio = round(me["requests_per_second"] / health["requests_per_second"], 3)
+    result = {"via": "nginx" if through_nginx else "direct", "auth_me": me, "healthz": health, "ratio": ratio}
     print(json.dumps(result), flush=True)
     return result
 
