@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from flask import Flask, current_app, g, request
 
-from ..errors import ApiError, forbidden, unauthorized
+from ..errors import forbidden, unauthorized
 from . import cookies, sessions, tokens
 
 UNSAFE_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
@@ -145,6 +145,3 @@ def init_app(app: Flask) -> None:
         return None
 
     app.after_request(_add_cors_headers)
-
-
-__all__ = ["ApiError", "Caller", "authenticate", "login_required", "current_caller", "check_csrf", "init_app"]

@@ -95,10 +95,6 @@ class Hub:
                 if not members:
                     del index[key]
 
-    @property
-    def subscriber_count(self) -> int:
-        return sum(len(s) for s in self.by_session.values())
-
     def shutdown(self) -> None:
         """End every local connection (worker shutting down): clients reconnect elsewhere by cursor."""
         self.closing = True

@@ -5,7 +5,7 @@ from __future__ import annotations
 from flask import Flask
 
 from ..settings import SettingsError
-from .schemes import VERIFIERS, _standard_key
+from .schemes import VERIFIERS, standard_key
 from .store import DeliveryStore
 from .views import WebhookProvider, bp
 
@@ -24,7 +24,7 @@ def _providers(env: dict) -> dict[str, WebhookProvider]:
         if scheme == "standard":
             for secret in secrets:
                 try:
-                    _standard_key(secret)
+                    standard_key(secret)
                 except ValueError as error:
                     raise SettingsError(f"{prefix}SECRET: {error}") from None
         providers[name] = WebhookProvider(name, scheme, secrets, (env.get(prefix + "USER_PATH") or "").strip() or None)

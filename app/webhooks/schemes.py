@@ -34,7 +34,7 @@ def _check_timestamp(raw: str | None, now: float) -> int:
     return timestamp
 
 
-def _standard_key(secret: str) -> bytes:
+def standard_key(secret: str) -> bytes:
     try:
         return base64.b64decode(secret.removeprefix("whsec_"), validate=True)
     except binascii.Error:
@@ -50,7 +50,7 @@ def verify_standard(body: bytes, headers: Mapping[str, str], secrets: list[str],
     signed = f"{delivery_id}.{timestamp}.".encode() + body
     offered = [entry.partition(",")[2].encode() for entry in signatures.split() if entry.startswith("v1,")]
     for secret in secrets:
-        expected = base64.b64encode(_hmac_sha256(_standard_key(secret), signed))
+        expected = base64.b64encode(_hmac_sha256(standard_key(secret), signed))
         if any(hmac.compare_digest(expected, candidate) for candidate in offered):
             return delivery_id
     raise SignatureRejected("no signature matches")
