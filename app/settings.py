@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import os
@@ -44,10 +45,13 @@ class Settings:
     refresh_reuse_grace: int
     allowed_origins: tuple[str, ...]
     proxy_hops: int
+    forwarded_allow_ips: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]
     rate_limits_enabled: bool
     rate_limit_login: str
     rate_limit_register: str
     rate_limit_refresh: str
+    rate_limit_password: str
+    max_connections_per_user: int
     sse_heartbeat_seconds: float
     long_poll_timeout: float
     long_poll_max_timeout: float
@@ -102,10 +106,13 @@ def load_settings(overrides: dict | None = None) -> Settings:
             o.strip().rstrip("/") for o in reader.text("ALLOWED_ORIGINS", "").split(",") if o.strip()
         ),
         proxy_hops=reader.integer("PROXY_HOPS", 1, minimum=0, maximum=10),
+        forwarded_allow_ips=reader.networks("FORWARDED_ALLOW_IPS", "127.0.0.1,::1"),
         rate_limits_enabled=reader.boolean("RATE_LIMITS_ENABLED", True),
         rate_limit_login=reader.text("RATE_LIMIT_LOGIN", "10/minute"),
         rate_limit_register=reader.text("RATE_LIMIT_REGISTER", "5/minute"),
         rate_limit_refresh=reader.text("RATE_LIMIT_REFRESH", "30/minute"),
+        rate_limit_password=reader.text("RATE_LIMIT_PASSWORD", "10/minute"),
+        max_connections_per_user=reader.integer("MAX_CONNECTIONS_PER_USER", 50, minimum=1),
         sse_heartbeat_seconds=reader.number("SSE_HEARTBEAT_SECONDS", 15, minimum=0.05),
         long_poll_timeout=reader.number("LONG_POLL_TIMEOUT_SECONDS", 25, minimum=0.05),
         long_poll_max_timeout=reader.number("LONG_POLL_MAX_TIMEOUT_SECONDS", 60, minimum=0.05),
@@ -182,6 +189,19 @@ class _Reader:
         if value != int(value):
             raise SettingsError(f"{name} must be a whole number")
         return int(value)
+
+    def networks(self, name: str, default: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+        """Comma-separated addresses and CIDR ranges; `*` is every address (as gunicorn spells it)."""
+        found = []
+        for item in (part.strip() for part in self.text(name, default).split(",")):
+            if item == "*":
+                found += [ipaddress.ip_network("0.0.0.0/0"), ipaddress.ip_network("::/0")]
+            elif item:
+                try:
+                    found.append(ipaddress.ip_network(item, strict=False))
+                except ValueError:
+                    raise SettingsError(f"{name}: {item!r} is not an address or CIDR range") from None
+        return tuple(found)
 
     def boolean(self, name: str, default: bool) -> bool:
         raw = self.text(name, "true" if default else "false").lower()
