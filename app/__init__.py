@@ -5,12 +5,12 @@ from __future__ import annotations
 import logging
 
 from flask import Flask
-from werkzeug.middleware.proxy_fix import ProxyFix
 
 from . import cli, errors, events, limits, logs, ops, page, webhooks
 from . import redis as redis_ext
 from .auth import guards, oauth, tokens
 from .auth import views as auth_views
+from .proxy import TrustedProxyFix
 from .settings import load_settings
 
 JSON_BODY_LIMIT = 64 * 1024
@@ -28,9 +28,7 @@ def create_app(overrides: dict | None = None) -> Flask:
     )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if settings.proxy_hops:
-        hops = settings.proxy_hops
-        # X-Forwarded-Host carries the port (nginx sends $http_host), so X-Forwarded-Port is not trusted.
-        app.wsgi_app = ProxyFix(app.wsgi_app, x_for=hops, x_proto=hops, x_host=hops)
+        app.wsgi_app = TrustedProxyFix(app.wsgi_app, settings.proxy_hops, settings.forwarded_allow_ips)
 
     errors.init_app(app)
     logs.init_app(app)
@@ -44,6 +42,14 @@ def create_app(overrides: dict | None = None) -> Flask:
     events.init_app(app)
     webhooks.init_app(app)
     page.init_app(app)
-    limits.init_app(app)
+    limits.init_app(app)  # after every blueprint: it applies the limits their views declare
     cli.init_app(app)
+    app.after_request(_no_store_by_default)
     return app
+
+
+def _no_store_by_default(response):
+    """API answers carry tokens or personal data: no cache keeps them unless a view says otherwise."""
+    if response.mimetype == "application/json":
+        response.headers.setdefault("Cache-Control", "no-store")
+    return response

@@ -38,6 +38,11 @@ def bad_request(message: str) -> ApiError:
     return ApiError(400, "bad_request", message)
 
 
+def validation_failed(message: str) -> ApiError:
+    """422: well-formed input whose value is not acceptable."""
+    return ApiError(422, "validation_failed", message)
+
+
 def unauthorized(message: str = "Authentication required.", code: str = "unauthorized") -> ApiError:
     return ApiError(401, code, message)
 

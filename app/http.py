@@ -1,13 +1,98 @@
-"""Reading JSON request bodies strictly: one place that turns bad input into a clear 4xx."""
+"""Reading JSON strictly: one place that turns bad input into a clear 4xx."""
 
 from __future__ import annotations
 
 import json
+import re
+import unicodedata
 from datetime import UTC, datetime
 
-from flask import current_app, request
+from flask import current_app, g, request
 
-from .errors import ApiError, bad_request
+from .errors import ApiError, bad_request, validation_failed
+
+MAX_JSON_DEPTH = 32
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+class StrictJSONError(ValueError):
+    """Text that is not plain RFC 8259 JSON: malformed, NaN/Infinity, a lone surrogate or too deep."""
+
+
+def _refuse_constant(name: str):
+    raise StrictJSONError(f"{name} is not JSON")
+
+
+def parse_json(raw: bytes | str):
+    """Plain JSON values only: no NaN or Infinity, no lone UTF-16 surrogate, at most 32 levels deep.
+
+    The depth is checked on the text before parsing, so hostile nesting never reaches the recursive
+    parser (which would raise RecursionError far below the limit we answer 400 for).
+    """
+    try:
+        text = raw.decode("utf-8") if isinstance(raw, bytes | bytearray) else raw
+    except UnicodeDecodeError:
+        raise StrictJSONError("not UTF-8") from None
+    if text.count("[") + text.count("{") > MAX_JSON_DEPTH and _nesting_depth(text) > MAX_JSON_DEPTH:
+        raise StrictJSONError(f"nested deeper than {MAX_JSON_DEPTH} levels")
+    try:
+        value = json.loads(text, parse_constant=_refuse_constant)
+    except (ValueError, RecursionError) as error:
+        raise StrictJSONError(str(error)) from None
+    if _LONE_SURROGATE.search(text) is None and "\\u" not in text:
+        return value  # neither a raw nor an escaped surrogate can be in it: skip the walk
+    if _holds_lone_surrogate(value):
+        raise StrictJSONError("a lone UTF-16 surrogate is not a character")
+    return value
+
+
+def _nesting_depth(text: str) -> int:
+    """The deepest bracket nesting outside strings (what the parser would recurse into)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    return deepest
+
+
+def _holds_lone_surrogate(value) -> bool:
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            if _LONE_SURROGATE.search(item):
+                return True
+        elif isinstance(item, dict):
+            pending.extend(item.keys())
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+    return False
+
+
+def has_control_characters(text: str) -> bool:
+    """True for C0/C1 control characters (NUL, ESC, DEL ...): never stored or echoed."""
+    return any(unicodedata.category(char) == "Cc" for char in text)
+
+
+def plain_text(value: str, what: str) -> str:
+    """A text the service stores or echoes: 422 when it holds control characters."""
+    if has_control_characters(value):
+        raise validation_failed(f"{what} must not contain control characters.")
+    return value
 
 
 def json_body(optional: bool = False) -> dict:
@@ -16,15 +101,18 @@ def json_body(optional: bool = False) -> dict:
         return {}
     if request.mimetype != "application/json":
         raise ApiError(415, "unsupported_media_type", "The body must be JSON (Content-Type: application/json).")
+    if "json_body" in g:  # parsed once per request (the rate limiter's key reads it too)
+        return g.json_body
     raw = read_body(current_app.config["MAX_CONTENT_LENGTH"])
     if optional and not raw:
         return {}
     try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        raise bad_request("The body is not valid JSON.") from None
+        body = parse_json(raw)
+    except StrictJSONError as error:
+        raise bad_request(f"The body is not valid JSON: {error}.") from None
     if not isinstance(body, dict):
         raise bad_request("The body must be a JSON object.")
+    g.json_body = body
     return body
 
 
@@ -59,3 +147,17 @@ def rfc3339(epoch: float | str | None) -> str | None:
         return None
     moment = datetime.fromtimestamp(float(epoch), tz=UTC)
     return moment.isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def number_arg(name: str, default: float, minimum: float, maximum: float, kind=float):
+    """A number from the query string, within bounds; 400 otherwise."""
+    raw = request.args.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = kind(raw)
+    except ValueError:
+        raise bad_request(f"Query parameter '{name}' must be a number.") from None
+    if not minimum <= value <= maximum:
+        raise bad_request(f"Query parameter '{name}' must be between {minimum} and {maximum}.")
+    return value

@@ -1,4 +1,10 @@
-"""Rate limits (Flask-Limiter, counted in Redis) on login, register and refresh: per address and per account."""
+"""Rate limits (Flask-Limiter, counted in Redis), declared at each view with `@rate_limited`.
+
+Every limited endpoint is counted per client address and per the account it names, each in its own
+bucket: spraying one password over many accounts hits the address bucket, guessing one account's
+password from many addresses hits the account's. A login from a device the account already used is
+counted per device instead (see `auth/devices.py`), so guesses cannot lock the owner out.
+"""
 
 from __future__ import annotations
 
@@ -8,24 +14,74 @@ from flask import Flask, request
 from flask_limiter import Limiter
 from flask_limiter.util import get_remote_address
 
-from .auth import cookies
+from .auth import cookies, devices
+from .auth.guards import authenticate
+from .auth.users import find_user_id_by_email
+from .errors import ApiError
+from .http import json_body
 
 
-def _account_key() -> str:
-    """The account a login or register names; refresh is keyed by its token (its account is unknown yet)."""
-    body = request.get_json(silent=True) if request.mimetype == "application/json" else None
-    body = body if isinstance(body, dict) else {}
-    if request.endpoint == "auth.refresh":
-        raw = body.get("refresh_token") or request.cookies.get(cookies.REFRESH_COOKIE) or ""
-        return "token:" + hashlib.sha256(str(raw).encode()).hexdigest()[:32]
-    return "account:" + str(body.get("email", "")).strip().lower()
+def _body_field(name: str) -> str:
+    try:
+        value = json_body(optional=True).get(name)
+    except ApiError:
+        return ""  # the view answers the bad body itself
+    return value if isinstance(value, str) else ""
+
+
+def _email_key() -> str:
+    return "account:" + _body_field("email").strip().lower()
+
+
+def _email_or_device_key() -> str:
+    """The device's own bucket when it proves it has logged in to this account before."""
+    email = _body_field("email")
+    if request.cookies.get(devices.DEVICE_COOKIE) and email:
+        device = devices.known_device(find_user_id_by_email(email))
+        if device:
+            return "device:" + device
+    return _email_key()
+
+
+def _refresh_token_key() -> str:
+    raw = _body_field("refresh_token") or request.cookies.get(cookies.REFRESH_COOKIE) or ""
+    return "token:" + hashlib.sha256(raw.encode()).hexdigest()[:32]
+
+
+def _caller_key() -> str:
+    try:
+        return "user:" + authenticate().user_id
+    except ApiError:
+        return "unauthenticated"  # the view answers 401
+
+
+KEYS = {
+    "address": get_remote_address,  # request.remote_addr: the peer, or the client a trusted proxy names
+    "email": _email_key,
+    "email_or_device": _email_or_device_key,
+    "refresh_token": _refresh_token_key,
+    "caller": _caller_key,
+}
+
+
+def rate_limited(name: str, per: tuple[str, ...]):
+    """Declare at a view that RATE_LIMIT_<NAME> applies to it, counted separately per each of `per`."""
+    unknown = set(per) - set(KEYS)
+    if unknown:
+        raise ValueError(f"unknown rate-limit keys: {', '.join(sorted(unknown))}")
+
+    def mark(view):
+        view.rate_limit = (name, per)
+        return view
+
+    return mark
 
 
 def init_app(app: Flask) -> None:
-    """Bind a limiter to this app and wrap its rate-limited views (per app, so tests can make several)."""
+    """Bind a limiter to this app and apply every limit its views declare (call after all blueprints)."""
     settings = app.config["SETTINGS"]
     limiter = Limiter(
-        key_func=get_remote_address,  # request.remote_addr, already corrected by ProxyFix
+        key_func=get_remote_address,
         app=app,
         storage_uri=settings.redis_url,
         storage_options={"socket_connect_timeout": 3},
@@ -35,13 +91,13 @@ def init_app(app: Flask) -> None:
         key_prefix="ratelimit",
         enabled=settings.rate_limits_enabled,
     )
-    for endpoint, limit in (
-        ("auth.login", settings.rate_limit_login),
-        ("auth.register", settings.rate_limit_register),
-        ("auth.refresh", settings.rate_limit_refresh),
-    ):
-        view = app.view_functions[endpoint]
-        view = limiter.limit(limit, key_func=_account_key, scope=f"{endpoint}:account")(view)
-        view = limiter.limit(limit, scope=f"{endpoint}:address")(view)
+    for endpoint, view in list(app.view_functions.items()):
+        declared = getattr(view, "rate_limit", None)
+        if declared is None:
+            continue
+        name, per = declared
+        limit = getattr(settings, f"rate_limit_{name}")
+        for kind in per:
+            view = limiter.limit(limit, key_func=KEYS[kind], scope=f"{endpoint}:{kind}")(view)
         app.view_functions[endpoint] = view
     app.extensions["rate_limiter"] = limiter

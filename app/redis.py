@@ -41,12 +41,22 @@ class Keys:
         return f"refresh:{token_hash}"
 
     @staticmethod
+    def connection_leases(user_id: str) -> str:
+        """The user's live connections across every worker and instance (a sorted set of leases)."""
+        return f"user:{user_id}:connections"
+
+    @staticmethod
     def stream(channel: str) -> str:
         return f"events:{{{channel}}}"
 
     @staticmethod
     def webhook_delivery(provider: str, delivery_id: str) -> str:
         return f"webhook:{provider}:delivery:{delivery_id}"
+
+    @staticmethod
+    def webhook_seen(provider: str, identity: str) -> str:
+        """Marks a further identity of a recorded delivery (e.g. its body's hash) as seen."""
+        return f"webhook:{provider}:seen:{identity}"
 
     @staticmethod
     def webhook_log(provider: str) -> str:

@@ -64,8 +64,9 @@ def authenticate() -> Caller:
     user = sessions.verify_session(claims.user_id, claims.session_id, claims.token_version)
     if user is None:
         raise unauthorized("The session has ended; log in again.")
+    # The stored role, not the token's: a demotion applies on the next request, not at token expiry.
     g.caller = Caller(
-        claims.user_id, claims.role, claims.session_id, claims.token_version, claims.expires_at, via, user
+        claims.user_id, user["role"], claims.session_id, claims.token_version, claims.expires_at, via, user
     )
     return g.caller
 

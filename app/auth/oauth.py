@@ -26,6 +26,10 @@ from . import cookies, sessions, tokens, users
 bp = Blueprint("oauth", __name__, url_prefix="/auth/oauth")
 
 STATE_LIFETIME = timedelta(minutes=10)
+# Unfinished logins kept in the state cookie. Each adds about 135 bytes; without a bound, a hostile
+# page starting logins in a loop would grow the cookie until the browser drops it and every request
+# fails (431), blocking the victim's OAuth login. Only the newest few are kept.
+MAX_PENDING_LOGINS = 3
 PRESETS = {
     "google": {
         "server_metadata_url": "https://accounts.google.com/.well-known/openid-configuration",
@@ -119,7 +123,16 @@ def login(provider: str):
     authorization = client.create_authorization_url(redirect_uri)
     session.permanent = True  # Max-Age = STATE_LIFETIME
     client.save_authorize_data(redirect_uri=redirect_uri, next=next_path, **authorization)
+    _keep_newest_attempts(MAX_PENDING_LOGINS)
     return redirect(authorization["url"], 302)
+
+
+def _keep_newest_attempts(limit: int) -> None:
+    """Drop all but the `limit` newest unfinished logins (Authlib keys them `_state_<provider>_<state>`)."""
+    attempts = [key for key in session if key.startswith("_state_")]
+    attempts.sort(key=lambda key: (session[key] or {}).get("exp", 0) if isinstance(session[key], dict) else 0)
+    for key in attempts[:-limit]:
+        session.pop(key)
 
 
 def _claim_state_once(state: str) -> bool:

@@ -14,6 +14,7 @@ from cryptography.hazmat.primitives import serialization
 from flask import Flask, current_app
 
 REQUIRED_CLAIMS = ["iss", "aud", "sub", "role", "ver", "sid", "jti", "iat", "exp"]
+MAX_LIFETIME_SECONDS = 900  # 15 minutes, whatever a token that was signed with our key claims
 TOKEN_TYPE = "at+jwt"  # noqa: S105 (a JWT "typ" value, not a secret)
 
 
@@ -120,6 +121,10 @@ def decode_access_token(token: str) -> AccessClaims:
         and isinstance(claims["role"], str)
         and isinstance(claims["ver"], int)
         and not isinstance(claims["ver"], bool)
+        and isinstance(claims["iat"], int)
+        and isinstance(claims["exp"], int)
     ):
         raise TokenInvalid("malformed claims")
+    if claims["exp"] - claims["iat"] > MAX_LIFETIME_SECONDS:
+        raise TokenInvalid("lives longer than an access token may")
     return AccessClaims(claims["sub"], claims["role"], claims["ver"], claims["sid"], int(claims["exp"]))

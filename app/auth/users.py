@@ -7,6 +7,7 @@ import time
 import uuid
 
 from ..errors import ApiError
+from ..http import has_control_characters
 from ..redis import Keys, get_redis, get_scripts
 from . import passwords
 
@@ -21,7 +22,7 @@ def normalise_email(email: str) -> str:
 
 def validate_email(email: str) -> str:
     email = normalise_email(email)
-    if len(email) > 254 or not EMAIL_PATTERN.match(email):
+    if len(email) > 254 or not EMAIL_PATTERN.fullmatch(email) or has_control_characters(email):
         raise ApiError(422, "validation_failed", "The e-mail address is not valid.")
     return email
 
@@ -70,3 +71,20 @@ def public_user(user: dict) -> dict:
 
 def store_password_hash(user_id: str, password_hash: str) -> None:
     get_redis().hset(Keys.user(user_id), "password_hash", password_hash)
+
+
+def password_matches(user: dict | None, password: str) -> bool:
+    """Whether `password` is the user's; costs one hash verification whether or not the user exists.
+
+    No stored password is longer than PASSWORD_MAX, so a longer one is refused without hashing (the
+    hasher refuses such input itself). A match on outdated hash parameters stores a fresh hash.
+    """
+    if len(password) > PASSWORD_MAX:
+        return False
+    if not user or not user.get("password_hash"):
+        passwords.spend_verification_time(password)
+        return False
+    ok, new_hash = passwords.verify_password(password, user["password_hash"])
+    if ok and new_hash:
+        store_password_hash(user["id"], new_hash)
+    return ok

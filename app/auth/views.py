@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import re
+
 from flask import Blueprint, current_app, jsonify, make_response, request
 
 from ..errors import ApiError, error_response, not_found, unauthorized
-from ..http import field, json_body
+from ..http import field, has_control_characters, json_body, plain_text
+from ..limits import rate_limited
 from ..metrics import LOGINS, REFRESHES
-from . import cookies, passwords, sessions, tokens, users
+from . import cookies, devices, passwords, sessions, tokens, users
 from .guards import authenticate, current_caller, login_required
 
 bp = Blueprint("auth", __name__, url_prefix="/auth")
 jwks_bp = Blueprint("jwks", __name__)
 
 TRANSPORTS = ("cookie", "body")
+SESSION_ID = re.compile(r"[0-9a-f]{32}")
 
 
 def _settings():
@@ -58,6 +62,7 @@ def _refused(error: ApiError, transport: str):
 
 
 @bp.post("/register")
+@rate_limited("register", per=("address", "email"))
 def register():
     body = json_body()
     email, password = field(body, "email"), field(body, "password")
@@ -65,34 +70,41 @@ def register():
     return jsonify({"user": users.public_user(user)}), 201
 
 
+def _device_name(body: dict) -> str | None:
+    """The name the client gives this device (422 with control characters), else its User-Agent."""
+    named = field(body, "device", required=False)
+    if named is not None:
+        return plain_text(named, "The device name")
+    agent = request.user_agent.string
+    return "".join(" " if has_control_characters(c) else c for c in agent) if agent else None
+
+
 @bp.post("/login")
+@rate_limited("login", per=("address", "email_or_device"))
 def login():
     body = json_body()
     email, password = field(body, "email"), field(body, "password")
     transport = field(body, "transport", required=False, default="cookie")
-    device = field(body, "device", required=False) or request.user_agent.string or None
+    device = _device_name(body)
     if transport not in TRANSPORTS:
         raise ApiError(422, "validation_failed", "transport must be 'cookie' or 'body'.")
     user_id = users.find_user_id_by_email(email)
     user = users.get_user(user_id) if user_id else None
-    if not user or not user.get("password_hash"):
-        passwords.spend_verification_time(password)
-        LOGINS.labels("failure").inc()
-        raise unauthorized("Wrong e-mail or password.", "invalid_credentials")
-    ok, new_hash = passwords.verify_password(password, user["password_hash"])
-    if not ok:
+    if not users.password_matches(user, password):
         LOGINS.labels("failure").inc()
         raise unauthorized("Wrong e-mail or password.", "invalid_credentials")
     LOGINS.labels("success").inc()
-    if new_hash:
-        users.store_password_hash(user["id"], new_hash)
     issued = sessions.start_session(user["id"], device, request.remote_addr)
-    return _token_response(
+    response = _token_response(
         user, issued.session_id, user["role"], int(user["token_version"]), issued.refresh_token, transport
     )
+    if transport == "cookie":
+        devices.remember_device(response, user["id"])
+    return response
 
 
 @bp.post("/refresh")
+@rate_limited("refresh", per=("address", "refresh_token"))
 def refresh():
     body = json_body(optional=True)
     raw = field(body, "refresh_token", required=False)
@@ -162,13 +174,14 @@ def list_sessions():
 @login_required
 def end_session(session_id: str):
     caller = current_caller()
-    if sessions.session_owner(session_id) != caller.user_id:
+    if not SESSION_ID.fullmatch(session_id) or sessions.session_owner(session_id) != caller.user_id:
         raise not_found("No such session.")
     sessions.end_session(session_id)
     return _no_content(clear_cookies=session_id == caller.session_id)
 
 
 @bp.post("/password")
+@rate_limited("password", per=("address", "caller"))
 @login_required
 def change_password():
     body = json_body()
@@ -178,8 +191,7 @@ def change_password():
     user = users.get_user(caller.user_id)
     if user is None:
         raise unauthorized()
-    ok = bool(user.get("password_hash")) and passwords.verify_password(current, user["password_hash"])[0]
-    if not ok:
+    if not users.password_matches(user, current):
         raise unauthorized("The current password is wrong.", "invalid_credentials")
     users.store_password_hash(user["id"], passwords.hash_password(new))
     sessions.end_other_sessions(user["id"], caller.session_id)

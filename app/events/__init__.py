@@ -8,6 +8,7 @@ from ..auth.sessions import sessions_ended
 from . import sse, ws  # noqa: F401 - they add their routes to the events blueprint
 from .bus import Bus
 from .hub import Hub
+from .leases import ConnectionLeases
 from .views import bp
 
 
@@ -17,6 +18,7 @@ def init_app(app: Flask) -> None:
     bus = Bus(client, app.extensions["redis_scripts"], settings.event_history_maxlen)
     app.extensions["event_bus"] = bus
     app.extensions["event_hub"] = Hub(client)
+    app.extensions["connection_leases"] = ConnectionLeases(client, settings.max_connections_per_user)
     app.register_blueprint(bp)
     ws.init_app(app)
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import redis
 
 from ..auth.sessions import session_is_valid
-from ..errors import ApiError
+from ..errors import ApiError, bad_request
 from ..metrics import EVENTS_PUBLISHED
 from ..redis import Keys
 from .cursor import is_after
@@ -93,16 +93,21 @@ def may_publish(user_id: str, is_admin: bool, channel: str) -> bool:
 
 
 def encode_data(data) -> str:
-    text = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+    """Event data as compact JSON text that every reader can parse: no NaN or Infinity, no lone surrogate."""
+    try:
+        text = json.dumps(data, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        text.encode()
+    except (ValueError, TypeError, UnicodeEncodeError):
+        raise bad_request("Event data must be plain JSON (no NaN, Infinity or lone surrogates).") from None
     if len(text.encode()) > DATA_LIMIT:
         raise ApiError(413, "payload_too_large", f"Event data must be at most {DATA_LIMIT} bytes encoded.")
     return text
 
 
 def validate_names(channel: str, event: str) -> None:
-    if not CHANNEL_PATTERN.match(channel):
+    if not CHANNEL_PATTERN.fullmatch(channel):
         raise ApiError(422, "validation_failed", "The channel name is not valid.")
-    if not EVENT_NAME_PATTERN.match(event):
+    if not EVENT_NAME_PATTERN.fullmatch(event):
         raise ApiError(422, "validation_failed", "The event name must be 1-100 letters, digits or _.:-")
 
 

@@ -7,9 +7,20 @@ import json
 import re
 
 from ..errors import bad_request
+from ..http import StrictJSONError, parse_json
 
 STREAM_ID = re.compile(r"^\d{1,20}-\d{1,20}$")
 MAX_CURSOR_LENGTH = 2048
+MAX_ID_PART = 2**64 - 1  # Redis stream ids are two unsigned 64-bit numbers
+
+
+def valid_stream_id(value) -> bool:
+    """A Redis stream id (`<ms>-<seq>`) that Redis itself would accept."""
+    return (
+        isinstance(value, str)
+        and STREAM_ID.fullmatch(value) is not None
+        and all(int(part) <= MAX_ID_PART for part in value.split("-"))
+    )
 
 
 def parse_id(stream_id: str) -> tuple[int, int]:
@@ -35,11 +46,9 @@ def decode_cursor(cursor: str, channels: list[str]) -> dict[str, str]:
         if len(cursor) > MAX_CURSOR_LENGTH:
             raise ValueError
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        positions = json.loads(raw)
-        if not isinstance(positions, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) and STREAM_ID.match(v) for k, v in positions.items()
-        ):
+        positions = parse_json(raw)
+        if not isinstance(positions, dict) or not all(valid_stream_id(v) for v in positions.values()):
             raise ValueError
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, StrictJSONError):
         raise bad_request("The cursor is malformed.") from None
     return {channel: positions.get(channel, "0-0") for channel in channels}

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from .bus import Bus, Event, channels_for, reset_event
 from .cursor import decode_cursor, encode_cursor, is_after, parse_id
 from .hub import RESYNC, Hub
+from .leases import ConnectionLeases
 
 
 class StreamEnded(Exception):
@@ -30,18 +31,32 @@ class Delivery:
 
 
 class Follower:
-    def __init__(self, bus: Bus, hub: Hub, caller, cursor: str | None, queue_size: int, subscribe: bool = True):
-        """Start following; raises a 400 ApiError for a malformed cursor before subscribing."""
+    def __init__(
+        self,
+        bus: Bus,
+        hub: Hub,
+        caller,
+        cursor: str | None,
+        queue_size: int,
+        leases: ConnectionLeases | None = None,
+        lease: str | None = None,
+    ):
+        """Start following; a 400 for a malformed cursor comes before anything is held.
+
+        With `leases`, this is a live connection: it holds a lease (taken here unless `lease` is one
+        already taken) and a hub subscription until `close()`. Without, it reads history only (polling).
+        """
         self.bus = bus
         self.hub = hub
         self.caller = caller
         self.channels = channels_for(caller.user_id, caller.is_admin)
+        self.leases, self.lease, self.subscription = leases, lease, None
         if cursor:  # validate before subscribing: a malformed cursor is a plain 400
             self.positions = decode_cursor(cursor, self.channels)
-        self.subscription = (
-            hub.subscribe(self.channels, caller.user_id, caller.session_id, queue_size) if subscribe else None
-        )
         try:
+            if leases is not None:
+                self.lease = lease or leases.acquire(caller.user_id)  # 429 when the user has too many
+                self.subscription = hub.subscribe(self.channels, caller.user_id, caller.session_id, queue_size)
             if not cursor:
                 self.positions = bus.present(self.channels)
             self.pending: list[Delivery] = []
@@ -58,9 +73,13 @@ class Follower:
         return encode_cursor(self.positions)
 
     def close(self) -> None:
+        """Stop following: unsubscribe and give the connection's lease back (idempotent)."""
         if self.subscription is not None:
             self.hub.unsubscribe(self.subscription)
             self.subscription = None
+        if self.leases is not None:
+            self.leases.release(self.lease)
+            self.lease = None
 
     def __enter__(self) -> Follower:
         return self

@@ -39,7 +39,8 @@ def sse_frame(data: str, event: str | None = None, id: str | None = None) -> str
 def stream():
     # Last-Event-ID first: a browser reconnecting by itself sends it, newer than the URL's ?cursor=.
     cursor = request.headers.get("Last-Event-ID") or request.args.get("cursor") or None
-    follower = follower_for_request(subscribe=True, cursor=cursor)  # 400 for a bad cursor, before streaming
+    # 400 for a bad cursor and 429 past the user's connection cap, both before streaming.
+    follower = follower_for_request(live=True, cursor=cursor)
     heartbeat = current_app.config["SETTINGS"].sse_heartbeat_seconds
 
     def generate():
@@ -66,6 +67,8 @@ def stream():
             follower.close()
 
     response = Response(generate(), status=200, mimetype="text/event-stream")
+    # The server closes every response, also one it never started iterating (the client left first).
+    response.call_on_close(follower.close)
     response.headers["Cache-Control"] = "no-cache"
     response.headers["Connection"] = "keep-alive"  # gunicorn writes its own; kept for other servers
     response.headers["X-Accel-Buffering"] = "no"  # nginx: do not buffer this response

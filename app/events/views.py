@@ -7,12 +7,13 @@ import time
 from flask import Blueprint, Response, current_app, jsonify, request
 
 from ..auth.guards import current_caller, login_required
-from ..errors import bad_request, forbidden, unauthorized
-from ..http import field, json_body
+from ..errors import forbidden, unauthorized
+from ..http import field, json_body, number_arg
 from ..metrics import EVENTS_DELIVERED, OPEN_CONNECTIONS
 from .bus import Bus, may_publish
 from .follow import Delivery, Follower, StreamEnded
 from .hub import Hub
+from .leases import ConnectionLeases
 
 bp = Blueprint("events", __name__)
 
@@ -27,26 +28,19 @@ def get_hub() -> Hub:
     return current_app.extensions["event_hub"]
 
 
-def number_arg(name: str, default: float, minimum: float, maximum: float, kind=float):
-    raw = request.args.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = kind(raw)
-    except ValueError:
-        raise bad_request(f"Query parameter '{name}' must be a number.") from None
-    if not minimum <= value <= maximum:
-        raise bad_request(f"Query parameter '{name}' must be between {minimum} and {maximum}.")
-    return value
+def get_leases() -> ConnectionLeases:
+    return current_app.extensions["connection_leases"]
 
 
 def cursor_arg() -> str | None:
     return request.args.get("cursor") or None
 
 
-def follower_for_request(subscribe: bool, cursor: str | None = None) -> Follower:
+def follower_for_request(live: bool, cursor: str | None = None, lease: str | None = None) -> Follower:
+    """A follower for the caller; a `live` one holds a connection lease (429 past the user's cap)."""
     settings = current_app.config["SETTINGS"]
-    return Follower(get_bus(), get_hub(), current_caller(), cursor, settings.ws_send_queue, subscribe=subscribe)
+    leases = get_leases() if live else None
+    return Follower(get_bus(), get_hub(), current_caller(), cursor, settings.ws_send_queue, leases, lease)
 
 
 def events_answer(deliveries: list[Delivery], cursor: str, transport: str) -> Response:
@@ -80,7 +74,7 @@ def publish():
 @login_required
 def poll():
     limit = number_arg("limit", POLL_LIMIT_DEFAULT, 1, POLL_LIMIT_MAX, int)
-    follower = follower_for_request(subscribe=False, cursor=cursor_arg())
+    follower = follower_for_request(live=False, cursor=cursor_arg())
     return events_answer(follower.take_ready(limit), follower.cursor, "poll")
 
 
@@ -92,7 +86,7 @@ def wait():
     limit = number_arg("limit", POLL_LIMIT_DEFAULT, 1, POLL_LIMIT_MAX, int)
     OPEN_CONNECTIONS.labels("long_poll").inc()
     try:
-        return _hold(follower_for_request(subscribe=True, cursor=cursor_arg()), timeout, limit)
+        return _hold(follower_for_request(live=True, cursor=cursor_arg()), timeout, limit)
     finally:
         OPEN_CONNECTIONS.labels("long_poll").dec()
 

@@ -15,18 +15,20 @@ import time
 import gevent
 import gevent.lock
 import gevent.socket
-from flask import current_app, request
+import redis
+from flask import current_app, g, request
 from flask_sock import Sock
 from simple_websocket import ConnectionClosed
 from wsproto.events import CloseConnection, TextMessage
 
 from ..auth.guards import authenticate, current_caller, origin_allowed
 from ..errors import ApiError, bad_request
+from ..http import StrictJSONError, parse_json
 from ..metrics import EVENTS_DELIVERED, OPEN_CONNECTIONS
 from .bus import channels_for
 from .cursor import decode_cursor
 from .follow import Follower, StreamEnded
-from .views import bp, get_bus, get_hub
+from .views import bp, follower_for_request, get_bus, get_leases
 
 sock = Sock()
 log = logging.getLogger(__name__)
@@ -105,24 +107,45 @@ class FrameWriter:
 
 @bp.before_request
 def guard_websocket_handshake():
-    """Authenticate, check Origin and validate the cursor while a plain HTTP answer is still possible."""
+    """Everything that can refuse a handshake, while a plain HTTP answer is still possible.
+
+    401 unauthenticated, 403 foreign origin, 400 malformed cursor, 429 too many connections: once
+    flask-sock enters the view the connection is upgraded, and an HTTP answer would be written into it.
+    """
     if request.endpoint != "events.websocket":
         return
-    caller = authenticate()  # 401 before the upgrade
+    caller = authenticate()
     origin = request.headers.get("Origin")
     if caller.via == "cookie" and origin is not None and not origin_allowed(origin):
         raise ApiError(403, "origin_rejected", "WebSocket connections from this origin are not allowed.")
     if request.args.get("cursor"):
-        decode_cursor(
-            request.args["cursor"], channels_for(caller.user_id, caller.is_admin)
-        )  # 400 for a malformed cursor
+        decode_cursor(request.args["cursor"], channels_for(caller.user_id, caller.is_admin))
+    g.connection_lease = get_leases().acquire(caller.user_id)
 
 
 @sock.route("/ws", bp=bp)
 def websocket(ws):
+    """The upgraded connection: nothing may escape from here, or Flask would write a 500 into it."""
+    lease, follower = g.pop("connection_lease"), None
+    try:
+        follower = follower_for_request(live=True, cursor=request.args.get("cursor") or None, lease=lease)
+        serve_websocket(ws, follower)
+    except Exception:  # e.g. Redis gone between handshake and catch-up: the client resumes by cursor
+        log.exception("websocket failed")
+        with contextlib.suppress(Exception):
+            ws.close(CLOSE_INTERNAL_ERROR, "internal error; reconnect with your cursor")
+    finally:
+        if follower is not None:
+            follower.close()
+        else:
+            get_leases().release(lease)
+
+
+def serve_websocket(ws, follower: Follower) -> None:
+    """Pump events to the client in one greenlet while this one reads the client's frames."""
     settings = current_app.config["SETTINGS"]
     caller = current_caller()
-    bus, hub = get_bus(), get_hub()
+    bus = get_bus()
     writer = FrameWriter(ws.sock, settings.ws_send_timeout)
     ws.sock = writer
 
@@ -137,8 +160,6 @@ def websocket(ws):
             ws.connected = False
             writer.finish_and_close(ws.ws.send(CloseConnection(code, reason)), grace=settings.ws_send_timeout)
         ws.event.set()  # wake the receiving loop
-
-    follower = Follower(bus, hub, caller, request.args.get("cursor") or None, settings.ws_send_queue)
 
     def pump():
         """Forward events to the client until the stream must end; then close with the matching code."""
@@ -177,14 +198,13 @@ def websocket(ws):
         if closing:  # the pump is delivering its close frame: give it the grace it asked for
             pumping.join(timeout=settings.ws_send_timeout + 1)
         pumping.kill(block=True, timeout=1)
-        follower.close()
         OPEN_CONNECTIONS.labels("websocket").dec()
 
 
 def handle_client_message(bus, caller, message) -> dict | None:
     """One client frame: publish to the caller's own channel, or ping. Bad frames get an error frame."""
     try:
-        frame = json.loads(message)
+        frame = parse_json(message)
         if not isinstance(frame, dict) or not isinstance(frame.get("type"), str):
             raise bad_request("A frame must be a JSON object with a string 'type'.")
         if frame["type"] == "ping":
@@ -196,10 +216,12 @@ def handle_client_message(bus, caller, message) -> dict | None:
             published = bus.publish(f"user:{caller.user_id}", event, frame.get("data"))
             return {"type": "ack", "id": published.id}
         raise bad_request(f"Unknown frame type {frame['type']!r}.")
-    except (ValueError, UnicodeDecodeError):
-        return {"type": "error", "code": "bad_request", "message": "A frame must be JSON text."}
+    except StrictJSONError as error:
+        return {"type": "error", "code": "bad_request", "message": f"A frame must be plain JSON text: {error}."}
     except ApiError as error:
         return {"type": "error", "code": error.code, "message": error.message}
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+        return {"type": "error", "code": "unavailable", "message": "A dependency is unavailable; retry shortly."}
 
 
 def init_app(app) -> None:

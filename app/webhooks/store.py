@@ -7,8 +7,10 @@ Claiming a pending delivery is a ZREM, so exactly one greenlet anywhere publishe
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import re
 import time
 
 import gevent
@@ -25,17 +27,28 @@ LOG_LENGTH = 1000
 PAYLOAD_IN_EVENT_LIMIT = 60 * 1024  # event data is at most 64 KiB; larger payloads are announced only
 SWEEP_INTERVAL, RETRY_DELAY = 2.0, 5.0
 
-# KEYS: delivery record, provider log, pending set. ARGV: ttl, log length, pending member, now,
-# delivery id, then the record's field/value pairs. 0 if this delivery id was seen before.
+# KEYS: delivery record, provider log, pending set, then any further keys that also identify this
+# delivery (GitHub: its body's hash). ARGV: ttl, log length, pending member, now, delivery id, then the
+# record's field/value pairs. 0 if this delivery was seen before under any of its keys.
 RECORD_LUA = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+for i = 4, #KEYS do
+  if redis.call('EXISTS', KEYS[i]) == 1 then return 0 end
+end
 redis.call('HSET', KEYS[1], unpack(ARGV, 6))
 redis.call('EXPIRE', KEYS[1], ARGV[1])
+for i = 4, #KEYS do redis.call('SET', KEYS[i], ARGV[5], 'EX', ARGV[1]) end
 redis.call('LPUSH', KEYS[2], ARGV[5])
 redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[2]) - 1)
 redis.call('ZADD', KEYS[3], ARGV[4], ARGV[3])
 return 1
 """
+UNSAFE_NAME_CHARACTERS = re.compile(r"[^A-Za-z0-9_.:-]")
+
+
+def event_name(provider: str, kind: str) -> str:
+    """`webhook.<provider>.<type>`, with any character an event name may not hold made `_`."""
+    return UNSAFE_NAME_CHARACTERS.sub("_", f"webhook.{provider}.{kind}")[:100]
 
 
 def user_at_path(payload, path: str | None) -> str | None:
@@ -50,7 +63,7 @@ def user_at_path(payload, path: str | None) -> str | None:
     if isinstance(value, bool) or not isinstance(value, str | int):
         return None
     value = str(value)
-    return value if CHANNEL_PATTERN.match(f"user:{value}") else None
+    return value if CHANNEL_PATTERN.fullmatch(f"user:{value}") else None
 
 
 class DeliveryStore:
@@ -60,8 +73,14 @@ class DeliveryStore:
         self._record = client.register_script(RECORD_LUA)
         self._sweeper: gevent.Greenlet | None = None
 
-    def record(self, provider: str, delivery_id: str, kind: str, payload, user_id: str | None) -> bool:
-        """Store a verified delivery once; False if its id was seen before (also under a race)."""
+    def record(
+        self, provider: str, delivery_id: str, kind: str, payload, user_id: str | None, also_known_as: tuple = ()
+    ) -> bool:
+        """Store a verified delivery once; False if its id (or another of its keys) was seen before.
+
+        `also_known_as` are further identities of the same delivery, e.g. the hash of a body whose
+        signature does not cover the delivery id. Concurrent copies are safe: one Lua step decides.
+        """
         encoded = json.dumps(payload, separators=(",", ":"))
         record = {
             "id": delivery_id,
@@ -73,7 +92,8 @@ class DeliveryStore:
             "payload": encoded,
         }
         created = self._record(
-            keys=[Keys.webhook_delivery(provider, delivery_id), Keys.webhook_log(provider), PENDING_KEY],
+            keys=[Keys.webhook_delivery(provider, delivery_id), Keys.webhook_log(provider), PENDING_KEY]
+            + [Keys.webhook_seen(provider, identity) for identity in also_known_as],
             args=[RETENTION_SECONDS, LOG_LENGTH, f"{provider}\n{delivery_id}", f"{time.time():.3f}", delivery_id]
             + [item for pair in record.items() for item in pair],
         )
@@ -85,7 +105,11 @@ class DeliveryStore:
         gevent.spawn(self.publish_pending, f"{provider}\n{delivery_id}")
 
     def publish_pending(self, member: str) -> bool:
-        """Claim one pending delivery and publish it; on failure put it back for a later retry."""
+        """Claim one pending delivery and publish it; put it back on a Redis failure, retire it on any other.
+
+        A record that cannot be published for a reason other than Redis (it would fail again forever)
+        is marked `failed` and logged, so no one record can wedge the sweeper.
+        """
         try:
             if not self.client.zrem(PENDING_KEY, member):
                 return False  # another greenlet (or worker) has it
@@ -107,6 +131,11 @@ class DeliveryStore:
             except redis.exceptions.RedisError:
                 log.error("webhook delivery %s could not be re-queued", delivery_id)
             return False
+        except Exception:
+            log.exception("webhook delivery %s of %s cannot be published; marked failed", delivery_id, provider)
+            with contextlib.suppress(redis.exceptions.RedisError):
+                self.client.hset(key, "status", "failed")
+            return False
 
     def _publish(self, record: dict) -> None:
         payload_text = record["payload"]
@@ -118,7 +147,7 @@ class DeliveryStore:
             "payload": json.loads(payload_text) if small else None,
             "truncated": not small,
         }
-        name = f"webhook.{record['provider']}.{record['type']}"[:100]
+        name = event_name(record["provider"], record["type"])
         self.bus.publish(WEBHOOKS, name, data)
         if record.get("user_id"):
             self.bus.publish(f"user:{record['user_id']}", name, data)
@@ -135,7 +164,10 @@ class DeliveryStore:
             except redis.exceptions.RedisError:
                 continue
             for member in due:
-                self.publish_pending(member)
+                try:
+                    self.publish_pending(member)
+                except Exception:  # the loop outlives any one delivery
+                    log.exception("webhook sweeper: unexpected failure")
 
     def recent(self, provider: str, limit: int) -> list[dict]:
         ids = self.client.lrange(Keys.webhook_log(provider), 0, limit - 1)

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import json
+import hashlib
 from dataclasses import dataclass
 
 from flask import Blueprint, current_app, jsonify, request
 
 from ..auth.guards import current_caller, login_required
 from ..errors import ApiError, bad_request, forbidden, not_found, unauthorized
-from ..http import read_body, rfc3339
+from ..http import StrictJSONError, number_arg, parse_json, plain_text, read_body, rfc3339
 from .schemes import VERIFIERS, SignatureRejected
 from .store import DeliveryStore, user_at_path
 
@@ -47,13 +47,15 @@ def receive(name: str):
     except SignatureRejected as refusal:
         raise unauthorized(f"Webhook signature rejected: {refusal}.") from None
     try:
-        payload = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        raise bad_request("The verified body is not JSON.") from None
+        payload = parse_json(body)
+    except StrictJSONError as error:
+        raise bad_request(f"The verified body is not plain JSON: {error}.") from None
     delivery_id, kind = _identify(provider, signed_id, payload)
     store = _store()
     user_id = user_at_path(payload, provider.user_path)
-    if not store.record(provider.name, delivery_id, kind, payload, user_id):
+    # GitHub signs the body alone: a captured body under a fresh X-GitHub-Delivery is the same delivery.
+    also_known_as = ("body:" + hashlib.sha256(body).hexdigest(),) if provider.scheme == "github" else ()
+    if not store.record(provider.name, delivery_id, kind, payload, user_id, also_known_as):
         return jsonify({"id": delivery_id, "duplicate": True}), 200
     store.publish_soon(provider.name, delivery_id)
     return jsonify({"id": delivery_id, "status": "accepted"}), 202
@@ -72,7 +74,7 @@ def _identify(provider: WebhookProvider, signed_id: str | None, payload) -> tupl
             raise bad_request("The payload has no event 'id'.")
     if len(delivery_id) > ID_LIMIT or len(kind) > ID_LIMIT:
         raise ApiError(422, "validation_failed", "The delivery id or type is too long.")
-    return delivery_id, kind
+    return plain_text(delivery_id, "The delivery id"), plain_text(kind, "The event type")
 
 
 @bp.get("/<name>/deliveries")
@@ -81,12 +83,7 @@ def deliveries(name: str):
     provider = _provider(name)
     if not current_caller().is_admin:
         raise forbidden("Only administrators may list webhook deliveries.")
-    try:
-        limit = int(request.args.get("limit", 50))
-    except ValueError:
-        raise bad_request("limit must be a number.") from None
-    if not 1 <= limit <= 1000:
-        raise bad_request("limit must be between 1 and 1000.")
+    limit = number_arg("limit", 50, 1, 1000, int)
     rows = _store().recent(provider.name, limit)
     for row in rows:
         row["received_at"] = rfc3339(row["received_at"])

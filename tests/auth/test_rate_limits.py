@@ -1,17 +1,18 @@
-"""Rate limits on login, register and refresh, per client address and per account, counted in Redis."""
+"""Rate limits on every endpoint that checks a secret, per client address and per account, in Redis."""
 
 from __future__ import annotations
 
 import pytest
 
+from app.auth.devices import DEVICE_COOKIE
 from tests.conftest import https_client
-from tests.utils import DEFAULT_PASSWORD, AuthActions, random_email
+from tests.utils import DEFAULT_PASSWORD, AuthActions, bearer, random_email
 
 
-def login(client, email, address):
+def login(client, email, address, password=DEFAULT_PASSWORD, transport="cookie"):
     return client.post(
         "/auth/login",
-        json={"email": email, "password": DEFAULT_PASSWORD},
+        json={"email": email, "password": password, "transport": transport},
         headers={"X-Forwarded-For": address},
     )
 
@@ -39,8 +40,66 @@ def test_per_address_limit_answers_429_with_retry_after(limited):
 def test_per_account_limit_holds_across_addresses(limited):
     client = limited()
     user = AuthActions(client).register()
-    answers = [login(client, user["email"], f"198.51.100.{n}").status_code for n in range(4)]
+    answers = [login(client, user["email"], f"198.51.100.{n}", transport="body").status_code for n in range(4)]
     assert answers == [200, 200, 200, 429]
+
+
+def test_guessing_an_account_does_not_lock_out_its_owners_known_device(limited):
+    app_client = limited()
+    owner_browser, attacker = https_client(app_client.application), https_client(app_client.application)
+    user = AuthActions(owner_browser).register()
+    assert login(owner_browser, user["email"], "192.0.2.1").status_code == 200  # the device cookie is set
+    assert owner_browser.get_cookie(DEVICE_COOKIE, path="/auth/login") is not None
+    guesses = [
+        login(attacker, user["email"], f"198.51.100.{n}", password=f"guess-{n}-password").status_code for n in range(4)
+    ]
+    assert guesses == [401, 401, 429, 429]  # the owner's first login counted in the account's bucket
+    assert login(attacker, user["email"], "198.51.100.9").status_code == 429  # even with the right password
+    assert login(owner_browser, user["email"], "192.0.2.1").status_code == 200
+
+
+def test_a_known_device_has_its_own_limit_and_only_for_its_account(limited):
+    client = limited()
+    actions = AuthActions(client)
+    user, other = actions.register(), actions.register()
+    assert login(client, user["email"], "192.0.2.1").status_code == 200
+    wrong = [login(client, user["email"], f"198.51.100.{n}", password="wrong-password").status_code for n in range(4)]
+    assert wrong == [401, 401, 401, 429]  # the device's own bucket holds 3 (its first login was the account's)
+    # The device cookie names `user`, not `other`: guesses at `other` count in other's account bucket.
+    assert [login(client, other["email"], f"203.0.113.{n}", "bad").status_code for n in range(4)] == [
+        401,
+        401,
+        401,
+        429,
+    ]
+
+
+def test_password_change_is_limited_per_caller_across_addresses(limited):
+    client = limited(RATE_LIMIT_PASSWORD="3/minute")
+    tokens = AuthActions(client).new_user_tokens()
+    answers = [
+        client.post(
+            "/auth/password",
+            json={"current_password": f"guess-{n}-password", "new_password": "a new password 123"},
+            headers={**bearer(tokens["access_token"]), "X-Forwarded-For": f"198.51.100.{n}"},
+        ).status_code
+        for n in range(4)
+    ]
+    assert answers == [401, 401, 401, 429]
+    right = client.post(
+        "/auth/password",
+        json={"current_password": DEFAULT_PASSWORD, "new_password": "a new password 123"},
+        headers={**bearer(tokens["access_token"]), "X-Forwarded-For": "198.51.100.77"},
+    )
+    assert right.status_code == 429 and right.get_json()["error"]["code"] == "rate_limited"
+
+
+def test_forwarded_headers_from_an_untrusted_peer_are_ignored(limited):
+    client = limited(FORWARDED_ALLOW_IPS="10.0.0.0/8")  # the test client's own 127.0.0.1 is not a proxy
+    answers = [login(client, random_email(), f"192.0.2.{n}").status_code for n in range(4)]
+    assert answers == [401, 401, 401, 429]  # every invented address is the one peer
+    trusted = limited(FORWARDED_ALLOW_IPS="127.0.0.0/30")
+    assert [login(trusted, random_email(), f"192.0.2.{n}").status_code for n in range(4)] == [401] * 4
 
 
 def test_a_spoofed_forwarded_header_does_not_escape_the_limit_without_a_proxy(limited):

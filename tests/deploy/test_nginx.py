@@ -158,15 +158,23 @@ def test_forwarded_scheme_host_and_address_reach_the_app(proxy, app_server):
     assert own.status_code == 204
 
 
-def test_metrics_are_prometheus_text_summed_over_workers(proxy):
+def test_metrics_are_prometheus_text_summed_over_workers_on_the_service_port_only(proxy, app_server):
     user = Api(proxy.url)
     for n in range(4):
         user.publish_ok({"n": n})
-    text = requests.get(f"{proxy.url}/metrics").text
+    hidden = requests.get(f"{proxy.url}/metrics")
+    assert hidden.status_code == 404 and hidden.json()["error"]["code"] == "not_found"
+    text = requests.get(f"{app_server.url}/metrics").text
     published = [line for line in text.splitlines() if line.startswith("rt_events_published_total")]
     assert published and float(published[0].split()[-1]) >= 4
     assert 'auth_logins_total{result="success"}' in text
     assert "http_request_duration_seconds_bucket" in text
+
+
+def test_nginx_does_not_announce_its_version(proxy):
+    for path in ("/healthz", "/metrics", "/no/such/page"):
+        server = requests.get(f"{proxy.url}{path}").headers.get("Server", "")
+        assert server in ("", "nginx"), server
 
 
 # Scale-out and restarts

@@ -1,0 +1,99 @@
+"""A cap on each user's live connections (SSE, WebSocket, held long polls), counted in Redis.
+
+Every live connection holds a lease: a member of the user's sorted set, scored by when it lapses.
+Workers renew the leases of their connections in one pipeline every few seconds, so a connection of a
+worker that died without cleaning up stops counting once its lease lapses, on every instance alike.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections import defaultdict
+
+import gevent
+import redis
+
+from ..errors import ApiError
+from ..redis import Keys
+
+log = logging.getLogger(__name__)
+
+LEASE_SECONDS = 60
+RENEW_INTERVAL = 20
+
+# KEYS[1] the user's leases. ARGV: now, lapse time, limit, lease id, key ttl.
+# Drop lapsed leases, then take one if the user is under the limit: one atomic step.
+ACQUIRE_LUA = """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[3]) then return 0 end
+redis.call('ZADD', KEYS[1], ARGV[2], ARGV[4])
+redis.call('EXPIRE', KEYS[1], ARGV[5])
+return 1
+"""
+
+
+class TooManyConnections(ApiError):
+    def __init__(self, limit: int):
+        super().__init__(
+            429,
+            "too_many_connections",
+            f"At most {limit} live connections per user; close one and retry.",
+            {"Retry-After": "5"},
+        )
+
+
+class ConnectionLeases:
+    """This process's leases: taken when a connection opens, renewed together, dropped when it ends."""
+
+    def __init__(self, client: redis.Redis, limit: int):
+        self.client = client
+        self.limit = limit
+        self.held: dict[str, str] = {}  # lease id -> user id
+        self._acquire = client.register_script(ACQUIRE_LUA)
+        self._renewer: gevent.Greenlet | None = None
+
+    def acquire(self, user_id: str) -> str:
+        """A new lease for one of the user's connections, or TooManyConnections (429)."""
+        lease_id, now = uuid.uuid4().hex, time.time()
+        taken = self._acquire(
+            keys=[Keys.connection_leases(user_id)],
+            args=[f"{now:.3f}", f"{now + LEASE_SECONDS:.3f}", self.limit, lease_id, LEASE_SECONDS],
+        )
+        if not taken:
+            raise TooManyConnections(self.limit)
+        self.held[lease_id] = user_id
+        if self._renewer is None or self._renewer.dead:
+            self._renewer = gevent.spawn(self._renew_forever)
+        return lease_id
+
+    def release(self, lease_id: str | None) -> None:
+        """Give a lease back (idempotent); if Redis is away, the lease lapses by itself."""
+        user_id = self.held.pop(lease_id, None) if lease_id else None
+        if user_id is None:
+            return
+        try:
+            self.client.zrem(Keys.connection_leases(user_id), lease_id)
+        except redis.exceptions.RedisError:
+            log.warning("could not release a connection lease; it lapses in %d s", LEASE_SECONDS)
+
+    def renew(self) -> None:
+        """Push every held lease's lapse time forward, in one round trip."""
+        by_user: dict[str, dict[str, float]] = defaultdict(dict)
+        lapse = time.time() + LEASE_SECONDS
+        for lease_id, user_id in list(self.held.items()):
+            by_user[user_id][lease_id] = lapse
+        pipe = self.client.pipeline(transaction=False)
+        for user_id, leases in by_user.items():
+            pipe.zadd(Keys.connection_leases(user_id), leases, xx=True)
+            pipe.expire(Keys.connection_leases(user_id), LEASE_SECONDS)
+        pipe.execute()
+
+    def _renew_forever(self) -> None:
+        while self.held:
+            gevent.sleep(RENEW_INTERVAL)
+            try:
+                self.renew()
+            except redis.exceptions.RedisError as error:
+                log.warning("renewing connection leases failed (%s); retrying", type(error).__name__)
