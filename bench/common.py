@@ -28,6 +28,8 @@ def service(workers: int = 2, **env):
             "JWT_SECRET": "c" * 40,
             "RATE_LIMITS_ENABLED": "false",
             "LOG_LEVEL": "warning",
+            # Load generators open thousands of streams as a handful of users.
+            "MAX_CONNECTIONS_PER_USER": "1000000",
             **env,
         }
         server = LiveServer(settings, workers=workers)

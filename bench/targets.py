@@ -76,6 +76,8 @@ class Service:
             "REDIS_URL": redis_server.url,
             "RATE_LIMITS_ENABLED": "false",
             "LOG_LEVEL": "warning",
+            # Load generators open thousands of streams as a handful of users.
+            "MAX_CONNECTIONS_PER_USER": "1000000",
             **SECRET_ENV,
         }
         self.app = LiveServer(env, workers=workers, log_path=self.directory / "app.log")

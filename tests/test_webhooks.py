@@ -265,3 +265,51 @@ def test_a_recorded_but_unpublished_delivery_is_published_by_the_sweeper(server,
     events = wait_for_webhook_events(admin, cursor, 1)
     assert [e["event"] for e in events] == ["webhook.acme.orphaned"]
     assert events[0]["data"]["delivery_id"] == delivery_id
+
+
+def test_a_github_body_replayed_under_a_fresh_delivery_id_is_a_duplicate(server, admin):
+    """GitHub signs the body only: whoever captured one could replay it under any X-GitHub-Delivery."""
+    cursor = admin.current_cursor()
+    body = json.dumps({"ref": "refs/heads/main", "after": uuid.uuid4().hex})
+    first = deliver(server, "github", body, github_headers(body))
+    assert first.status_code == 202
+    replay = deliver(server, "github", body, github_headers(body))  # same body, new delivery id
+    assert replay.status_code == 200 and replay.json()["duplicate"] is True
+    other = json.dumps({"ref": "refs/heads/main", "after": uuid.uuid4().hex})
+    assert deliver(server, "github", other, github_headers(other)).status_code == 202  # a new body is new
+    events = wait_for_webhook_events(admin, cursor, 2)
+    assert [e["data"]["payload"]["after"] for e in events] == [json.loads(b)["after"] for b in (body, other)]
+
+
+def test_a_type_with_odd_characters_is_published_under_a_safe_name(server, admin):
+    cursor = admin.current_cursor()
+    body = json.dumps({"type": "order paid/ünïcode <x>", "data": {}})
+    assert deliver(server, "acme", body, standard(body)).status_code == 202
+    events = wait_for_webhook_events(admin, cursor, 1)
+    assert events[0]["event"] == "webhook.acme.order_paid__n_code__x_"
+    assert events[0]["data"]["type"] == "order paid/ünïcode <x>"
+
+
+def test_control_characters_in_a_delivery_id_or_type_are_refused(server, redis_server):
+    before = {k for k in redis_server.client().scan_iter("webhook:*")}
+    for event in ({"id": "evt_\u001b[31m", "type": "x"}, {"id": f"evt_{uuid.uuid4().hex}", "type": "a\u0000b"}):
+        body = json.dumps(event)
+        response = deliver(server, "stripe", body, stripe_headers(body))
+        assert response.status_code == 422 and response.json()["error"]["code"] == "validation_failed"
+    assert {k for k in redis_server.client().scan_iter("webhook:*")} == before
+
+
+def test_the_sweeper_retires_a_record_it_cannot_publish_and_goes_on(server, admin, make_app, redis_server):
+    cursor = admin.current_cursor()
+    app = make_app(**WEBHOOK_ENV)
+    store: DeliveryStore = app.extensions["webhook_store"]
+    broken, healthy = (f"{name}-{uuid.uuid4().hex[:8]}" for name in ("broken", "healthy"))
+    assert store.record("acme", broken, "broken", {"type": "broken"}, None)
+    redis_server.client().hset(f"webhook:acme:delivery:{broken}", "payload", "{not json")  # cannot be published
+    assert store.record("acme", healthy, "healthy", {"type": "healthy"}, None)
+    events = wait_for_webhook_events(admin, cursor, 1)
+    assert [e["data"]["delivery_id"] for e in events] == [healthy]
+    statuses = wait_until(
+        lambda: (rows := {r["id"]: r["status"] for r in _rows(admin, server)}) and rows.get(broken) == "failed" and rows
+    )
+    assert statuses[healthy] == "published"

@@ -17,7 +17,7 @@ from ..auth.sessions import session_is_valid
 from ..errors import ApiError, bad_request
 from ..metrics import EVENTS_PUBLISHED
 from ..redis import Keys
-from .cursor import is_after
+from .cursor import LAST_POSSIBLE_ID, is_after
 
 WAKE_PREFIX = "wake:"
 CONTROL_CHANNEL = "control"
@@ -159,7 +159,7 @@ class Bus:
     def read_after(self, positions: dict[str, str], limit: int = HISTORY_BATCH) -> tuple[list[Event], bool]:
         """Events after each position (up to `limit` per channel), and whether more remain."""
         pipe = self.client.pipeline(transaction=False)
-        channels = list(positions)
+        channels = [channel for channel, position in positions.items() if position != LAST_POSSIBLE_ID]
         for channel in channels:
             pipe.xrange(Keys.stream(channel), f"({positions[channel]}", "+", count=limit)
         events, more = [], False

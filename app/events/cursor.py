@@ -12,6 +12,7 @@ from ..http import StrictJSONError, parse_json
 STREAM_ID = re.compile(r"^\d{1,20}-\d{1,20}$")
 MAX_CURSOR_LENGTH = 2048
 MAX_ID_PART = 2**64 - 1  # Redis stream ids are two unsigned 64-bit numbers
+LAST_POSSIBLE_ID = f"{MAX_ID_PART}-{MAX_ID_PART}"  # nothing can follow it (Redis refuses "(" + it)
 
 
 def valid_stream_id(value) -> bool:

@@ -7,6 +7,7 @@ import json
 import pytest
 from passlib.context import CryptContext
 
+from app.auth.users import create_user
 from app.redis import Keys
 from tests.utils import DEFAULT_PASSWORD, bearer, random_email, redis_snapshot
 
@@ -105,3 +106,16 @@ def test_password_and_raw_refresh_tokens_never_reach_redis(client, auth, rdb):
     for secret in (password, tokens["refresh_token"], rotated["refresh_token"], tokens["access_token"]):
         assert secret not in everything
     assert rdb.exists(Keys.user(user["id"]))  # the dump is not empty: it had something to search
+
+
+def test_a_demoted_admin_loses_admin_rights_on_the_next_request(app, client, auth, rdb):
+    email = random_email()
+    with app.app_context():
+        admin = create_user(email, DEFAULT_PASSWORD, role="admin")
+    tokens = auth.login_body(email)
+    broadcast = {"channel": "broadcast", "event": "notice", "data": 1}
+    assert client.post("/events", json=broadcast, headers=bearer(tokens["access_token"])).status_code == 201
+    rdb.hset(Keys.user(admin["id"]), "role", "user")  # what a role change writes
+    refused = client.post("/events", json=broadcast, headers=bearer(tokens["access_token"]))
+    assert refused.status_code == 403  # the same, still unexpired token
+    assert client.get("/auth/me", headers=bearer(tokens["access_token"])).get_json()["user"]["role"] == "user"

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import base64
+import json
+
 import pytest
 
-from tests.utils import DEFAULT_PASSWORD, bearer, redis_snapshot
+from tests.utils import DEFAULT_PASSWORD, bearer, random_email, redis_snapshot
 
 JSON = "application/json"
 
@@ -82,3 +85,133 @@ def test_unknown_path_and_wrong_method_are_json(client):
 def test_login_answers_for_user_created_with_a_mixed_case_email(client, auth):
     user = auth.register()
     assert auth.login(user["email"].upper(), DEFAULT_PASSWORD).status_code == 200
+
+
+# Hostile JSON: every JSON endpoint parses strictly, in one place (400), and nothing is written.
+
+DEEP = "[" * 5000 + "]" * 5000
+HOSTILE_JSON = {
+    "NaN": '{"email": "a@example.com", "password": NaN, "current_password": NaN, "data": NaN}',
+    "Infinity": '{"email": "a@example.com", "password": Infinity, "data": -Infinity}',
+    "lone surrogate": '{"email": "\\ud800@example.com", "password": "\\udfff-password", "data": "\\ud800"}',
+    "surrogate key": '{"\\ud800": 1, "email": "a@example.com", "password": "password123"}',
+    "5000 deep": '{"email": "a@example.com", "password": "password123", "data": ' + DEEP + "}",
+    "33 deep": '{"email": "a@example.com", "password": "password123", "data": ' + "[" * 32 + "]" * 32 + "}",
+}
+JSON_ENDPOINTS = ["/auth/register", "/auth/login", "/auth/refresh", "/auth/password", "/events"]
+
+
+@pytest.mark.parametrize("path", JSON_ENDPOINTS)
+@pytest.mark.parametrize("body", HOSTILE_JSON.values(), ids=HOSTILE_JSON.keys())
+def test_hostile_json_is_400_everywhere_and_changes_nothing(client, auth, rdb, path, body):
+    tokens = auth.new_user_tokens()
+    before = redis_snapshot(rdb)
+    response = post(client, path, body, headers=bearer(tokens["access_token"]))
+    assert response.status_code == 400, response.get_json()
+    assert response.get_json()["error"]["code"] == "bad_request"
+    assert redis_snapshot(rdb) == before
+
+
+def test_nesting_up_to_32_levels_is_accepted(client, auth):
+    tokens = auth.new_user_tokens()
+    data = "[" * 31 + "]" * 31  # the body object is the 32nd level
+    body = f'{{"channel": "user:{tokens["user"]["id"]}", "event": "deep", "data": {data}}}'
+    assert post(client, "/events", body, headers=bearer(tokens["access_token"])).status_code == 201
+
+
+def test_an_over_long_password_is_a_plain_401_not_a_500(client, auth, rdb):
+    user = auth.register()
+    before = redis_snapshot(rdb)
+    for password in ("x" * 5000, "x" * 4097, "x" * 1025):
+        response = auth.login(user["email"], password)
+        assert response.status_code == 401 and response.get_json()["error"]["code"] == "invalid_credentials"
+    tokens = auth.login_body(user["email"])
+    before = redis_snapshot(rdb)
+    changed = client.post(
+        "/auth/password",
+        json={"current_password": "y" * 5000, "new_password": "another password"},
+        headers=bearer(tokens["access_token"]),
+    )
+    assert changed.status_code == 401
+    assert redis_snapshot(rdb) == before
+
+
+CONTROL_CHARACTERS = ["\u0000", "\u001b[31m", "\u007f", "\u0085", "\n"]
+
+
+@pytest.mark.parametrize("char", CONTROL_CHARACTERS, ids=repr)
+def test_control_characters_in_stored_or_echoed_text_are_422(client, auth, rdb, char):
+    tokens = auth.new_user_tokens()
+    before = redis_snapshot(rdb)
+    register = client.post("/auth/register", json={"email": f"a{char}b@example.com", "password": DEFAULT_PASSWORD})
+    login = client.post(
+        "/auth/login",
+        json={"email": tokens["email"], "password": DEFAULT_PASSWORD, "transport": "body", "device": f"phone{char}"},
+    )
+    publish = client.post(
+        "/events",
+        json={"channel": f"user:{tokens['user']['id']}", "event": f"name{char}", "data": 1},
+        headers=bearer(tokens["access_token"]),
+    )
+    for response in (register, login, publish):
+        assert response.status_code == 422, response.get_json()
+        assert response.get_json()["error"]["code"] == "validation_failed"
+    assert redis_snapshot(rdb) == before
+
+
+@pytest.mark.parametrize("suffix", [":tokens", "%3Atokens", "x", "/../x"])
+def test_a_session_id_of_the_wrong_shape_is_404(client, auth, rdb, suffix):
+    tokens = auth.new_user_tokens()
+    before = redis_snapshot(rdb)
+    response = client.delete(f"/auth/sessions/{tokens['session_id']}{suffix}", headers=bearer(tokens["access_token"]))
+    assert response.status_code == 404 and response.get_json()["error"]["code"] == "not_found"
+    assert redis_snapshot(rdb) == before
+    assert client.get("/auth/me", headers=bearer(tokens["access_token"])).status_code == 200
+
+
+def cursor_of(positions) -> str:
+    return base64.urlsafe_b64encode(json.dumps(positions).encode()).rstrip(b"=").decode()
+
+
+def hostile_cursors(channel: str) -> dict:
+    return {
+        "id over 2^64-1": cursor_of({channel: "18446744073709551616-0"}),
+        "sequence over 2^64-1": cursor_of({channel: "1-18446744073709551616"}),
+        "trailing newline": cursor_of({channel: "1-1\n"}),
+        "deep": base64.urlsafe_b64encode(b"[" * 1000 + b"]" * 1000).rstrip(b"=").decode(),
+        "NaN": base64.urlsafe_b64encode(b'{"x": NaN}').rstrip(b"=").decode(),
+        "not base64": "!!!",
+    }
+
+
+@pytest.mark.parametrize("path", ["/events", "/events/wait?timeout=0", "/events/stream"])
+def test_hostile_cursors_are_400_on_every_reading_endpoint(client, auth, rdb, path):
+    tokens = auth.new_user_tokens()
+    before = redis_snapshot(rdb)
+    for name, cursor in hostile_cursors(f"user:{tokens['user']['id']}").items():
+        separator = "&" if "?" in path else "?"
+        response = client.get(f"{path}{separator}cursor={cursor}", headers=bearer(tokens["access_token"]))
+        assert response.status_code == 400, (name, response.status_code)
+        assert response.get_json()["error"]["code"] == "bad_request"
+    largest = cursor_of({f"user:{tokens['user']['id']}": "18446744073709551615-18446744073709551615"})
+    assert client.get(f"/events?cursor={largest}", headers=bearer(tokens["access_token"])).status_code == 204
+    assert redis_snapshot(rdb) == before
+
+
+NO_STORE_CALLS = {
+    "register": lambda c, t: c.post("/auth/register", json={"email": random_email(), "password": DEFAULT_PASSWORD}),
+    "login": lambda c, t: c.post(
+        "/auth/login", json={"email": t["email"], "password": DEFAULT_PASSWORD, "transport": "body"}
+    ),
+    "refresh": lambda c, t: c.post("/auth/refresh", json={"refresh_token": t["refresh_token"]}),
+    "me": lambda c, t: c.get("/auth/me", headers=bearer(t["access_token"])),
+    "sessions": lambda c, t: c.get("/auth/sessions", headers=bearer(t["access_token"])),
+    "an error": lambda c, t: c.get("/auth/me"),
+}
+
+
+@pytest.mark.parametrize("call", NO_STORE_CALLS.values(), ids=NO_STORE_CALLS.keys())
+def test_answers_with_tokens_or_personal_data_are_never_cached(client, auth, call):
+    response = call(client, auth.new_user_tokens())
+    assert response.status_code < 500
+    assert response.headers["Cache-Control"] == "no-store"

@@ -167,3 +167,10 @@ def test_eddsa_refuses_hs256_signed_with_the_public_key(eddsa_client, eddsa_key)
 
 def test_hs256_service_has_no_jwks(client):
     assert client.get("/.well-known/jwks.json").status_code == 404
+
+
+def test_a_token_signed_to_live_longer_than_15_minutes_is_refused(client, session):
+    _, claims = session
+    assert_refused(client, sign({**claims, "exp": claims["iat"] + 901}))
+    assert_refused(client, sign({**claims, "iat": claims["iat"] - 3600}))  # backdated: exp - iat > 900
+    assert_refused(client, sign({**claims, "iat": float(claims["iat"])}))  # times are whole seconds

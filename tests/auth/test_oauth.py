@@ -130,6 +130,19 @@ def test_states_differ_per_attempt(oauth_setup):
     assert len(states) == 3
 
 
+def test_unfinished_logins_cannot_grow_the_state_cookie_without_bound(oauth_setup):
+    """A hostile page starting logins in a loop must not push the cookie past what browsers keep."""
+    app, provider = oauth_setup
+    client = browser()
+    for _ in range(100):
+        start_login(client, app)
+    cookie = client.cookies.get(STATE_COOKIE, path="/auth/oauth")
+    assert cookie is not None and len(cookie) < 1024, len(cookie)
+    url = callback_url(client, app, provider, random_email())  # the newest attempt still completes
+    response = finish(client, url)
+    assert response.status_code == 302 and "__Host-access" in set_cookies(response)
+
+
 def test_full_flow_logs_in_and_a_second_login_finds_the_same_user(oauth_setup):
     app, provider = oauth_setup
     email = random_email()

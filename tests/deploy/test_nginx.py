@@ -117,14 +117,14 @@ def test_websocket_upgrade_through_nginx_carries_frames_both_ways(proxy):
         ws.close()
 
 
-def test_long_poll_is_held_and_answered_through_nginx(proxy):
+def test_long_poll_is_held_and_answered_through_nginx(proxy, app_server):
     user = Api(proxy.url)
     cursor = user.current_cursor()
     answer = {}
     waiter = threading.Thread(target=lambda: answer.update(response=user.wait(cursor, timeout=10)))
     started = time.monotonic()
     waiter.start()
-    wait_until(lambda: held_long_polls(proxy.url) >= 1, message="the long poll to be held")
+    wait_until(lambda: held_long_polls(app_server.url) >= 1, message="the long poll to be held")
     assert waiter.is_alive()  # held, not answered at once
     Api(proxy.url, email=user.email).publish_ok({"held": True})
     waiter.join(10)

@@ -392,7 +392,7 @@ def test_a_worker_holds_few_redis_connections_however_many_streams(start_server,
     redis_server = RedisServer(tmp_path)
     redis_server.start()
     try:
-        live = start_server(workers=2, REDIS_URL=redis_server.url)
+        live = start_server(workers=2, REDIS_URL=redis_server.url, MAX_CONNECTIONS_PER_USER="1000")
         user = Api(live.url)
         streams = [SSE(live.url, user.auth) for _ in range(200)]
         for stream in streams:
