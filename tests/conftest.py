@@ -13,6 +13,19 @@ TEST_SECRET_KEY = "test-secret-key-" + "k" * 32
 TEST_JWT_SECRET = "test-jwt-secret-" + "j" * 32
 
 
+@pytest.fixture(scope="session", autouse=True)
+def no_request_raised_in_any_server():
+    """After the whole suite: no gunicorn log holds a traceback (bad input never reaches one)."""
+    yield
+    raised = {}
+    for log in LiveServer.logs:
+        text = log.read_text(errors="replace") if log.exists() else ""
+        if "Traceback (most recent call last)" in text:
+            start = text.index("Traceback (most recent call last)")
+            raised[str(log)] = text[max(0, start - 300) : start + 1500]
+    assert not raised, "tracebacks in server logs:\n" + "\n\n".join(f"{k}:\n{v}" for k, v in raised.items())
+
+
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory):
     server = RedisServer(tmp_path_factory.mktemp("redis"))

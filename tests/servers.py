@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -75,11 +76,19 @@ class RedisServer:
 class LiveServer:
     """gunicorn with the gevent worker, configured by gunicorn.conf.py and environment variables."""
 
+    #: Every server's log, so the suite can check at its end that no request raised (see conftest).
+    logs: list[Path] = []
+
     def __init__(self, env: dict, workers: int = 1, log_path: Path | None = None):
         self.port = free_port()
         self.env = {**os.environ, **env, "PORT": str(self.port), "WEB_CONCURRENCY": str(workers)}
         self.env["PATH"] = f"{VENV_BIN}:{self.env.get('PATH', '')}"
+        if log_path is None:
+            descriptor, name = tempfile.mkstemp(prefix="gunicorn-", suffix=".log")
+            os.close(descriptor)
+            log_path = Path(name)
         self.log_path = log_path
+        LiveServer.logs.append(log_path)
         self.process: subprocess.Popen | None = None
 
     @property
@@ -87,7 +96,7 @@ class LiveServer:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
+        log = open(self.log_path, "ab")  # noqa: SIM115 - the child keeps its own copy of the descriptor
         self.process = subprocess.Popen(
             [str(VENV_BIN / "gunicorn"), "-c", "gunicorn.conf.py", "wsgi:app"],
             cwd=ROOT,

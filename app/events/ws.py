@@ -46,6 +46,14 @@ CLOSE_REASONS = {
 }
 
 
+def log_failure(what: str, error: Exception) -> None:
+    """A Redis outage is an operational event (one line); anything else is a bug (with its traceback)."""
+    if isinstance(error, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
+        log.warning("%s: redis unavailable (%s)", what, type(error).__name__)
+    else:
+        log.exception(what)
+
+
 class FellBehind(Exception):
     pass
 
@@ -130,8 +138,8 @@ def websocket(ws):
     try:
         follower = follower_for_request(live=True, cursor=request.args.get("cursor") or None, lease=lease)
         serve_websocket(ws, follower)
-    except Exception:  # e.g. Redis gone between handshake and catch-up: the client resumes by cursor
-        log.exception("websocket failed")
+    except Exception as error:  # e.g. Redis gone between handshake and catch-up: the client resumes by cursor
+        log_failure("websocket failed", error)
         with contextlib.suppress(Exception):
             ws.close(CLOSE_INTERNAL_ERROR, "internal error; reconnect with your cursor")
     finally:
@@ -177,8 +185,8 @@ def serve_websocket(ws, follower: Follower) -> None:
             close(*CLOSE_REASONS["overflow"])
         except (ConnectionClosed, OSError):
             close(CLOSE_NORMAL, "")
-        except Exception:  # e.g. Redis failing mid-catch-up: the client reconnects and resumes by cursor
-            log.exception("websocket pump failed")
+        except Exception as error:  # e.g. Redis failing mid-catch-up: the client reconnects and resumes by cursor
+            log_failure("websocket pump failed", error)
             close(CLOSE_INTERNAL_ERROR, "internal error; reconnect with your cursor")
 
     pumping = gevent.spawn(pump)
