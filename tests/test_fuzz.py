@@ -5,22 +5,26 @@ from __future__ import annotations
 
 import base64
 import json
+from urllib.parse import urlencode
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.fuzzing import bodies, bounded, hostile_text, json_values
-from tests.utils import bearer, redis_snapshot
+from tests.fuzzing import HOSTILE_FRAGMENTS, bodies, bounded, hostile_objects, hostile_text, value_texts, with_examples
+from tests.utils import DEFAULT_PASSWORD, bearer, random_email, redis_snapshot
 
-ENDPOINT_FIELDS = {
-    "/auth/register": ["email", "password"],
-    "/auth/login": ["email", "password", "transport", "device"],
-    "/auth/refresh": ["refresh_token"],
-    "/auth/logout": ["refresh_token"],
-    "/auth/password": ["current_password", "new_password"],
-    "/events": ["channel", "event", "data"],
-}
+
+def templates(tokens: dict) -> dict[str, dict]:
+    """Per endpoint, a body that is valid but for the one field the explicit examples make hostile."""
+    return {
+        "/auth/register": {"email": random_email(), "password": "a good password"},
+        "/auth/login": {"email": tokens["email"], "password": DEFAULT_PASSWORD, "transport": "body", "device": "d"},
+        "/auth/refresh": {"refresh_token": "not-a-token"},
+        "/auth/logout": {"refresh_token": "not-a-token"},
+        "/auth/password": {"current_password": "not the password", "new_password": "a new password"},
+        "/events": {"channel": f"user:{tokens['user']['id']}", "event": "fuzz", "data": 1},
+    }
 
 
 @pytest.fixture
@@ -36,43 +40,28 @@ def assert_answer_is_clean(response, rdb, before) -> None:
         assert redis_snapshot(rdb) == before
 
 
-def fuzz_endpoint(path: str):
+def fuzz_endpoint(path: str, client, tokens: dict, rdb) -> None:
+    """Every hostile fragment in every field of a valid body, then random bodies."""
+    template = templates(tokens)[path]
     # A logout that succeeds would end the session the other examples use: it is fuzzed unauthenticated.
+    authenticated = path != "/auth/logout"
+
     @bounded
-    @given(
-        body=bodies(ENDPOINT_FIELDS[path]), authenticated=st.booleans() if path != "/auth/logout" else st.just(False)
-    )
-    def check(client, auth_tokens, rdb, body, authenticated):
-        headers = bearer(auth_tokens["access_token"]) if authenticated else {}
+    @given(body=bodies(list(template)), with_token=st.just(authenticated))
+    def check(body, with_token):
+        headers = bearer(tokens["access_token"]) if with_token else {}
         before = redis_snapshot(rdb)
         response = client.post(path, data=body, content_type="application/json", headers=headers)
         assert_answer_is_clean(response, rdb, before)
 
-    return check
+    with_examples(check, "body", hostile_objects(list(template), template), with_token=authenticated)()
 
 
-def test_fuzz_register(client, auth_tokens, rdb):
-    fuzz_endpoint("/auth/register")(client, auth_tokens, rdb)
-
-
-def test_fuzz_login(client, auth_tokens, rdb):
-    fuzz_endpoint("/auth/login")(client, auth_tokens, rdb)
-
-
-def test_fuzz_refresh(client, auth_tokens, rdb):
-    fuzz_endpoint("/auth/refresh")(client, auth_tokens, rdb)
-
-
-def test_fuzz_logout(client, auth_tokens, rdb):
-    fuzz_endpoint("/auth/logout")(client, auth_tokens, rdb)
-
-
-def test_fuzz_password_change(client, auth_tokens, rdb):
-    fuzz_endpoint("/auth/password")(client, auth_tokens, rdb)
-
-
-def test_fuzz_publish(client, auth_tokens, rdb):
-    fuzz_endpoint("/events")(client, auth_tokens, rdb)
+@pytest.mark.parametrize(
+    "path", ["/auth/register", "/auth/login", "/auth/refresh", "/auth/logout", "/auth/password", "/events"]
+)
+def test_fuzz_json_endpoint(client, auth_tokens, rdb, path):
+    fuzz_endpoint(path, client, auth_tokens, rdb)
 
 
 def encoded(text: str) -> str:
@@ -81,18 +70,32 @@ def encoded(text: str) -> str:
 
 cursors = (
     hostile_text
-    | json_values.map(lambda value: encoded(json.dumps(value)))
+    | value_texts.map(encoded)
     | st.dictionaries(st.sampled_from(["broadcast", "user:x"]), hostile_text | st.from_regex(r"\d{1,21}-\d{1,21}")).map(
         lambda positions: encoded(json.dumps(positions))
     )
 )
 
 
-@bounded
-@given(cursor=cursors, path=st.sampled_from(["/events", "/events/wait"]))
-def test_fuzz_cursor(client, auth_tokens, rdb, cursor, path):
-    before = redis_snapshot(rdb)
-    query = {"cursor": cursor, **({"timeout": "0"} if path == "/events/wait" else {})}
-    response = client.get(path, query_string=query, headers=bearer(auth_tokens["access_token"]))
-    assert response.status_code in (200, 204, 400), response.get_data()[:300]
-    assert_answer_is_clean(response, rdb, before)
+HOSTILE_POSITIONS = ["18446744073709551616-0", "1-18446744073709551616", "1-1\n", "0-\u0660", "-1-0", "1-1-1", ""]
+
+
+def test_fuzz_cursor(client, auth_tokens, rdb):
+    channel = f"user:{auth_tokens['user']['id']}"
+
+    @bounded
+    @given(cursor=cursors, path=st.sampled_from(["/events", "/events/wait"]))
+    def check(cursor, path):
+        before = redis_snapshot(rdb)
+        # Any bytes a client can put in a URL: a lone surrogate arrives as its (invalid) UTF-8 bytes.
+        query = {
+            "cursor": cursor.encode("utf-8", "surrogatepass"),
+            **({"timeout": "0"} if path == "/events/wait" else {}),
+        }
+        response = client.get(path, query_string=urlencode(query), headers=bearer(auth_tokens["access_token"]))
+        assert response.status_code in (200, 204, 400), response.get_data()[:300]
+        assert_answer_is_clean(response, rdb, before)
+
+    explicit = [encoded(json.dumps({channel: position})) for position in HOSTILE_POSITIONS]
+    explicit += [encoded(fragment) for fragment in HOSTILE_FRAGMENTS]
+    with_examples(check, "cursor", explicit, path="/events")()

@@ -9,7 +9,7 @@ import re
 from ..errors import bad_request
 from ..http import StrictJSONError, parse_json
 
-STREAM_ID = re.compile(r"^\d{1,20}-\d{1,20}$")
+STREAM_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")  # ASCII only: \d also matches other scripts
 MAX_CURSOR_LENGTH = 2048
 MAX_ID_PART = 2**64 - 1  # Redis stream ids are two unsigned 64-bit numbers
 LAST_POSSIBLE_ID = f"{MAX_ID_PART}-{MAX_ID_PART}"  # nothing can follow it (Redis refuses "(" + it)

@@ -10,18 +10,25 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.events.clients import Api, open_ws, ws_json
-from tests.fuzzing import as_json_text, bounded, deep, hostile_text, json_values
+from tests.fuzzing import (
+    HOSTILE_FRAGMENTS,
+    bounded,
+    hostile_objects,
+    hostile_text,
+    objects_with,
+    value_texts,
+    with_examples,
+)
 
 ANSWERS = {"error", "ack", "event", "pong"}
 ERROR_CODES = {"bad_request", "validation_failed", "payload_too_large"}
 
 frames = (
-    st.fixed_dictionaries(
-        {"type": st.sampled_from(["publish", "ping"]) | hostile_text},
-        optional={"event": json_values, "data": json_values},
-    ).map(as_json_text)
-    | json_values.map(as_json_text)
-    | st.builds(deep, st.integers(1, 3000), st.sampled_from("[{"))
+    objects_with(["type", "event", "data"])
+    | st.sampled_from(['{"type": "publish", "event": "e", "data": %s}', '{"type": "ping", "x": %s}']).flatmap(
+        lambda shape: value_texts.map(lambda value: shape % value)
+    )
+    | value_texts
     | hostile_text.map(lambda text: text.encode("utf-8", "surrogatepass").decode("utf-8", "replace"))
 )
 
@@ -35,12 +42,16 @@ def socket(server):
     ws.close()
 
 
-@bounded
-@given(frame=frames)
-def test_fuzz_websocket_frames(socket, frame):
-    socket.send(frame)
-    socket.send(json.dumps({"type": "ping"}))  # its pong closes this frame's answers (a closed socket raises)
-    while (answer := ws_json(socket))["type"] != "pong":
-        assert answer["type"] in ANSWERS, answer
-        if answer["type"] == "error":
-            assert answer["code"] in ERROR_CODES and answer["message"], answer
+def test_fuzz_websocket_frames(socket):
+    @bounded
+    @given(frame=frames)
+    def check(frame):
+        socket.send(frame)
+        socket.send(json.dumps({"type": "ping"}))  # its pong closes this frame's answers (a closed socket raises)
+        while (answer := ws_json(socket))["type"] != "pong":
+            assert answer["type"] in ANSWERS, answer
+            if answer["type"] == "error":
+                assert answer["code"] in ERROR_CODES and answer["message"], answer
+
+    template = {"type": "publish", "event": "fuzz", "data": 1}
+    with_examples(check, "frame", hostile_objects(list(template), template) + HOSTILE_FRAGMENTS)()
