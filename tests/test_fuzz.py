@@ -83,19 +83,19 @@ HOSTILE_POSITIONS = ["18446744073709551616-0", "1-18446744073709551616", "1-1\n"
 def test_fuzz_cursor(client, auth_tokens, rdb):
     channel = f"user:{auth_tokens['user']['id']}"
 
+    # Polling only: in this unpatched process a long poll would start the event hub's greenlet, whose
+    # blocking Redis read would later stall the whole test process. The cursor is parsed (and refused)
+    # by the same code before any transport waits; live long polls and streams are fuzzed elsewhere.
     @bounded
-    @given(cursor=cursors, path=st.sampled_from(["/events", "/events/wait"]))
-    def check(cursor, path):
+    @given(cursor=cursors)
+    def check(cursor):
         before = redis_snapshot(rdb)
         # Any bytes a client can put in a URL: a lone surrogate arrives as its (invalid) UTF-8 bytes.
-        query = {
-            "cursor": cursor.encode("utf-8", "surrogatepass"),
-            **({"timeout": "0"} if path == "/events/wait" else {}),
-        }
-        response = client.get(path, query_string=urlencode(query), headers=bearer(auth_tokens["access_token"]))
+        query = urlencode({"cursor": cursor.encode("utf-8", "surrogatepass")})
+        response = client.get("/events", query_string=query, headers=bearer(auth_tokens["access_token"]))
         assert response.status_code in (200, 204, 400), response.get_data()[:300]
         assert_answer_is_clean(response, rdb, before)
 
     explicit = [encoded(json.dumps({channel: position})) for position in HOSTILE_POSITIONS]
     explicit += [encoded(fragment) for fragment in HOSTILE_FRAGMENTS]
-    with_examples(check, "cursor", explicit, path="/events")()
+    with_examples(check, "cursor", explicit)()
