@@ -59,6 +59,16 @@ class Keys:
         return f"webhook:{provider}:seen:{identity}"
 
     @staticmethod
+    def webhook_pending() -> str:
+        """Recorded deliveries not yet published, scored by when they are due."""
+        return "webhook:pending"
+
+    @staticmethod
+    def oauth_state_used(state_hash: str) -> str:
+        """Marks an OAuth state as used, so a replayed state cookie cannot use it twice."""
+        return f"oauth:state-used:{state_hash}"
+
+    @staticmethod
     def webhook_log(provider: str) -> str:
         return f"webhook:{provider}:log"
 

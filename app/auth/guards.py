@@ -89,9 +89,15 @@ def own_origin() -> str:
     return f"{request.scheme}://{request.host}".lower()
 
 
+def _listed_origin(origin: str) -> bool:
+    """Whether `origin` is one of ALLOWED_ORIGINS (case and a trailing slash aside)."""
+    allowed = current_app.config["SETTINGS"].allowed_origins
+    return origin.rstrip("/").lower() in {o.lower() for o in allowed}
+
+
 def origin_allowed(origin: str) -> bool:
-    origin = origin.rstrip("/").lower()
-    return origin == own_origin() or origin in {o.lower() for o in current_app.config["SETTINGS"].allowed_origins}
+    """Our own origin or a listed one: may send cookie-authenticated requests."""
+    return origin.rstrip("/").lower() == own_origin() or _listed_origin(origin)
 
 
 def cross_site_request() -> bool:
@@ -129,7 +135,7 @@ def _preflight_response():
 
 def _add_cors_headers(response):
     origin = request.headers.get("Origin")
-    if origin and origin.rstrip("/").lower() in {o.lower() for o in current_app.config["SETTINGS"].allowed_origins}:
+    if origin and _listed_origin(origin):
         response.headers["Access-Control-Allow-Origin"] = origin
         response.headers["Access-Control-Allow-Credentials"] = "true"
         response.headers["Access-Control-Expose-Headers"] = "Event-Cursor, Retry-After, X-Request-ID"

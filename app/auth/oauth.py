@@ -18,7 +18,7 @@ from authlib.integrations.base_client import OAuthError
 from authlib.integrations.flask_client import OAuth
 from flask import Blueprint, Flask, Response, current_app, redirect, request, session, url_for
 
-from ..errors import ApiError, bad_request, not_found
+from ..errors import ApiError, bad_request, not_found, validation_failed
 from ..redis import Keys, get_redis
 from ..settings import SettingsError
 from . import cookies, sessions, tokens, users
@@ -136,7 +136,7 @@ def _keep_newest_attempts(limit: int) -> None:
 
 
 def _claim_state_once(state: str) -> bool:
-    key = f"oauth:state-used:{hashlib.sha256(state.encode()).hexdigest()}"
+    key = Keys.oauth_state_used(hashlib.sha256(state.encode()).hexdigest())
     return bool(get_redis().set(key, "1", nx=True, ex=int(STATE_LIFETIME.total_seconds())))
 
 
@@ -224,7 +224,7 @@ def find_or_create_user(provider: str, identity: Identity) -> dict:
     if user_id and (user := users.get_user(user_id)):
         return user
     if not identity.email:
-        raise ApiError(422, "validation_failed", "The provider did not share an e-mail address.")
+        raise validation_failed("The provider did not share an e-mail address.")
     existing_id = users.find_user_id_by_email(identity.email)
     if existing_id:
         if not identity.email_verified:

@@ -6,7 +6,7 @@ import re
 import time
 import uuid
 
-from ..errors import ApiError
+from ..errors import ApiError, validation_failed
 from ..http import has_control_characters
 from ..redis import Keys, get_redis, get_scripts
 from . import passwords
@@ -23,13 +23,13 @@ def normalise_email(email: str) -> str:
 def validate_email(email: str) -> str:
     email = normalise_email(email)
     if len(email) > 254 or not EMAIL_PATTERN.fullmatch(email) or has_control_characters(email):
-        raise ApiError(422, "validation_failed", "The e-mail address is not valid.")
+        raise validation_failed("The e-mail address is not valid.")
     return email
 
 
 def validate_password(password: str) -> str:
     if not PASSWORD_MIN <= len(password) <= PASSWORD_MAX:
-        raise ApiError(422, "validation_failed", f"The password must have {PASSWORD_MIN} to {PASSWORD_MAX} characters.")
+        raise validation_failed(f"The password must have {PASSWORD_MIN} to {PASSWORD_MAX} characters.")
     return password
 
 
@@ -37,7 +37,7 @@ def create_user(email: str, password: str | None, role: str = "user", identities
     """Create a user (password hashed off the hub); 409 if the e-mail or an identity is taken."""
     email = validate_email(email)
     if role not in ROLES:
-        raise ApiError(422, "validation_failed", f"The role must be one of {', '.join(ROLES)}.")
+        raise validation_failed(f"The role must be one of {', '.join(ROLES)}.")
     # No password: an account that only logs in through an OAuth provider (password login always fails).
     password_hash = passwords.hash_password(validate_password(password)) if password is not None else ""
     user = {

@@ -6,7 +6,7 @@ import re
 
 from flask import Blueprint, current_app, jsonify, make_response, request
 
-from ..errors import ApiError, error_response, not_found, unauthorized
+from ..errors import ApiError, error_response, not_found, unauthorized, validation_failed
 from ..http import field, has_control_characters, json_body, plain_text
 from ..limits import rate_limited
 from ..metrics import LOGINS, REFRESHES
@@ -87,7 +87,7 @@ def login():
     transport = field(body, "transport", required=False, default="cookie")
     device = _device_name(body)
     if transport not in TRANSPORTS:
-        raise ApiError(422, "validation_failed", "transport must be 'cookie' or 'body'.")
+        raise validation_failed("transport must be 'cookie' or 'body'.")
     user_id = users.find_user_id_by_email(email)
     user = users.get_user(user_id) if user_id else None
     if not users.password_matches(user, password):

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import redis
 
 from ..auth.sessions import session_is_valid
-from ..errors import ApiError, bad_request
+from ..errors import ApiError, bad_request, validation_failed
 from ..metrics import EVENTS_PUBLISHED
 from ..redis import Keys
 from .cursor import LAST_POSSIBLE_ID, is_after
@@ -83,13 +83,19 @@ def _now() -> str:
 WEBHOOKS = "webhooks"
 
 
+def user_channel(user_id: str) -> str:
+    """The channel private to one user."""
+    return f"user:{user_id}"
+
+
 def channels_for(user_id: str, is_admin: bool = False) -> list[str]:
     """What a reader receives: its own channel and the broadcast channel (admins: webhooks too)."""
-    return [f"user:{user_id}", BROADCAST] + ([WEBHOOKS] if is_admin else [])
+    return [user_channel(user_id), BROADCAST] + ([WEBHOOKS] if is_admin else [])
 
 
 def may_publish(user_id: str, is_admin: bool, channel: str) -> bool:
-    return is_admin or channel == f"user:{user_id}"
+    """Users publish to their own channel; admins to any."""
+    return is_admin or channel == user_channel(user_id)
 
 
 def encode_data(data) -> str:
@@ -106,9 +112,9 @@ def encode_data(data) -> str:
 
 def validate_names(channel: str, event: str) -> None:
     if not CHANNEL_PATTERN.fullmatch(channel):
-        raise ApiError(422, "validation_failed", "The channel name is not valid.")
+        raise validation_failed("The channel name is not valid.")
     if not EVENT_NAME_PATTERN.fullmatch(event):
-        raise ApiError(422, "validation_failed", "The event name must be 1-100 letters, digits or _.:-")
+        raise validation_failed("The event name must be 1-100 letters, digits or _.:-")
 
 
 class Bus:

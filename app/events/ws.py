@@ -25,7 +25,7 @@ from ..auth.guards import authenticate, current_caller, origin_allowed
 from ..errors import ApiError, bad_request
 from ..http import StrictJSONError, parse_json
 from ..metrics import EVENTS_DELIVERED, OPEN_CONNECTIONS
-from .bus import channels_for
+from .bus import channels_for, user_channel
 from .cursor import decode_cursor
 from .follow import Follower, StreamEnded
 from .views import bp, follower_for_request, get_bus, get_leases
@@ -221,7 +221,7 @@ def handle_client_message(bus, caller, message) -> dict | None:
             event = frame.get("event")
             if not isinstance(event, str):
                 raise bad_request("'event' must be a string.")
-            published = bus.publish(f"user:{caller.user_id}", event, frame.get("data"))
+            published = bus.publish(user_channel(caller.user_id), event, frame.get("data"))
             return {"type": "ack", "id": published.id}
         raise bad_request(f"Unknown frame type {frame['type']!r}.")
     except StrictJSONError as error:

@@ -16,12 +16,11 @@ import time
 import gevent
 import redis
 
-from ..events.bus import CHANNEL_PATTERN, WEBHOOKS, Bus
+from ..events.bus import CHANNEL_PATTERN, WEBHOOKS, Bus, user_channel
 from ..redis import Keys
 
 log = logging.getLogger(__name__)
 
-PENDING_KEY = "webhook:pending"
 RETENTION_SECONDS = 8 * 24 * 3600  # longer than the providers' retry windows (Stripe: 3 days)
 LOG_LENGTH = 1000
 PAYLOAD_IN_EVENT_LIMIT = 60 * 1024  # event data is at most 64 KiB; larger payloads are announced only
@@ -63,7 +62,7 @@ def user_at_path(payload, path: str | None) -> str | None:
     if isinstance(value, bool) or not isinstance(value, str | int):
         return None
     value = str(value)
-    return value if CHANNEL_PATTERN.fullmatch(f"user:{value}") else None
+    return value if CHANNEL_PATTERN.fullmatch(user_channel(value)) else None
 
 
 class DeliveryStore:
@@ -92,7 +91,7 @@ class DeliveryStore:
             "payload": encoded,
         }
         created = self._record(
-            keys=[Keys.webhook_delivery(provider, delivery_id), Keys.webhook_log(provider), PENDING_KEY]
+            keys=[Keys.webhook_delivery(provider, delivery_id), Keys.webhook_log(provider), Keys.webhook_pending()]
             + [Keys.webhook_seen(provider, identity) for identity in also_known_as],
             args=[RETENTION_SECONDS, LOG_LENGTH, f"{provider}\n{delivery_id}", f"{time.time():.3f}", delivery_id]
             + [item for pair in record.items() for item in pair],
@@ -111,7 +110,7 @@ class DeliveryStore:
         is marked `failed` and logged, so no one record can wedge the sweeper.
         """
         try:
-            if not self.client.zrem(PENDING_KEY, member):
+            if not self.client.zrem(Keys.webhook_pending(), member):
                 return False  # another greenlet (or worker) has it
         except redis.exceptions.RedisError:
             return False
@@ -127,7 +126,7 @@ class DeliveryStore:
         except redis.exceptions.RedisError as error:
             log.warning("publishing webhook delivery failed (%s); will retry", type(error).__name__)
             try:
-                self.client.zadd(PENDING_KEY, {member: time.time() + RETRY_DELAY})
+                self.client.zadd(Keys.webhook_pending(), {member: time.time() + RETRY_DELAY})
             except redis.exceptions.RedisError:
                 log.error("webhook delivery %s could not be re-queued", delivery_id)
             return False
@@ -150,7 +149,7 @@ class DeliveryStore:
         name = event_name(record["provider"], record["type"])
         self.bus.publish(WEBHOOKS, name, data)
         if record.get("user_id"):
-            self.bus.publish(f"user:{record['user_id']}", name, data)
+            self.bus.publish(user_channel(record["user_id"]), name, data)
 
     def ensure_sweeper(self) -> None:
         if self._sweeper is None or self._sweeper.dead:
@@ -160,7 +159,9 @@ class DeliveryStore:
         while True:
             gevent.sleep(SWEEP_INTERVAL)
             try:
-                due = self.client.zrangebyscore(PENDING_KEY, "-inf", time.time() - SWEEP_INTERVAL, start=0, num=100)
+                due = self.client.zrangebyscore(
+                    Keys.webhook_pending(), "-inf", time.time() - SWEEP_INTERVAL, start=0, num=100
+                )
             except redis.exceptions.RedisError:
                 continue
             for member in due:

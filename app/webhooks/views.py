@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from flask import Blueprint, current_app, jsonify, request
 
 from ..auth.guards import current_caller, login_required
-from ..errors import ApiError, bad_request, forbidden, not_found, unauthorized
+from ..errors import bad_request, forbidden, not_found, unauthorized, validation_failed
 from ..http import StrictJSONError, number_arg, parse_json, plain_text, read_body, rfc3339
 from .schemes import VERIFIERS, SignatureRejected
 from .store import DeliveryStore, user_at_path
@@ -73,7 +73,7 @@ def _identify(provider: WebhookProvider, signed_id: str | None, payload) -> tupl
         if not isinstance(delivery_id, str) or not delivery_id:
             raise bad_request("The payload has no event 'id'.")
     if len(delivery_id) > ID_LIMIT or len(kind) > ID_LIMIT:
-        raise ApiError(422, "validation_failed", "The delivery id or type is too long.")
+        raise validation_failed("The delivery id or type is too long.")
     return plain_text(delivery_id, "The delivery id"), plain_text(kind, "The event type")
 
 
