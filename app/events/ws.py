@@ -21,14 +21,14 @@ from flask_sock import Sock
 from simple_websocket import ConnectionClosed
 from wsproto.events import CloseConnection, TextMessage
 
-from ..auth.guards import authenticate, current_caller, origin_allowed
+from ..auth.guards import authenticate, origin_allowed
 from ..errors import ApiError, bad_request
 from ..http import StrictJSONError, parse_json
 from ..metrics import EVENTS_DELIVERED, OPEN_CONNECTIONS
 from .bus import channels_for, user_channel
 from .cursor import decode_cursor
 from .follow import Follower, StreamEnded
-from .views import bp, follower_for_request, get_bus, get_leases
+from .views import bp, follower_for_request, get_leases
 
 sock = Sock()
 log = logging.getLogger(__name__)
@@ -137,7 +137,7 @@ def websocket(ws):
     lease, follower = g.pop("connection_lease"), None
     try:
         follower = follower_for_request(live=True, cursor=request.args.get("cursor") or None, lease=lease)
-        serve_websocket(ws, follower)
+        Connection(ws, follower, current_app.config["SETTINGS"].ws_send_timeout).serve()
     except Exception as error:  # e.g. Redis gone between handshake and catch-up: the client resumes by cursor
         log_failure("websocket failed", error)
         with contextlib.suppress(Exception):
@@ -149,64 +149,102 @@ def websocket(ws):
             get_leases().release(lease)
 
 
-def serve_websocket(ws, follower: Follower) -> None:
-    """Pump events to the client in one greenlet while this one reads the client's frames."""
-    settings = current_app.config["SETTINGS"]
-    caller = current_caller()
-    bus = get_bus()
-    writer = FrameWriter(ws.sock, settings.ws_send_timeout)
-    ws.sock = writer
+class SocketControl:
+    """Everything taken from simple-websocket beyond its public receive/send/close, in one place.
 
-    def send(message: str) -> None:
-        writer.send_with_deadline(ws.ws.send(TextMessage(data=message)))
+    Its own send may write part of a frame while its reader thread answers a ping, and has no
+    deadline; so frames are built with its wsproto connection and written through a FrameWriter
+    swapped in for its socket, and a close marks it closed and wakes its receiver. If an upgrade
+    renames any of these attributes, tests/events/test_websocket_internals.py fails.
+    """
 
-    closing = []
+    ATTRIBUTES = ("sock", "ws", "connected", "event")
 
-    def close(code: int, reason: str) -> None:
-        if ws.connected:
-            closing.append(code)
-            ws.connected = False
-            writer.finish_and_close(ws.ws.send(CloseConnection(code, reason)), grace=settings.ws_send_timeout)
-        ws.event.set()  # wake the receiving loop
+    def __init__(self, ws, send_timeout: float):
+        self.ws = ws
+        self.writer = FrameWriter(ws.sock, send_timeout)
+        ws.sock = self.writer
 
-    def pump():
+    @property
+    def open(self) -> bool:
+        return self.ws.connected
+
+    def text_frame(self, message: str) -> bytes:
+        return self.ws.ws.send(TextMessage(data=message))
+
+    def close_frame(self, code: int, reason: str) -> bytes:
+        return self.ws.ws.send(CloseConnection(code, reason))
+
+    def mark_closed(self) -> None:
+        self.ws.connected = False
+
+    def wake_receiver(self) -> None:
+        self.ws.event.set()
+
+
+class Connection:
+    """One upgraded WebSocket: a pump greenlet sends events while `serve` reads the client's frames."""
+
+    def __init__(self, ws, follower: Follower, send_timeout: float):
+        self.ws = ws
+        self.follower = follower
+        self.caller = follower.caller
+        self.socket = SocketControl(ws, send_timeout)
+        self.send_timeout = send_timeout
+        self.closing = False
+
+    def serve(self) -> None:
+        """Until either side ends it: answer client frames here, deliver events from the pump."""
+        pumping = gevent.spawn(self.pump)
+        OPEN_CONNECTIONS.labels("websocket").inc()
+        try:
+            while self.socket.open and not pumping.dead:
+                # No polling time-out: with thousands of sockets a periodic wake-up of every receiver
+                # costs real CPU. The pump always ends through close(), which wakes this loop.
+                message = self.ws.receive(timeout=None)
+                if message is not None:
+                    reply = handle_client_message(self.follower.bus, self.caller, message)
+                    if reply is not None:
+                        self.socket.writer.send(self.socket.text_frame(json.dumps(reply)))
+        except (ConnectionClosed, OSError):
+            pass
+        finally:
+            if self.closing:  # the pump is delivering its close frame: give it the grace it asked for
+                pumping.join(timeout=self.send_timeout + 1)
+            pumping.kill(block=True, timeout=1)
+            OPEN_CONNECTIONS.labels("websocket").dec()
+
+    def pump(self) -> None:
         """Forward events to the client until the stream must end; then close with the matching code."""
         try:
-            send(json.dumps({"type": "welcome", "cursor": follower.cursor, "user": caller.user}))
-            deliveries = follower.take_ready()
+            self.send(json.dumps({"type": "welcome", "cursor": self.follower.cursor, "user": self.caller.user}))
+            deliveries = self.follower.take_ready()
             while True:
                 for delivery in deliveries:
-                    send(delivery.event.as_json(delivery.cursor, type="event"))
+                    self.send(delivery.event.as_json(delivery.cursor, type="event"))
                 DELIVERED.inc(len(deliveries))
-                deliveries = follower.wait(PING_INTERVAL)
+                deliveries = self.follower.wait(PING_INTERVAL)
         except StreamEnded as ended:
-            close(*CLOSE_REASONS[ended.reason])
+            self.close(*CLOSE_REASONS[ended.reason])
         except FellBehind:
-            close(*CLOSE_REASONS["overflow"])
+            self.close(*CLOSE_REASONS["overflow"])
         except (ConnectionClosed, OSError):
-            close(CLOSE_NORMAL, "")
+            self.close(CLOSE_NORMAL, "")
         except Exception as error:  # e.g. Redis failing mid-catch-up: the client reconnects and resumes by cursor
             log_failure("websocket pump failed", error)
-            close(CLOSE_INTERNAL_ERROR, "internal error; reconnect with your cursor")
+            self.close(CLOSE_INTERNAL_ERROR, "internal error; reconnect with your cursor")
 
-    pumping = gevent.spawn(pump)
-    OPEN_CONNECTIONS.labels("websocket").inc()
-    try:
-        while ws.connected and not pumping.dead:
-            # No polling time-out: with thousands of sockets a periodic wake-up of every receiver costs
-            # real CPU. The pump always ends through close(), which wakes this loop.
-            message = ws.receive(timeout=None)
-            if message is not None:
-                reply = handle_client_message(bus, caller, message)
-                if reply is not None:
-                    writer.send(ws.ws.send(TextMessage(data=json.dumps(reply))))
-    except (ConnectionClosed, OSError):
-        pass
-    finally:
-        if closing:  # the pump is delivering its close frame: give it the grace it asked for
-            pumping.join(timeout=settings.ws_send_timeout + 1)
-        pumping.kill(block=True, timeout=1)
-        OPEN_CONNECTIONS.labels("websocket").dec()
+    def send(self, message: str) -> None:
+        """One event frame, written whole within the send time-out (else FellBehind)."""
+        self.socket.writer.send_with_deadline(self.socket.text_frame(message))
+
+    def close(self, code: int, reason: str) -> None:
+        """Send the close frame (after any half-written one) and wake the receiving loop."""
+        if self.socket.open:
+            self.closing = True
+            self.socket.mark_closed()
+            self.socket.writer.finish_and_close(self.socket.close_frame(code, reason), grace=self.send_timeout)
+        self.socket.wake_receiver()
 
 
 def handle_client_message(bus, caller, message) -> dict | None:

@@ -1,0 +1,69 @@
+"""The parts of simple-websocket the service relies on beyond its public API (app/events/ws.py,
+SocketControl): if an upgrade renames or drops one, this fails here rather than in production."""
+
+from __future__ import annotations
+
+import base64
+import os
+import socket
+import threading
+
+import simple_websocket
+
+from app.events.ws import SocketControl
+
+
+def upgraded_server() -> tuple[simple_websocket.Server, socket.socket]:
+    """A real simple-websocket server over a socket pair, past its handshake."""
+    server_side, client_side = socket.socketpair()
+    environ = {
+        "werkzeug.socket": server_side,
+        "HTTP_HOST": "localhost",
+        "HTTP_CONNECTION": "Upgrade",
+        "HTTP_UPGRADE": "websocket",
+        "HTTP_SEC_WEBSOCKET_KEY": base64.b64encode(os.urandom(16)).decode(),
+        "HTTP_SEC_WEBSOCKET_VERSION": "13",
+    }
+    server = simple_websocket.Server(environ)
+    client_side.settimeout(5)
+    assert client_side.recv(4096).startswith(b"HTTP/1.1 101")
+    return server, client_side
+
+
+def test_the_attributes_socket_control_uses_exist():
+    server, client = upgraded_server()
+    try:
+        for name in SocketControl.ATTRIBUTES:
+            assert hasattr(server, name), f"simple-websocket no longer has Server.{name}"
+    finally:
+        server.close()
+        client.close()
+
+
+def test_frames_go_out_through_our_writer_and_a_close_wakes_the_receiver():
+    server, client = upgraded_server()
+    try:
+        control = SocketControl(server, send_timeout=2)
+        assert server.sock is control.writer and control.open
+        control.writer.send(control.text_frame('{"type": "pong"}'))
+        frame = client.recv(4096)
+        assert frame[0] == 0x81 and frame.endswith(b'{"type": "pong"}')  # one whole, final text frame
+        control.writer.send(control.close_frame(1008, "session ended"))
+        closing = client.recv(4096)
+        assert closing[0] == 0x88 and int.from_bytes(closing[2:4], "big") == 1008
+        outcome = {}
+
+        def receive():  # blocks with no time-out, as the service's loop does
+            try:
+                outcome["message"] = server.receive(timeout=None)
+            except simple_websocket.ConnectionClosed:
+                outcome["closed"] = True
+
+        receiver = threading.Thread(target=receive, daemon=True)
+        receiver.start()
+        control.mark_closed()
+        control.wake_receiver()
+        receiver.join(timeout=5)
+        assert not control.open and outcome == {"closed": True}
+    finally:
+        client.close()
