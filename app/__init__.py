@@ -10,8 +10,10 @@ from . import cli, errors, events, limits, logs, ops, page, webhooks
 from . import redis as redis_ext
 from .auth import guards, oauth, tokens
 from .auth import views as auth_views
+from .events import views as event_views
 from .proxy import TrustedProxyFix
 from .settings import load_settings
+from .webhooks import views as webhook_views
 
 JSON_BODY_LIMIT = 64 * 1024
 
@@ -25,24 +27,38 @@ def create_app(overrides: dict | None = None) -> Flask:
         SECRET_KEY=str(settings.secret_key),
         MAX_CONTENT_LENGTH=JSON_BODY_LIMIT,
         JSON_SORT_KEYS=False,
+        # Flask's session cookie holds one thing only: the state of unfinished OAuth logins. Scoped to
+        # the OAuth paths and short-lived; Lax, because the provider's redirect back is a cross-site
+        # navigation on which a Strict cookie would not be sent. Tokens never live in it.
+        SESSION_COOKIE_NAME="__Secure-oauth",
+        SESSION_COOKIE_PATH=oauth.bp.url_prefix,
+        SESSION_COOKIE_HTTPONLY=True,
+        SESSION_COOKIE_SECURE=True,
+        SESSION_COOKIE_SAMESITE="Lax",
+        PERMANENT_SESSION_LIFETIME=oauth.STATE_LIFETIME,
+        SESSION_REFRESH_EACH_REQUEST=False,
     )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if settings.proxy_hops:
         app.wsgi_app = TrustedProxyFix(app.wsgi_app, settings.proxy_hops, settings.forwarded_allow_ips)
 
+    # Infrastructure every feature relies on: the error shape, the request log, Redis, token keys,
+    # the CSRF/CORS guards.
     errors.init_app(app)
     logs.init_app(app)
     redis_ext.init_app(app)
     tokens.init_app(app)
     guards.init_app(app)
-    app.register_blueprint(ops.bp)
-    app.register_blueprint(auth_views.bp)
-    app.register_blueprint(auth_views.jwks_bp)
+    # Features: each binds what it needs (providers, the event bus and hub, stores) to the app.
     oauth.init_app(app)
     events.init_app(app)
     webhooks.init_app(app)
     page.init_app(app)
-    limits.init_app(app)  # after every blueprint: it applies the limits their views declare
+    # Every blueprint, registered here and only here.
+    for blueprint in (ops.bp, auth_views.bp, auth_views.jwks_bp, oauth.bp, event_views.bp, webhook_views.bp):
+        app.register_blueprint(blueprint)
+    # Last: the limiter wraps the views that declare @rate_limited, so every blueprint must be in.
+    limits.init_app(app)
     cli.init_app(app)
     app.after_request(_no_store_by_default)
     return app

@@ -8,9 +8,10 @@ from .auth.oauth import provider_names
 
 bp = Blueprint("page", __name__)
 
-# No inline script or style; connections only to this origin (WebSocket included); no framing.
+# No inline script, style or data: images; connections only to this origin (WebSocket included); no
+# framing. Pages on other origins that embed client.js are governed by their own policy, not this one.
 CONTENT_SECURITY_POLICY = (
-    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
     "frame-ancestors 'none'; base-uri 'none'; form-action 'self'; object-src 'none'"
 )
 

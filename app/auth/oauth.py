@@ -84,16 +84,6 @@ def init_app(app: Flask) -> None:
     for name in names:
         oauth.register(name, **_provider_settings(env, name))
     app.extensions["oauth_providers"] = names
-    app.config.update(
-        SESSION_COOKIE_NAME="__Secure-oauth",
-        SESSION_COOKIE_PATH=bp.url_prefix,
-        SESSION_COOKIE_HTTPONLY=True,
-        SESSION_COOKIE_SECURE=True,
-        SESSION_COOKIE_SAMESITE="Lax",
-        PERMANENT_SESSION_LIFETIME=STATE_LIFETIME,
-        SESSION_REFRESH_EACH_REQUEST=False,
-    )
-    app.register_blueprint(bp)
 
 
 def provider_names() -> list[str]:

@@ -9,7 +9,6 @@ from . import sse, ws  # noqa: F401 - they add their routes to the events bluepr
 from .bus import Bus
 from .hub import Hub
 from .leases import ConnectionLeases
-from .views import bp
 
 
 def init_app(app: Flask) -> None:
@@ -19,7 +18,6 @@ def init_app(app: Flask) -> None:
     app.extensions["event_bus"] = bus
     app.extensions["event_hub"] = Hub(client)
     app.extensions["connection_leases"] = ConnectionLeases(client, settings.max_connections_per_user)
-    app.register_blueprint(bp)
     ws.init_app(app)
 
     def close_live_connections(sender, user_id, session_ids, whole_user=False, **_):

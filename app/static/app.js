@@ -1,16 +1,30 @@
-// The page: log in, devices, live events. All server calls go through the reference client.
+// The test page: log in, devices, live events. All server calls go through the reference client.
 import { Client, EventFeed } from "./client.js";
 
 const $ = (id) => document.getElementById(id);
 const SESSIONS_REFRESH_MS = 3000;
 
+const TRANSPORT_NAMES = {
+  sse: "server-sent events",
+  websocket: "WebSocket",
+  "long-poll": "long polling",
+  poll: "polling",
+};
+const STATE_NAMES = { connecting: "Connecting", live: "Live", reconnecting: "Reconnecting", offline: "Offline" };
+
 const client = new Client({ onLoggedOut: () => showSignedOut("You are logged out.") });
-const feed = new EventFeed(client, { onEvent: logEvent, onState: (text) => ($("connection").textContent = text) });
+const feed = new EventFeed(client, { onEvent: logEvent, onState: showConnection });
 let me = null;
 let sessionsTimer = null;
 
 // For debugging from the console (and for the browser tests): the client objects, never a token.
 window.authRt = { client, feed };
+
+function showConnection(state, transport) {
+  const line = $("connection");
+  line.dataset.state = state;
+  line.textContent = transport && state !== "offline" ? `${STATE_NAMES[state]} (${TRANSPORT_NAMES[transport]})` : STATE_NAMES[state];
+}
 
 function showSignedOut(message) {
   me = null;
@@ -69,12 +83,30 @@ async function endSession(session) {
   else loadSessions();
 }
 
+function part(tag, className, text) {
+  const element = document.createElement(tag);
+  element.className = className;
+  element.textContent = text;
+  return element;
+}
+
 function logEvent(event) {
   const item = document.createElement("li");
   item.dataset.eventId = event.id;
   item.dataset.event = event.event;
-  item.textContent = `${event.event}: ${JSON.stringify(event.data)}`;
+  const time = part("time", "time", new Date(event.ts).toLocaleTimeString());
+  time.dateTime = event.ts;
+  item.append(
+    time,
+    " ",
+    part("span", "channel", event.channel),
+    " ",
+    part("span", "name", event.event),
+    " ",
+    part("code", "data", JSON.stringify(event.data)),
+  );
   $("event-log").prepend(item);
+  $("event-empty").hidden = true;
 }
 
 function deviceName() {
@@ -86,7 +118,7 @@ function deviceName() {
   return `${browser} on ${system}`;
 }
 
-async function credentials() {
+function credentials() {
   const form = $("login-form");
   return { email: form.email.value, password: form.password.value };
 }
@@ -94,21 +126,21 @@ async function credentials() {
 async function logIn(event) {
   event?.preventDefault();
   $("login-error").textContent = "";
-  const body = { ...(await credentials()), device: deviceName() };
-  const response = await client.request("/auth/login", { method: "POST", body });
-  if (!response.ok) {
-    $("login-error").textContent = (await response.json()).error.message;
-    return;
+  try {
+    const user = await client.login({ ...credentials(), device: deviceName() });
+    $("login-form").password.value = "";
+    await showSignedIn(user);
+  } catch (error) {
+    $("login-error").textContent = error.message;
   }
-  $("login-form").password.value = "";
-  await showSignedIn((await response.json()).user);
 }
 
 async function register() {
   $("login-error").textContent = "";
-  const response = await client.request("/auth/register", { method: "POST", body: await credentials() });
-  if (!response.ok) {
-    $("login-error").textContent = (await response.json()).error.message;
+  try {
+    await client.register(credentials());
+  } catch (error) {
+    $("login-error").textContent = error.message;
     return;
   }
   await logIn();
@@ -117,31 +149,47 @@ async function register() {
 async function publish(event) {
   event.preventDefault();
   const form = $("publish-form");
-  feed.listen(form.event.value);
-  const body = { channel: `user:${me.id}`, event: form.event.value, data: form.data.value };
-  const response = await client.request("/events", { method: "POST", body });
-  $("publish-error").textContent = response.ok ? "" : (await response.json()).error.message;
-  if (response.ok) form.data.value = "";
+  try {
+    await client.publish(`user:${me.id}`, form.event.value, form.data.value);
+    $("publish-error").textContent = "";
+    form.data.value = "";
+  } catch (error) {
+    $("publish-error").textContent = error.message;
+  }
+}
+
+async function logOut(everywhere) {
+  await client.logout({ everywhere }).catch(() => {});
+  showSignedOut(everywhere ? "You logged out everywhere." : "You logged out.");
+}
+
+// Outside a secure context (plain HTTP at an address other than localhost) the browser refuses the
+// service's Secure session cookies, so a login would seem to succeed and then fail: say so instead.
+function explainInsecureContext() {
+  const local = `${location.protocol}//localhost${location.port ? `:${location.port}` : ""}${location.pathname}`;
+  $("status").textContent =
+    `This page is served over plain HTTP at ${location.hostname}, so the browser refuses the service's ` +
+    `Secure session cookies and nobody can log in here. Serve it over HTTPS, or open it at ${local}.`;
+  $("status").classList.add("error");
 }
 
 async function start() {
+  if (!window.isSecureContext) return explainInsecureContext();
   $("login-form").addEventListener("submit", logIn);
   $("register-button").addEventListener("click", register);
   $("publish-form").addEventListener("submit", publish);
-  $("logout-button").addEventListener("click", async () => {
-    await client.request("/auth/logout", { method: "POST" });
-    showSignedOut("You logged out.");
-  });
-  $("logout-all-button").addEventListener("click", async () => {
-    await client.request("/auth/logout-all", { method: "POST" });
-    showSignedOut("You logged out everywhere.");
-  });
+  $("logout-button").addEventListener("click", () => logOut(false));
+  $("logout-all-button").addEventListener("click", () => logOut(true));
   $("transports").addEventListener("change", () => me && feed.start(selectedTransport()));
+  addEventListener("online", () => me && feed.state === "offline" && feed.start(selectedTransport()));
 
-  client.signedIn = true; // so a failed first check reports "logged out"
-  const response = await client.request("/auth/me");
-  if (response.ok) await showSignedIn((await response.json()).user);
-  else showSignedOut("You are logged out.");
+  try {
+    const user = await client.me();
+    if (user) await showSignedIn(user);
+    else showSignedOut("You are logged out.");
+  } catch (error) {
+    showSignedOut(`The service cannot check your session: ${error.message}`);
+  }
 }
 
 start();

@@ -1,19 +1,20 @@
 /**
- * The reference client of the auth-rt service, for pages served from the service's own origin.
- * No dependencies; an ES module.
+ * The reference client of the auth-rt service: an ES module with no dependencies, for the service's
+ * own page and for pages on other origins that the service lists in `ALLOWED_ORIGINS`.
  *
- * Tokens: they live only in HttpOnly cookies. This script never sees a token and stores nothing in
+ * Tokens live only in the service's HttpOnly cookies: this script never sees one and stores nothing in
  * localStorage or sessionStorage. On a 401 it refreshes once (POST /auth/refresh sends the refresh
- * cookie) and retries the request once. Refreshes are serialised across tabs with the Web Locks API,
- * and a tab that waited for the lock first asks whether another tab already refreshed (the cookies
- * are shared), so two tabs never present the same refresh token.
+ * cookie) and retries the request once. Refreshes are serialised across the tabs of a browser, so two
+ * tabs never present the same refresh token (the server would take the second for a stolen token and
+ * end the session): with the Web Locks API where the browser has it, otherwise with a promise chain in
+ * the tab plus a claim-and-release protocol between tabs over a BroadcastChannel.
  *
- * Events: EventFeed follows the user's channels by server-sent events, WebSocket, long polling or
- * polling, always resuming from the last cursor, so switching transports or reconnecting loses
- * nothing. EventSource gives up on any non-200 answer (an expired access token, say), so it is
- * recreated after a refresh; WebSocket reconnects with back-off; long polling pauses a fixed
- * interval after a time-out. A stream that ends because the session ended leads to a session check,
- * and so to `onLoggedOut` when the session is gone.
+ * Events: {@link EventFeed} follows the user's channels by server-sent events, WebSocket, long polling or
+ * polling, and always resumes from the last cursor, so reconnecting or switching transports loses and
+ * repeats nothing. Every event is delivered whatever its name: the SSE stream is read with fetch() and
+ * parsed here (EventSource would only deliver the names it listens for).
+ *
+ * @module client
  */
 
 const REFRESH_LOCK = "auth-rt-refresh";
@@ -22,52 +23,241 @@ const LONG_POLL_PAUSE_MS = 500;
 const POLL_INTERVAL_MS = 1000;
 const BACKOFF_START_MS = 250;
 const BACKOFF_CAP_MS = 5000;
+// A stream that lived at least this long counts as healthy: the next drop reconnects at once.
+const HEALTHY_STREAM_MS = 2000;
+// Without Web Locks: how long a tab waits for other tabs' claims before it refreshes, and how long a
+// claim is honoured when its tab never releases it (closed mid-refresh).
+const CLAIM_WINDOW_MS = 50;
+const CLAIM_MAX_MS = 10_000;
 
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
-export class Client {
-  constructor({ onLoggedOut = () => {} } = {}) {
-    this.onLoggedOut = onLoggedOut;
-    this.refreshing = null;
-    this.signedIn = false;
+/**
+ * A connection state, as shown to the user.
+ * - `connecting`: opening the first connection;
+ * - `live`: connected, events arrive as they are published;
+ * - `reconnecting`: the connection dropped; the feed reconnects by itself and resumes from its cursor;
+ * - `offline`: stopped (not started, stopped, logged out) or the browser is offline.
+ * @typedef {"connecting" | "live" | "reconnecting" | "offline"} ConnectionState
+ */
+
+/**
+ * How events are received.
+ * @typedef {"sse" | "websocket" | "long-poll" | "poll"} Transport
+ */
+
+/**
+ * An event as the service delivers it.
+ * @typedef {object} ServiceEvent
+ * @property {string} id the event's id in its channel
+ * @property {string} channel `user:<id>`, `broadcast`, ...
+ * @property {string} event its name; any name the service accepts, known to this client or not
+ * @property {*} data any JSON value
+ * @property {string} ts when it was published (RFC 3339, UTC)
+ */
+
+/**
+ * A user as the service describes one.
+ * @typedef {object} User
+ * @property {string} id
+ * @property {string} email
+ * @property {string} role `user` or `admin`
+ */
+
+/**
+ * An error answer of the service.
+ */
+export class ServiceError extends Error {
+  /**
+   * @param {number} status the HTTP status
+   * @param {string} code the error's `code`, e.g. `invalid_credentials`
+   * @param {string} message the error's human text
+   */
+  constructor(status, code, message) {
+    super(message);
+    this.name = "ServiceError";
+    /** @type {number} */
+    this.status = status;
+    /** @type {string} */
+    this.code = code;
   }
 
-  /** fetch() with the session cookies; on a 401, one refresh and one retry. */
-  async request(path, { method = "GET", body, signal } = {}) {
-    const init = { method, credentials: "same-origin", headers: {}, signal };
+  /**
+   * The error a non-2xx response carries (a generic one when its body is not the service's JSON error).
+   * @param {Response} response
+   * @returns {Promise<ServiceError>}
+   */
+  static async from(response) {
+    try {
+      const { error } = await response.json();
+      return new ServiceError(response.status, error.code, error.message);
+    } catch {
+      return new ServiceError(response.status, "http_error", `The service answered ${response.status}.`);
+    }
+  }
+}
+
+/**
+ * Options of {@link Client}.
+ * @typedef {object} ClientOptions
+ * @property {string} [baseUrl] where the service is, e.g. `https://auth.example.com` (a path prefix is
+ *   kept: `https://example.com/rt`). Default: the page's own origin. When it is another origin, requests
+ *   carry credentials (`credentials: "include"`) and that origin must list the page's in `ALLOWED_ORIGINS`.
+ * @property {() => void} [onLoggedOut] called once when a signed-in session is found to be gone (a 401
+ *   that a refresh could not cure): logged out elsewhere, session ended, refresh token expired.
+ */
+
+/**
+ * Options of {@link Client#request}.
+ * @typedef {object} RequestOptions
+ * @property {string} [method] default `GET`
+ * @property {*} [body] sent as JSON when given
+ * @property {Record<string, string>} [headers] extra request headers
+ * @property {AbortSignal} [signal] aborts the request
+ */
+
+/** The session: authenticated requests with refresh-on-401, log in and out. */
+export class Client {
+  /** @param {ClientOptions} [options] */
+  constructor({ baseUrl = location.origin, onLoggedOut = () => {} } = {}) {
+    const base = new URL(baseUrl, location.href);
+    // A trailing slash, so relative resolution keeps a path prefix ("https://x/rt" + "auth/me").
+    if (!base.pathname.endsWith("/")) base.pathname += "/";
+    /** @type {URL} the service's address, ending in "/" */
+    this.baseUrl = base;
+    /** @type {boolean} true when the service is on another origin than the page */
+    this.crossOrigin = base.origin !== location.origin;
+    /** @type {RequestCredentials} */
+    this.credentials = this.crossOrigin ? "include" : "same-origin";
+    this.onLoggedOut = onLoggedOut;
+    /** @type {boolean} whether the client believes a session is open (set by login, me, loggedIn) */
+    this.signedIn = false;
+    this.refreshing = null;
+  }
+
+  /**
+   * The absolute URL of a service path.
+   * @param {string} path e.g. `/events?cursor=...`
+   * @returns {URL}
+   */
+  url(path) {
+    return new URL(path.replace(/^\/+/, ""), this.baseUrl);
+  }
+
+  /**
+   * fetch() with the session cookies; on a 401, one refresh and one retry. Network failures reject
+   * (as fetch does); HTTP errors resolve with the response.
+   * @param {string} path a service path, e.g. `/auth/sessions`
+   * @param {RequestOptions} [options]
+   * @returns {Promise<Response>}
+   */
+  async request(path, { method = "GET", body, headers = {}, signal } = {}) {
+    const init = { method, credentials: this.credentials, headers: { ...headers }, signal };
     if (body !== undefined) {
       init.headers["Content-Type"] = "application/json";
       init.body = JSON.stringify(body);
     }
-    let response = await fetch(path, init);
+    const url = this.url(path);
+    let response = await fetch(url, init);
     if (response.status === 401 && !path.startsWith("/auth/login")) {
-      if (await this.refresh()) response = await fetch(path, init);
+      if (await this.refresh()) response = await fetch(url, init);
       if (response.status === 401) this.loggedOut();
     }
     return response;
   }
 
-  /** Resolves true when the session is valid again. One refresh at a time across every tab. */
+  /**
+   * {@link Client#request} for a JSON answer: resolves with the parsed body (null for a 204), rejects
+   * with a {@link ServiceError} on any non-2xx answer.
+   * @param {string} path
+   * @param {RequestOptions} [options]
+   * @returns {Promise<*>}
+   */
+  async json(path, options) {
+    const response = await this.request(path, options);
+    if (!response.ok) throw await ServiceError.from(response);
+    return response.status === 204 ? null : response.json();
+  }
+
+  /**
+   * Logs in with the cookie transport (the tokens go into HttpOnly cookies, never to script).
+   * @param {{email: string, password: string, device?: string}} credentials
+   * @returns {Promise<User>} the user; rejects with a {@link ServiceError} (e.g. 401
+   *   `invalid_credentials`, 401 `mfa_required`, 429 `rate_limited`)
+   */
+  async login({ email, password, device }) {
+    const body = { email, password, transport: "cookie", ...(device ? { device } : {}) };
+    const { user } = await this.json("/auth/login", { method: "POST", body });
+    this.loggedIn();
+    return user;
+  }
+
+  /**
+   * Creates an account (then log in with {@link Client#login}).
+   * @param {{email: string, password: string}} credentials
+   * @returns {Promise<User>} rejects with a {@link ServiceError} (409 `conflict`, 422 `validation_failed`)
+   */
+  async register({ email, password }) {
+    return (await this.json("/auth/register", { method: "POST", body: { email, password } })).user;
+  }
+
+  /**
+   * The logged-in user, refreshing the access token if need be.
+   * @returns {Promise<User | null>} null when no session is open
+   */
+  async me() {
+    const response = await this.request("/auth/me");
+    if (response.status === 401) return null;
+    if (!response.ok) throw await ServiceError.from(response);
+    this.loggedIn();
+    return (await response.json()).user;
+  }
+
+  /**
+   * Ends this session (this device), or every session of the user with `everywhere`.
+   * @param {{everywhere?: boolean}} [options]
+   * @returns {Promise<void>}
+   */
+  async logout({ everywhere = false } = {}) {
+    await this.json(everywhere ? "/auth/logout-all" : "/auth/logout", { method: "POST" });
+    this.signedIn = false;
+  }
+
+  /**
+   * Publishes an event (to `user:<your id>`; an admin may publish to any channel).
+   * @param {string} channel
+   * @param {string} event its name: 1-100 letters, digits or `_.:-`
+   * @param {*} data any JSON value
+   * @returns {Promise<{id: string, channel: string}>}
+   */
+  publish(channel, event, data) {
+    return this.json("/events", { method: "POST", body: { channel, event, data } });
+  }
+
+  /**
+   * Refreshes the session's tokens, one refresh at a time across every tab of the browser.
+   * @returns {Promise<boolean>} true when the session is valid again
+   */
   refresh() {
     if (!this.refreshing) {
-      this.refreshing = navigator.locks
-        .request(REFRESH_LOCK, async () => {
-          const check = await fetch("/auth/me", { credentials: "same-origin" });
-          if (check.ok) return true; // another tab refreshed while this one waited
-          const response = await fetch("/auth/refresh", { method: "POST", credentials: "same-origin" });
-          return response.ok;
-        })
-        .finally(() => {
-          this.refreshing = null;
-        });
+      this.refreshing = withRefreshLock(async () => {
+        const check = await fetch(this.url("/auth/me"), { credentials: this.credentials });
+        if (check.ok) return true; // another tab refreshed while this one waited
+        const response = await fetch(this.url("/auth/refresh"), { method: "POST", credentials: this.credentials });
+        return response.ok;
+      }).finally(() => {
+        this.refreshing = null;
+      });
     }
     return this.refreshing;
   }
 
+  /** Marks the session as open, so a later unrecoverable 401 calls `onLoggedOut`. */
   loggedIn() {
     this.signedIn = true;
   }
 
+  /** Marks the session as gone and calls `onLoggedOut` (once per session). */
   loggedOut() {
     if (this.signedIn) {
       this.signedIn = false;
@@ -76,41 +266,129 @@ export class Client {
   }
 }
 
+// Without Web Locks (older browsers): one refresh at a time within the tab, and between tabs a claim
+// announced on a BroadcastChannel. A tab claims, listens for a short window, and yields to any claim it
+// heard that sorts before its own (claims sort by time); a tab that hears a claim waits for its release.
+// A tab answers a claim it has not heard before with its own current claim, so a tab that opened while
+// another was refreshing learns of it. Where even BroadcastChannel is missing, only the tab is serialised.
+class TabMutex {
+  constructor(name) {
+    this.channel = new BroadcastChannel(name);
+    this.claims = new Map(); // other tabs' claims: claim -> when it stops being honoured
+    this.waiters = [];
+    this.mine = null;
+    this.channel.onmessage = ({ data }) => {
+      if (data?.type === "claim") {
+        const news = !this.claims.has(data.claim);
+        this.claims.set(data.claim, Date.now() + CLAIM_MAX_MS);
+        if (news && this.mine) this.channel.postMessage({ type: "claim", claim: this.mine });
+      } else if (data?.type === "release") {
+        this.claims.delete(data.claim);
+      }
+      this.waiters.splice(0).forEach((wake) => wake());
+    };
+    addEventListener("pagehide", () => this.mine && this.channel.postMessage({ type: "release", claim: this.mine }));
+  }
+
+  othersClaiming(before) {
+    const now = Date.now();
+    for (const [claim, until] of this.claims) if (until < now) this.claims.delete(claim);
+    return [...this.claims.keys()].some((claim) => before === undefined || claim < before);
+  }
+
+  changed(ms) {
+    return new Promise((resolve) => {
+      this.waiters.push(resolve);
+      setTimeout(resolve, ms);
+    });
+  }
+
+  async run(task) {
+    for (;;) {
+      while (this.othersClaiming()) await this.changed(CLAIM_WINDOW_MS * 4);
+      // Time first, so the earlier claim wins; the random part breaks ties.
+      const random = crypto.getRandomValues(new Uint32Array(2)).join("");
+      const claim = `${Date.now().toString(36).padStart(10, "0")}:${random}`;
+      this.mine = claim;
+      this.channel.postMessage({ type: "claim", claim });
+      await sleep(CLAIM_WINDOW_MS);
+      const yielded = this.othersClaiming(claim);
+      try {
+        if (!yielded) return await task();
+      } finally {
+        this.channel.postMessage({ type: "release", claim });
+        this.mine = null;
+      }
+    }
+  }
+}
+
+let tabChain = Promise.resolve();
+// Listening from the start, so the claims of tabs that refresh before this one are heard.
+const tabMutex =
+  !globalThis.navigator?.locks?.request && typeof BroadcastChannel === "function" ? new TabMutex(REFRESH_LOCK) : null;
+
+function withRefreshLock(task) {
+  if (globalThis.navigator?.locks?.request) return navigator.locks.request(REFRESH_LOCK, task);
+  const run = tabChain.then(() => (tabMutex ? tabMutex.run(task) : task()));
+  tabChain = run.catch(() => {});
+  return run;
+}
+
+/**
+ * Options of {@link EventFeed}.
+ * @typedef {object} EventFeedOptions
+ * @property {(event: ServiceEvent) => void} onEvent called for every event, in order, exactly once,
+ *   whatever its name (the service's `reset` event included: history was lost past an old cursor)
+ * @property {(state: ConnectionState, transport: Transport | null) => void} [onState] called on every
+ *   change of connection state
+ * @property {string | null} [cursor] where to resume; default: the present (no history)
+ */
+
+/** The user's live events (their `user:<id>` channel and `broadcast`) by any of the four transports. */
 export class EventFeed {
   /**
    * @param {Client} client
-   * @param {{onEvent: (event: object) => void, onState: (text: string) => void, names?: string[]}} options
-   * `names`: event names to receive over SSE (EventSource only delivers names it listens for);
-   * `listen(name)` adds more. The other transports deliver every event.
+   * @param {EventFeedOptions} options
    */
-  constructor(client, { onEvent, onState, names = ["message", "note", "notice", "announce", "reset"] }) {
+  constructor(client, { onEvent, onState = () => {}, cursor = null }) {
     this.client = client;
     this.onEvent = onEvent;
-    this.onState = onState;
-    this.names = new Set(names);
-    this.cursor = null;
-    this.generation = 0;
+    this.onStateChange = onState;
+    /** @type {string | null} the position after the last event delivered; resumes from here */
+    this.cursor = cursor;
+    /** @type {Transport | null} */
     this.transport = null;
+    /** @type {ConnectionState} */
+    this.state = "offline";
+    this.generation = 0;
+    this.attempts = 0;
   }
 
-  listen(name) {
-    if (this.names.has(name)) return;
-    this.names.add(name);
-    if (this.source) this.source.addEventListener(name, this.deliverSse);
-  }
-
+  /**
+   * Starts following (or switches transport), resuming from the cursor.
+   * @param {Transport} transport
+   */
   start(transport) {
-    this.stop();
+    const run = { sse: this.sse, websocket: this.openWebSocket, "long-poll": this.longPoll, poll: this.poll }[transport];
+    if (!run) throw new TypeError(`unknown transport: ${transport}`);
+    this.halt();
     this.transport = transport;
     const generation = ++this.generation;
     this.attempts = 0;
-    this.open(generation);
+    this.setState("connecting");
+    run.call(this, generation);
   }
 
+  /** Stops following; the cursor is kept, so a later start resumes where this one stopped. */
   stop() {
+    this.halt();
+    this.setState("offline");
+  }
+
+  /** @private */
+  halt() {
     this.generation++;
-    this.source?.close();
-    this.source = null;
     if (this.socket) {
       this.socket.onclose = null;
       this.socket.close(1000);
@@ -120,33 +398,32 @@ export class EventFeed {
     this.abort = null;
   }
 
+  /** @private */
+  setState(state) {
+    if (state === "reconnecting" && globalThis.navigator?.onLine === false) state = "offline";
+    if (state === this.state) return;
+    this.state = state;
+    this.onStateChange(state, this.transport);
+  }
+
+  /** @private */
   live(generation) {
     return generation === this.generation;
   }
 
-  open(generation) {
-    const run = { sse: this.openSse, websocket: this.openWebSocket, "long-poll": this.longPoll, poll: this.poll };
-    run[this.transport].call(this, generation);
-  }
-
+  /** @private */
   deliver(event, cursor) {
     if (cursor) this.cursor = cursor;
     this.onEvent(event);
   }
 
-  /** After a stream ended: check the session (refreshing if need be), then reopen, or stop. */
-  async recover(generation, delay = 0) {
-    if (delay) await sleep(delay);
-    if (!this.live(generation)) return;
-    const response = await this.client.request("/auth/me");
-    if (response.ok && this.live(generation)) this.open(generation);
-  }
-
+  /** @private */
   backoff() {
-    this.attempts = (this.attempts || 0) + 1;
+    this.attempts += 1;
     return Math.min(BACKOFF_CAP_MS, BACKOFF_START_MS * 2 ** (this.attempts - 1));
   }
 
+  /** @private */
   query(extra = {}) {
     const params = new URLSearchParams(extra);
     if (this.cursor) params.set("cursor", this.cursor);
@@ -154,93 +431,208 @@ export class EventFeed {
     return text ? `?${text}` : "";
   }
 
-  openSse(generation) {
-    const source = new EventSource(`/events/stream${this.query()}`);
-    this.source = source;
-    this.deliverSse = (message) => this.deliver(JSON.parse(message.data), message.lastEventId);
-    for (const name of this.names) source.addEventListener(name, this.deliverSse);
-    source.onopen = () => {
-      this.attempts = 0;
-      this.onState("Connected by server-sent events.");
-    };
-    source.addEventListener("session_ended", () => {
-      source.close();
-      this.onState("Stream ended; checking the session…");
-      this.recover(generation);
-    });
-    source.onerror = () => {
-      // CONNECTING: the browser reconnects by itself (with Last-Event-ID). CLOSED: it gave up, for
-      // example on a 401 after the access token expired: refresh, then make a new EventSource.
-      if (source.readyState === EventSource.CLOSED && this.live(generation)) this.recover(generation, this.backoff());
-    };
+  /**
+   * A 401 that refreshing did not cure: the session is gone. Stops (the client calls onLoggedOut).
+   * @private
+   */
+  sessionGone(generation) {
+    if (this.live(generation)) this.stop();
   }
 
+  /**
+   * Without a cursor the stream would start at the present of each connection, and events published
+   * between a first connection and a reconnection would be lost: take the present's cursor first.
+   * @private
+   */
+  async ensureCursor(signal) {
+    if (this.cursor) return;
+    const response = await this.client.request("/events?limit=1", { signal });
+    if (response.status === 401) return;
+    if (response.status === 204) this.cursor = response.headers.get("Event-Cursor");
+    else if (response.ok) this.cursor = (await response.json()).cursor; // an event arrived in between: fine, the stream starts after it
+  }
+
+  /**
+   * Server-sent events, read with fetch() so that every event name arrives. Resumes with `?cursor=`;
+   * reconnects when the stream ends (the access token expired: the request refreshes it) or fails.
+   * @private
+   */
+  async sse(generation) {
+    while (this.live(generation)) {
+      this.abort = new AbortController();
+      const { signal } = this.abort;
+      const opened = Date.now();
+      let retryMs = null;
+      let ended = false;
+      try {
+        await this.ensureCursor(signal);
+        if (!this.live(generation)) return;
+        const response = await this.client.request(`/events/stream${this.query()}`, {
+          headers: { Accept: "text/event-stream" },
+          signal,
+        });
+        if (response.status === 401) return this.sessionGone(generation);
+        if (!response.ok || !response.body) throw new Error(`stream answered ${response.status}`);
+        if (!this.live(generation)) return;
+        this.setState("live");
+        for await (const message of sseMessages(response.body, signal)) {
+          if (!this.live(generation)) return;
+          if (message.retry !== undefined) retryMs = message.retry;
+          if (message.event === "session_ended") ended = true;
+          else if (message.data !== undefined) this.deliver(JSON.parse(message.data), message.id);
+        }
+      } catch {
+        if (!this.live(generation)) return;
+      }
+      if (!this.live(generation)) return;
+      this.setState("reconnecting");
+      if (ended) {
+        // The token expired or the session ended: the next request refreshes, or finds it gone.
+        continue;
+      }
+      if (Date.now() - opened >= HEALTHY_STREAM_MS) this.attempts = 0;
+      await sleep(Math.max(retryMs ?? 0, this.backoff()));
+    }
+  }
+
+  /** @private */
   openWebSocket(generation) {
-    const scheme = location.protocol === "https:" ? "wss:" : "ws:";
-    const socket = new WebSocket(`${scheme}//${location.host}/ws${this.query()}`);
+    const address = this.client.url(`/ws${this.query()}`);
+    address.protocol = address.protocol === "https:" ? "wss:" : "ws:";
+    const socket = new WebSocket(address);
     this.socket = socket;
     socket.onmessage = (message) => {
-      const frame = JSON.parse(message.data);
-      if (frame.type === "welcome") {
+      const { type, cursor, ...event } = JSON.parse(message.data);
+      if (type === "welcome") {
         this.attempts = 0;
-        this.cursor ??= frame.cursor;
-        this.onState("Connected by WebSocket.");
-      } else if (frame.type === "event") {
-        this.deliver(frame, frame.cursor);
+        this.cursor ??= cursor;
+        this.setState("live");
+      } else if (type === "event") {
+        this.deliver(event, cursor);
       }
     };
     socket.onclose = (close) => {
       if (!this.live(generation)) return;
-      this.onState(`WebSocket closed (${close.code}); reconnecting…`);
+      this.socket = null;
+      this.setState("reconnecting");
       // 1008: the token expired or the session ended; 1006: the handshake may have been refused (401).
       this.recover(generation, close.code === 1008 ? 0 : this.backoff());
     };
   }
 
+  /**
+   * After a WebSocket closed: check the session (refreshing if need be), then reopen, or stop.
+   * @private
+   */
+  async recover(generation, delay) {
+    if (delay) await sleep(delay);
+    if (!this.live(generation)) return;
+    let response;
+    try {
+      response = await this.client.request("/auth/me");
+    } catch {
+      return this.recover(generation, this.backoff()); // offline: try again later
+    }
+    if (!this.live(generation)) return;
+    if (response.status === 401) return this.sessionGone(generation);
+    if (response.ok) this.openWebSocket(generation);
+    else this.recover(generation, this.backoff());
+  }
+
+  /** @private */
   async longPoll(generation) {
-    this.onState("Connected by long polling.");
+    await this.pollLoop(generation, "/events/wait", { timeout: LONG_POLL_SECONDS }, LONG_POLL_PAUSE_MS);
+  }
+
+  /** @private */
+  async poll(generation) {
+    await this.pollLoop(generation, "/events", {}, POLL_INTERVAL_MS);
+  }
+
+  /** @private */
+  async pollLoop(generation, path, params, pauseMs) {
     while (this.live(generation)) {
       this.abort = new AbortController();
       let response;
       try {
-        response = await this.client.request(`/events/wait${this.query({ timeout: LONG_POLL_SECONDS })}`, {
-          signal: this.abort.signal,
-        });
+        response = await this.client.request(`${path}${this.query(params)}`, { signal: this.abort.signal });
       } catch {
+        if (!this.live(generation)) return;
+        this.setState("reconnecting");
         await sleep(this.backoff());
         continue;
       }
-      if (!this.live(generation) || !this.client.signedIn) return;
+      if (!this.live(generation)) return;
+      if (response.status === 401) return this.sessionGone(generation);
       if (response.status === 200) {
+        this.attempts = 0;
+        this.setState("live");
         const body = await response.json();
+        if (!this.live(generation)) return;
         for (const event of body.events) this.deliver(event);
         this.cursor = body.cursor;
-      } else if (response.status === 204) {
+        continue; // more may be waiting
+      }
+      if (response.status === 204) {
+        this.attempts = 0;
+        this.setState("live");
         this.cursor = response.headers.get("Event-Cursor") || this.cursor;
-        await sleep(LONG_POLL_PAUSE_MS); // the fixed interval after a time-out
+        await sleep(pauseMs);
       } else {
+        this.setState("reconnecting");
         await sleep(this.backoff());
       }
     }
   }
+}
 
-  async poll(generation) {
-    this.onState("Connected by polling.");
-    while (this.live(generation)) {
-      try {
-        const response = await this.client.request(`/events${this.query()}`);
-        if (!this.live(generation) || !this.client.signedIn) return;
-        if (response.status === 200) {
-          const body = await response.json();
-          for (const event of body.events) this.deliver(event);
-          this.cursor = body.cursor;
-          continue; // more may be waiting
+/**
+ * The messages of a text/event-stream body, parsed as the HTML standard's EventSource does.
+ * @param {ReadableStream<Uint8Array>} body
+ * @param {AbortSignal} [signal]
+ * @returns {AsyncGenerator<{event: string, data?: string, id?: string, retry?: number}>} `data` is
+ *   absent on a message that only sets `retry`
+ */
+export async function* sseMessages(body, signal) {
+  const reader = body.pipeThrough(new TextDecoderStream()).getReader();
+  const abort = () => reader.cancel().catch(() => {});
+  signal?.addEventListener("abort", abort);
+  let buffer = "";
+  let event = "";
+  let data = [];
+  let id;
+  let retry;
+  try {
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) return;
+      buffer += value;
+      // A "\r" at the end may be the first half of "\r\n": keep it until the next chunk.
+      const lines = buffer.split(/\r\n|\r(?!$)|\n/);
+      buffer = lines.pop();
+      for (const line of lines) {
+        if (line === "") {
+          if (data.length || retry !== undefined) {
+            yield { event: event || "message", data: data.length ? data.join("\n") : undefined, id, retry };
+          }
+          event = "";
+          data = [];
+          retry = undefined;
+          continue;
         }
-        if (response.status === 204) this.cursor = response.headers.get("Event-Cursor") || this.cursor;
-      } catch {
-        // network trouble: try again at the next interval
+        if (line.startsWith(":")) continue; // a comment: the heartbeat
+        const colon = line.indexOf(":");
+        const field = colon < 0 ? line : line.slice(0, colon);
+        let text = colon < 0 ? "" : line.slice(colon + 1);
+        if (text.startsWith(" ")) text = text.slice(1);
+        if (field === "event") event = text;
+        else if (field === "data") data.push(text);
+        else if (field === "id" && !text.includes("\0")) id = text;
+        else if (field === "retry" && /^\d+$/.test(text)) retry = Number(text);
       }
-      await sleep(POLL_INTERVAL_MS);
     }
+  } finally {
+    signal?.removeEventListener("abort", abort);
+    reader.cancel().catch(() => {}); // also when the caller stopped early: close the connection
   }
 }

@@ -7,7 +7,7 @@ from flask import Flask
 from ..settings import SettingsError
 from .schemes import VERIFIERS, standard_key
 from .store import DeliveryStore
-from .views import WebhookProvider, bp
+from .views import WebhookProvider
 
 
 def _providers(env: dict) -> dict[str, WebhookProvider]:
@@ -34,7 +34,6 @@ def _providers(env: dict) -> dict[str, WebhookProvider]:
 def init_app(app: Flask) -> None:
     app.extensions["webhook_providers"] = _providers(app.config["SETTINGS"].environ)
     app.extensions["webhook_store"] = DeliveryStore(app.extensions["redis"], app.extensions["event_bus"])
-    app.register_blueprint(bp)
 
 
 def start_background_tasks(app: Flask) -> None:

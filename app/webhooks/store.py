@@ -130,8 +130,13 @@ class DeliveryStore:
             except redis.exceptions.RedisError:
                 log.error("webhook delivery %s could not be re-queued", delivery_id)
             return False
-        except Exception:
-            log.exception("webhook delivery %s of %s cannot be published; marked failed", delivery_id, provider)
+        except Exception as error:  # the record itself is bad: retrying would fail the same way forever
+            log.error(
+                "webhook delivery %s of %s cannot be published (%s); marked failed",
+                delivery_id,
+                provider,
+                type(error).__name__,
+            )
             with contextlib.suppress(redis.exceptions.RedisError):
                 self.client.hset(key, "status", "failed")
             return False
