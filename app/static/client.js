@@ -551,11 +551,16 @@ export class EventFeed {
 
   /** @private */
   async pollLoop(generation, path, params, pauseMs) {
+    // The first request is a plain poll, answered at once: it shows the connection works (a held long
+    // poll says nothing until it answers) and brings what is already waiting.
+    let target = "/events";
     while (this.live(generation)) {
       this.abort = new AbortController();
       let response;
       try {
-        response = await this.client.request(`${path}${this.query(params)}`, { signal: this.abort.signal });
+        const url = target === path ? `${path}${this.query(params)}` : `${target}${this.query()}`;
+        target = path;
+        response = await this.client.request(url, { signal: this.abort.signal });
       } catch {
         if (!this.live(generation)) return;
         this.setState("reconnecting");

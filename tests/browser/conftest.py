@@ -10,9 +10,10 @@ import pytest
 from playwright.sync_api import sync_playwright
 
 from tests.events.conftest import FAST
-from tests.servers import CLIENT_ID, CLIENT_SECRET, ROOT, LiveServer, NginxServer, OpenIdProvider
+from tests.servers import CLIENT_ID, CLIENT_SECRET, ROOT, LiveServer, NginxServer, OpenIdProvider, free_port
 
 ARTIFACTS = ROOT / "tests" / "artifacts"
+INSECURE_HOST = "auth-rt.test"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 # As this machine's notes advise: no sandbox as root, and no background traffic to the outside.
 CHROMIUM_ARGS = [
@@ -23,6 +24,8 @@ CHROMIUM_ARGS = [
     "--disable-background-networking",
     "--disable-component-update",
     "--disable-sync",
+    # A name that is not localhost yet reaches this machine: a page there is not a secure context.
+    f"--host-resolver-rules=MAP {INSECURE_HOST} 127.0.0.1",
 ]
 
 
@@ -60,8 +63,15 @@ class Stack:
 
 
 @pytest.fixture(scope="module")
-def stack(base_env, tmp_path_factory):
-    running = Stack(base_env, tmp_path_factory.mktemp("stack"), with_oauth=True).start()
+def embedding_origin() -> str:
+    """Another origin (a second loopback port) that the stack lists in ALLOWED_ORIGINS."""
+    return f"http://127.0.0.1:{free_port()}"
+
+
+@pytest.fixture(scope="module")
+def stack(base_env, tmp_path_factory, embedding_origin):
+    directory = tmp_path_factory.mktemp("stack")
+    running = Stack(base_env, directory, with_oauth=True, ALLOWED_ORIGINS=embedding_origin).start()
     yield running
     running.stop()
 

@@ -3,19 +3,24 @@
 from __future__ import annotations
 
 import http.server
+import json
+import os
+import subprocess
 import threading
 import time
+import uuid
+from datetime import UTC, datetime, timedelta
 
 import pytest
 import requests
 from playwright.sync_api import expect
 
-from tests.browser.conftest import Stack
+from tests.browser.conftest import INSECURE_HOST, Stack
 from tests.events.clients import Api
-from tests.servers import free_port
+from tests.servers import ROOT, VENV_BIN, free_port
 from tests.utils import DEFAULT_PASSWORD, random_email
 
-# transport: (its radio button's label, the words the page uses once connected)
+# transport: (its radio button's label, the words the page uses for it)
 TRANSPORTS = {
     "sse": ("Server-sent events", "server-sent events"),
     "websocket": ("WebSocket", "WebSocket"),
@@ -36,7 +41,19 @@ def log_in(page, base: str, email: str):
     page.get_by_label("Password").fill(DEFAULT_PASSWORD)
     page.get_by_role("button", name="Log in", exact=True).click()
     expect(page.locator("#status")).to_have_text(f"Logged in as {email}")
-    expect(page.locator("#connection")).to_contain_text("Connected")
+    expect(page.locator("#connection")).to_have_attribute("data-state", "live")
+
+
+def choose_transport(page, transport: str) -> None:
+    label, words = TRANSPORTS[transport]
+    page.get_by_role("radio", name=label, exact=True).check()
+    expect(page.locator("#connection")).to_have_text(f"Live ({words})")
+
+
+def expect_newest_event(page, name: str, data: str, timeout: float = 5000) -> None:
+    newest = page.locator("#event-log li").first
+    expect(newest.locator(".name")).to_have_text(name, timeout=timeout)
+    expect(newest.locator(".data")).to_have_text(data)
 
 
 def logged_out(page, timeout: float = 2000):
@@ -44,7 +61,10 @@ def logged_out(page, timeout: float = 2000):
 
 
 def events_in(page) -> list[str]:
-    return page.locator("#event-log li").all_inner_texts()
+    """Newest first, as `name: data`."""
+    return page.locator("#event-log li").evaluate_all(
+        "items => items.map((li) => `${li.dataset.event}: ${li.querySelector('.data').textContent}`)"
+    )
 
 
 def test_page_is_served_with_a_strict_policy(stack):
@@ -80,11 +100,10 @@ def test_an_event_published_through_the_api_appears_on_each_transport(stack, new
     email = register(stack.url)
     log_in(page, stack.url, email)
     publisher = Api(stack.url, email=email)
-    for transport, (label, words) in TRANSPORTS.items():
-        page.get_by_role("radio", name=label, exact=True).check()
-        expect(page.locator("#connection")).to_contain_text(f"Connected by {words}")
+    for transport in TRANSPORTS:
+        choose_transport(page, transport)
         publisher.publish_ok(f"via {transport}", event="note")
-        expect(page.locator("#event-log li").first).to_have_text(f'note: "via {transport}"', timeout=5000)
+        expect_newest_event(page, "note", f'"via {transport}"')
     assert len(events_in(page)) == 4  # each exactly once, across the switches
 
 
@@ -95,7 +114,7 @@ def test_publish_box_reaches_the_users_other_device(stack, new_context):
     log_in(laptop, stack.url, email)
     laptop.get_by_label("Message to your other devices").fill("hello from the laptop")
     laptop.get_by_role("button", name="Publish").click()
-    expect(phone.locator("#event-log li").first).to_have_text('note: "hello from the laptop"')
+    expect_newest_event(phone, "note", '"hello from the laptop"')
 
 
 def test_two_devices_see_each_other_and_log_out_everywhere(stack, new_context):
@@ -117,27 +136,37 @@ def test_ending_one_session_from_the_other_logs_out_only_that_one(stack, new_con
     keeper, ended = new_context().new_page(), new_context().new_page()
     log_in(keeper, stack.url, email)
     log_in(ended, stack.url, email)
-    label, words = TRANSPORTS[transport]
-    ended.get_by_role("radio", name=label, exact=True).check()
-    expect(ended.locator("#connection")).to_contain_text(f"Connected by {words}")
+    choose_transport(ended, transport)
     expect(keeper.locator("#sessions li")).to_have_count(2)
     keeper.locator("#sessions li:not(.current)").get_by_role("button", name="End").click()
     logged_out(ended, timeout=2000)
     expect(keeper.locator("#status")).to_have_text(f"Logged in as {email}")
     Api(stack.url, email=email).publish_ok("still here", event="note")
-    expect(keeper.locator("#event-log li").first).to_have_text('note: "still here"')
+    expect_newest_event(keeper, "note", '"still here"')
+    expect(ended.locator("#connection")).to_have_attribute("data-state", "offline")
 
 
-def test_two_tabs_refreshing_at_the_same_moment_stay_logged_in(stack, new_context):
+@pytest.mark.parametrize("web_locks", [True, False], ids=["web-locks", "without-web-locks"])
+def test_two_tabs_refreshing_at_the_same_moment_stay_logged_in(stack, new_context, web_locks):
     context = new_context()
+    if not web_locks:  # as in a browser without the Web Locks API: the BroadcastChannel fallback
+        context.add_init_script("delete Navigator.prototype.locks")
     first, second = context.new_page(), context.new_page()
     email = register(stack.url)
     log_in(first, stack.url, email)
+    assert first.evaluate("'locks' in navigator") is web_locks
     second.goto(stack.url + "/")
     expect(second.locator("#status")).to_have_text(f"Logged in as {email}")
     context.clear_cookies(name="__Host-access")  # as if the access token had just expired
-    for page in (first, second):  # start both refreshes before either finishes
-        page.evaluate("() => { window.refreshed = window.authRt.client.refresh(); }")
+    # Both tabs start their refresh on one message, at the same moment: unserialised, both would present
+    # the same refresh token, and the second would end the session as a token thief's.
+    for page in (first, second):
+        page.evaluate(
+            """() => { window.refreshed = new Promise((resolve) => {
+                new BroadcastChannel("test-go").onmessage = () => resolve(window.authRt.client.refresh());
+            }); }"""
+        )
+    first.evaluate("new BroadcastChannel('test-go').postMessage('go')")
     assert first.evaluate("window.refreshed") is True
     assert second.evaluate("window.refreshed") is True
     for page in (first, second):
@@ -236,3 +265,83 @@ def test_the_oauth_button_completes_the_flow_and_lands_logged_in(stack, new_cont
     expect(page.locator("#status")).to_have_text(f"Logged in as {email}")
     assert page.url == stack.url + "/"
     expect(page.locator("#sessions li.current")).to_have_count(1)
+
+
+def publish_from_cli(base_env: dict, event: str, data) -> None:
+    """`flask --app wsgi events publish`, in the live server's environment, as an operator would."""
+    names = ("REDIS_URL", "SECRET_KEY", "JWT_SECRET", "APP_ENV", "DATA_DIR")
+    env = {**os.environ, **{name: base_env[name] for name in names}}
+    command = [str(VENV_BIN / "flask"), "--app", "wsgi", "events", "publish", "--channel", "broadcast"]
+    command += ["--event", event, "--data", json.dumps(data)]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "published" in done.stdout
+
+
+def test_the_page_says_what_it_is_and_shows_each_events_time_channel_and_name(stack, new_context):
+    page = new_context().new_page()
+    problems = []
+
+    def console(message):
+        # Chromium logs every 4xx; the 401s of the first session check (no cookie yet) are expected.
+        expected = "status of 401" in message.text and message.location["url"].endswith(("/auth/me", "/auth/refresh"))
+        if message.type in ("error", "warning") and not expected:
+            problems.append(f"{message.text} ({message.location['url']})")
+
+    page.on("console", console)
+    page.on("pageerror", lambda error: problems.append(str(error)))
+    email = register(stack.url)
+    log_in(page, stack.url, email)
+    expect(page.locator("#about")).to_contain_text("test page")
+    icon = page.locator('link[rel="icon"]').get_attribute("href")
+    answer = requests.get(stack.url + icon)
+    assert answer.status_code == 200 and answer.headers["Content-Type"].startswith("image/svg+xml")
+    expect(page.locator("#event-empty")).to_be_visible()
+    expect(page.locator("#connection")).to_have_text("Live (server-sent events)")
+    # The event-name pattern compiles (with the `v` flag) and validates as the server does.
+    name = page.get_by_label("Event name")
+    for value, valid in (("order.paid", True), ("a:b_c-d", True), ("bad name!", False), ("é", False)):
+        name.fill(value)
+        assert name.evaluate("input => input.checkValidity()") is valid, value
+    name.fill("order.paid")
+    page.get_by_label("Message to your other devices").fill("hello")
+    page.get_by_role("button", name="Publish").click()
+    newest = page.locator("#event-log li").first
+    expect(newest.locator(".name")).to_have_text("order.paid")
+    user_id = page.evaluate("window.authRt.client.me().then((user) => user.id)")
+    expect(newest.locator(".channel")).to_have_text(f"user:{user_id}")
+    expect(newest.locator(".data")).to_have_text('"hello"')
+    published = newest.locator("time").get_attribute("datetime")
+    assert abs(datetime.fromisoformat(published.replace("Z", "+00:00")) - datetime.now(UTC)) < timedelta(minutes=1)
+    expect(newest.locator("time")).not_to_be_empty()
+    expect(page.locator("#event-empty")).to_be_hidden()
+    assert problems == []
+
+
+def test_an_event_named_as_never_before_published_from_the_cli_appears_on_every_transport(stack, base_env, new_context):
+    page = new_context().new_page()
+    email = register(stack.url)
+    log_in(page, stack.url, email)
+    names = {}
+    for transport in TRANSPORTS:
+        choose_transport(page, transport)
+        names[transport] = f"order.paid.{transport}.{uuid.uuid4().hex[:8]}"  # a name no code has seen
+        publish_from_cli(base_env, names[transport], {"via": transport})
+        expect_newest_event(page, names[transport], json.dumps({"via": transport}, separators=(",", ":")))
+        expect(page.locator("#event-log li .channel").first).to_have_text("broadcast")
+    assert events_in(page)[::-1] == [f'{names[t]}: {{"via":"{t}"}}' for t in TRANSPORTS]
+
+
+def test_at_an_insecure_address_the_page_says_what_is_wrong_instead_of_hanging(stack, new_context):
+    page = new_context().new_page()
+    problems = []
+    page.on("pageerror", lambda error: problems.append(str(error)))
+    port = stack.url.rsplit(":", 1)[1]
+    page.goto(f"http://{INSECURE_HOST}:{port}/")  # plain HTTP, not localhost: no secure context
+    assert page.evaluate("window.isSecureContext") is False
+    assert page.evaluate("'locks' in navigator") is False
+    status = page.locator("#status")
+    expect(status).to_contain_text("Serve it over HTTPS, or open it at http://localhost:")
+    expect(page.locator("#signed-out")).to_be_hidden()
+    expect(page.locator("#signed-in")).to_be_hidden()
+    assert problems == []
