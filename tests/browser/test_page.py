@@ -345,3 +345,74 @@ def test_at_an_insecure_address_the_page_says_what_is_wrong_instead_of_hanging(s
     expect(page.locator("#signed-out")).to_be_hidden()
     expect(page.locator("#signed-in")).to_be_hidden()
     assert problems == []
+
+
+EMBEDDING_PAGE = """<!doctype html><html lang="en"><head><meta charset="utf-8"><title>Another site</title></head>
+<body><h1>Another site, using the service's client.js</h1>
+<p id="state">offline</p><ol id="events"></ol>
+<script type="module">
+import {{ Client, EventFeed }} from "{service}/static/client.js";
+const client = new Client({{ baseUrl: "{service}", onLoggedOut: () => {{ window.loggedOut = true; }} }});
+const feed = new EventFeed(client, {{
+  onEvent: (event) => {{
+    const item = document.createElement("li");
+    item.dataset.event = event.event;
+    item.textContent = `${{event.channel}} ${{event.event}} ${{JSON.stringify(event.data)}}`;
+    document.getElementById("events").prepend(item);
+  }},
+  onState: (state, transport) => {{ document.getElementById("state").textContent = `${{state}} ${{transport}}`; }},
+}});
+window.embedded = {{ client, feed }};
+</script></body></html>"""
+
+
+@pytest.fixture
+def embedding_site(stack, embedding_origin):
+    """A static page on the origin the stack allows, importing client.js from the service."""
+    body = EMBEDDING_PAGE.format(service=stack.url).encode()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - the http.server interface
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html; charset=utf-8")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", int(embedding_origin.rsplit(":", 1)[1])), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield embedding_origin
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_page_on_another_origin_logs_in_with_client_js_and_receives_live_events(stack, new_context, embedding_site):
+    context = new_context()
+    page = context.new_page()
+    errors = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    email = register(stack.url)
+    page.goto(embedding_site + "/")
+    page.wait_for_function("window.embedded !== undefined")
+    assert page.evaluate("window.embedded.client.crossOrigin") is True
+    login = f"window.embedded.client.login({{ email: '{email}', password: '{DEFAULT_PASSWORD}', device: 'elsewhere' }})"
+    assert page.evaluate(f"{login}.then((user) => user.email)") == email
+    assert page.evaluate("document.cookie") == ""  # the service's cookies, HttpOnly: not this page's script's
+    publisher = Api(stack.url, email=email)
+    for transport in TRANSPORTS:
+        page.evaluate(f"window.embedded.feed.start('{transport}')")
+        expect(page.locator("#state")).to_have_text(f"live {transport}")
+        name = f"webhook.pay.{uuid.uuid4().hex[:8]}"
+        publisher.publish_ok({"via": transport}, event=name)
+        newest = page.locator("#events li").first
+        expect(newest).to_have_text(f'user:{publisher.user_id} {name} {{"via":"{transport}"}}')
+    # A cookie-authenticated POST from the allowed origin passes the CSRF rule and arrives back.
+    page.evaluate(f"window.embedded.client.publish('user:{publisher.user_id}', 'from.elsewhere', 'hi')")
+    expect(page.locator("#events li").first).to_have_text(f'user:{publisher.user_id} from.elsewhere "hi"')
+    # With the access token gone, the client refreshes across origins (the refresh cookie, Path=/auth).
+    context.clear_cookies(name="__Host-access")
+    assert page.evaluate("window.embedded.client.me().then((user) => user && user.email)") == email
+    assert page.evaluate("window.loggedOut === undefined")
+    assert errors == []
