@@ -35,6 +35,7 @@ class ApiError(Exception):
 
 
 def bad_request(message: str) -> ApiError:
+    """400: input the service cannot parse."""
     return ApiError(400, "bad_request", message)
 
 
@@ -44,18 +45,22 @@ def validation_failed(message: str) -> ApiError:
 
 
 def unauthorized(message: str = "Authentication required.", code: str = "unauthorized") -> ApiError:
+    """401: no, or no longer valid, credentials."""
     return ApiError(401, code, message)
 
 
 def forbidden(message: str = "Not allowed.", code: str = "forbidden") -> ApiError:
+    """403: authenticated but not allowed, or refused as cross-site."""
     return ApiError(403, code, message)
 
 
 def not_found(message: str = "Not found.") -> ApiError:
+    """404: no such resource (or not the caller's)."""
     return ApiError(404, "not_found", message)
 
 
 def error_response(status: int, code: str, message: str, headers: dict | None = None):
+    """A JSON error answer in the one error shape."""
     response = jsonify({"error": {"code": code, "message": message}})
     response.status_code = status
     response.headers.update(headers or {})
@@ -65,6 +70,8 @@ def error_response(status: int, code: str, message: str, headers: dict | None = 
 
 
 def init_app(app: Flask) -> None:
+    """Answer every failure, expected or not, in the error shape (503 while Redis is away)."""
+
     @app.errorhandler(ApiError)
     def handle_api_error(error: ApiError):
         return error_response(error.status, error.code, error.message, error.headers)

@@ -14,17 +14,20 @@ bp = Blueprint("ops", __name__)
 
 @bp.get("/healthz")
 def healthz():
+    """200 while the process runs."""
     return jsonify({"status": "ok"})
 
 
 @bp.get("/metrics")
 def metrics():
+    """Prometheus metrics, summed over every worker."""
     body, content_type = render_metrics()
     return Response(body, content_type=content_type)
 
 
 @bp.get("/readyz")
 def readyz():
+    """200 when Redis answers, else 503."""
     try:
         get_redis().ping()
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):

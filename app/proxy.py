@@ -35,6 +35,7 @@ class TrustedProxyFix:
         self.proxied = ProxyFix(app, x_for=hops, x_proto=hops, x_host=hops)
 
     def __call__(self, environ, start_response):
+        """WSGI entry: through ProxyFix for a trusted peer, straight to the app for anyone else."""
         if peer_is_trusted(environ.get("REMOTE_ADDR"), self.trusted):
             return self.proxied(environ, start_response)
         return self.app(environ, start_response)

@@ -11,24 +11,31 @@ from flask import Flask, current_app
 
 
 class Keys:
+    """Every Redis key name, built in one place."""
+
     @staticmethod
     def user(user_id: str) -> str:
+        """The user's record (a hash)."""
         return f"user:{user_id}"
 
     @staticmethod
     def user_by_email(email: str) -> str:
+        """The id of the user with this e-mail."""
         return f"user:email:{email}"
 
     @staticmethod
     def user_by_identity(provider: str, subject: str) -> str:
+        """The id of the user an OAuth provider knows by this subject."""
         return f"user:identity:{provider}:{subject}"
 
     @staticmethod
     def user_sessions(user_id: str) -> str:
+        """The ids of the user's sessions (a set)."""
         return f"user:{user_id}:sessions"
 
     @staticmethod
     def session(session_id: str) -> str:
+        """One session (device): its record, also the head of its refresh family."""
         return f"session:{session_id}"
 
     @staticmethod
@@ -38,6 +45,7 @@ class Keys:
 
     @staticmethod
     def refresh_token(token_hash: str) -> str:
+        """One refresh token's record, under its SHA-256."""
         return f"refresh:{token_hash}"
 
     @staticmethod
@@ -47,10 +55,12 @@ class Keys:
 
     @staticmethod
     def stream(channel: str) -> str:
+        """A channel's event history (a stream)."""
         return f"events:{{{channel}}}"
 
     @staticmethod
     def webhook_delivery(provider: str, delivery_id: str) -> str:
+        """One received webhook delivery, under its id."""
         return f"webhook:{provider}:delivery:{delivery_id}"
 
     @staticmethod
@@ -70,6 +80,7 @@ class Keys:
 
     @staticmethod
     def webhook_log(provider: str) -> str:
+        """A provider's recent delivery ids, newest first."""
         return f"webhook:{provider}:log"
 
 
@@ -225,6 +236,7 @@ def connect(url: str, max_connections: int) -> redis.Redis:
 
 
 def init_app(app: Flask) -> None:
+    """Connect to Redis with a bounded pool and register the Lua scripts."""
     settings = app.config["SETTINGS"]
     client = connect(settings.redis_url, settings.redis_max_connections)
     app.extensions["redis"] = client
@@ -232,8 +244,10 @@ def init_app(app: Flask) -> None:
 
 
 def get_redis() -> redis.Redis:
+    """This app's Redis client."""
     return current_app.extensions["redis"]
 
 
 def get_scripts() -> Scripts:
+    """This app's registered Lua scripts."""
     return current_app.extensions["redis_scripts"]

@@ -8,6 +8,7 @@ REFRESH_PATH = "/auth"  # the refresh token is sent only to the endpoints that u
 
 
 def set_token_cookies(response, access_token: str, access_ttl: int, refresh_token: str, refresh_ttl: int) -> None:
+    """Put both tokens in HttpOnly, Secure, SameSite=Strict cookies (the refresh one only for /auth)."""
     response.set_cookie(
         ACCESS_COOKIE, access_token, max_age=access_ttl, path="/", secure=True, httponly=True, samesite="Strict"
     )
@@ -23,5 +24,6 @@ def set_token_cookies(response, access_token: str, access_ttl: int, refresh_toke
 
 
 def clear_token_cookies(response) -> None:
+    """Expire both token cookies in the browser."""
     response.delete_cookie(ACCESS_COOKIE, path="/", secure=True, httponly=True, samesite="Strict")
     response.delete_cookie(REFRESH_COOKIE, path=REFRESH_PATH, secure=True, httponly=True, samesite="Strict")

@@ -23,6 +23,8 @@ CSRF_EXEMPT_BLUEPRINTS = {"webhooks"}
 
 @dataclass(frozen=True)
 class Caller:
+    """Who is calling, as one verified access token and the stored user record say."""
+
     user_id: str
     role: str
     session_id: str
@@ -33,10 +35,12 @@ class Caller:
 
     @property
     def is_admin(self) -> bool:
+        """Whether the stored role (not the token's claim) is admin."""
         return self.role == "admin"
 
 
 def bearer_token() -> str | None:
+    """The token of an `Authorization: Bearer` header; None without one, 401 when malformed."""
     header = request.headers.get("Authorization")
     if header is None:
         return None
@@ -72,6 +76,8 @@ def authenticate() -> Caller:
 
 
 def login_required(view):
+    """Decorate a view that needs a verified caller (401 otherwise)."""
+
     @functools.wraps(view)
     def wrapper(*args, **kwargs):
         authenticate()
@@ -81,6 +87,7 @@ def login_required(view):
 
 
 def current_caller() -> Caller:
+    """The caller that `authenticate` verified for this request."""
     return g.caller
 
 
@@ -116,6 +123,7 @@ def _uses_cookies() -> bool:
 
 
 def check_csrf() -> None:
+    """Refuse (403) an unsafe, cookie-authenticated request that a foreign page started."""
     if request.method not in UNSAFE_METHODS or request.blueprint in CSRF_EXEMPT_BLUEPRINTS:
         return
     if _uses_cookies() and cross_site_request():
@@ -144,6 +152,8 @@ def _add_cors_headers(response):
 
 
 def init_app(app: Flask) -> None:
+    """Run the CSRF rule and answer CORS preflights before every view; add CORS headers after."""
+
     @app.before_request
     def guard_request():
         if request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers:

@@ -47,6 +47,8 @@ PRESETS = {
 
 @dataclass(frozen=True)
 class Identity:
+    """Who the provider says the user is, and whether it vouches for the e-mail address."""
+
     subject: str
     email: str | None
     email_verified: bool
@@ -78,6 +80,7 @@ def _provider_settings(env: dict, name: str) -> dict:
 
 
 def init_app(app: Flask) -> None:
+    """Register every configured OAuth provider with Authlib."""
     env = app.config["SETTINGS"].environ
     names = [n.strip().lower() for n in env.get("OAUTH_PROVIDERS", "").split(",") if n.strip()]
     oauth = OAuth(app)
@@ -87,6 +90,7 @@ def init_app(app: Flask) -> None:
 
 
 def provider_names() -> list[str]:
+    """The configured OAuth providers, for the page's login buttons."""
     return current_app.extensions.get("oauth_providers", [])
 
 
@@ -107,6 +111,7 @@ def safe_next(value: str | None) -> str:
 
 @bp.get("/<provider>/login")
 def login(provider: str):
+    """Start a login: fresh state, PKCE verifier and nonce in the state cookie, then off to the provider."""
     client = _client(provider)
     next_path = safe_next(request.args.get("next"))
     redirect_uri = url_for(".callback", provider=provider, _external=True)
@@ -132,6 +137,7 @@ def _claim_state_once(state: str) -> bool:
 
 @bp.get("/<provider>/callback")
 def callback(provider: str):
+    """Finish a login: state first, then the code exchange, the user, a session and its cookies."""
     client = _client(provider)
     state = request.args.get("state")
     state_data = client.framework.get_state_data(session, state) if state else None
@@ -176,6 +182,7 @@ def _complete_login(provider: str, client, state_data: dict):
 
 @bp.get("/landing")
 def landing():
+    """A same-site page that moves on to `next`, so the new Strict cookies are sent."""
     target = html.escape(safe_next(request.args.get("next")), quote=True)
     page = (
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'

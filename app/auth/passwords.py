@@ -56,6 +56,7 @@ def _off_hub(fn, *args):
 
 
 def hash_password(password: str) -> str:
+    """An Argon2id hash of the password, computed off the hub."""
     return _off_hub(PASSWORD_CONTEXT.hash, password)
 
 

@@ -28,6 +28,8 @@ DEVICE_MAX = 200
 
 @dataclass(frozen=True)
 class IssuedSession:
+    """A new session and the first refresh token of its family."""
+
     session_id: str
     refresh_token: str
     refresh_expires_in: int
@@ -35,6 +37,8 @@ class IssuedSession:
 
 @dataclass(frozen=True)
 class Rotation:
+    """The outcome of presenting a refresh token, and what it yields."""
+
     outcome: str  # rotated | grace | reused | invalid
     user_id: str | None = None
     session_id: str | None = None
@@ -44,6 +48,7 @@ class Rotation:
 
 
 def hash_token(raw: str) -> str:
+    """The SHA-256 under which a refresh token is stored (the token itself never is)."""
     return hashlib.sha256(raw.encode()).hexdigest()
 
 
@@ -139,6 +144,7 @@ def verify_session(user_id: str, session_id: str, token_version: int, scripts=No
 
 
 def session_is_valid(user_id: str, session_id: str, token_version: int, scripts=None) -> bool:
+    """Whether the session still exists and the token version is current."""
     return verify_session(user_id, session_id, token_version, scripts) is not None
 
 
@@ -151,6 +157,7 @@ def end_session(session_id: str) -> str | None:
 
 
 def end_other_sessions(user_id: str, keep_session_id: str) -> list[str]:
+    """End every session of the user but one (after a password change); returns the ended ids."""
     ended = get_scripts().end_other_sessions(
         keys=[Keys.user(user_id), Keys.user_sessions(user_id)], args=[f"{time.time():.3f}", keep_session_id]
     )
@@ -195,4 +202,5 @@ def list_sessions(user_id: str, current_session_id: str | None) -> list[dict]:
 
 
 def session_owner(session_id: str) -> str | None:
+    """The user id a session belongs to, or None when it does not exist."""
     return get_redis().hget(Keys.session(session_id), "user_id")

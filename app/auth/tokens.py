@@ -19,15 +19,21 @@ TOKEN_TYPE = "at+jwt"  # noqa: S105 (a JWT "typ" value, not a secret)
 
 
 class TokenExpired(Exception):
+    """A well-formed access token past its expiry."""
+
     pass
 
 
 class TokenInvalid(Exception):
+    """An access token that fails any other check (signature, algorithm, claims)."""
+
     pass
 
 
 @dataclass(frozen=True)
 class AccessClaims:
+    """What a verified access token says about its bearer."""
+
     user_id: str
     role: str
     token_version: int
@@ -66,6 +72,7 @@ def _thumbprint(public_jwk: dict) -> str:
 
 
 def init_app(app: Flask) -> None:
+    """Load the signing and verification keys once per app."""
     app.extensions["token_keys"] = TokenKeys(app.config["SETTINGS"])
 
 

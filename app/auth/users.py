@@ -17,10 +17,12 @@ ROLES = ("user", "admin")
 
 
 def normalise_email(email: str) -> str:
+    """The form e-mail addresses are compared and stored in."""
     return email.strip().lower()
 
 
 def validate_email(email: str) -> str:
+    """The normalised address, or 422 when it is not one (or holds control characters)."""
     email = normalise_email(email)
     if len(email) > 254 or not EMAIL_PATTERN.fullmatch(email) or has_control_characters(email):
         raise validation_failed("The e-mail address is not valid.")
@@ -28,6 +30,7 @@ def validate_email(email: str) -> str:
 
 
 def validate_password(password: str) -> str:
+    """The password, or 422 when its length is outside what accounts accept."""
     if not PASSWORD_MIN <= len(password) <= PASSWORD_MAX:
         raise validation_failed(f"The password must have {PASSWORD_MIN} to {PASSWORD_MAX} characters.")
     return password
@@ -57,19 +60,23 @@ def create_user(email: str, password: str | None, role: str = "user", identities
 
 
 def find_user_id_by_email(email: str) -> str | None:
+    """The id of the account with this e-mail, if any."""
     return get_redis().get(Keys.user_by_email(normalise_email(email)))
 
 
 def get_user(user_id: str) -> dict | None:
+    """The stored user record, or None."""
     record = get_redis().hgetall(Keys.user(user_id))
     return record or None
 
 
 def public_user(user: dict) -> dict:
+    """U: the fields of a user that answers may show."""
     return {"id": user["id"], "email": user["email"], "role": user["role"]}
 
 
 def store_password_hash(user_id: str, password_hash: str) -> None:
+    """Replace the user's stored password hash."""
     get_redis().hset(Keys.user(user_id), "password_hash", password_hash)
 
 

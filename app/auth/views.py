@@ -64,6 +64,7 @@ def _refused(error: ApiError, transport: str):
 @bp.post("/register")
 @rate_limited("register", per=("address", "email"))
 def register():
+    """Create an account with a password (201 with U)."""
     body = json_body()
     email, password = field(body, "email"), field(body, "password")
     user = users.create_user(email, password)
@@ -82,6 +83,7 @@ def _device_name(body: dict) -> str | None:
 @bp.post("/login")
 @rate_limited("login", per=("address", "email_or_device"))
 def login():
+    """Check the password and start a session for this device; tokens by cookie or in the body."""
     body = json_body()
     email, password = field(body, "email"), field(body, "password")
     transport = field(body, "transport", required=False, default="cookie")
@@ -106,6 +108,7 @@ def login():
 @bp.post("/refresh")
 @rate_limited("refresh", per=("address", "refresh_token"))
 def refresh():
+    """Rotate a refresh token; a reused one ends its whole family."""
     body = json_body(optional=True)
     raw = field(body, "refresh_token", required=False)
     transport = "body" if raw is not None else "cookie"
@@ -141,6 +144,7 @@ def _session_to_end() -> str:
 
 @bp.post("/logout")
 def logout():
+    """End the current session (its refresh family) and clear the cookies."""
     try:
         session_id = _session_to_end()
     except ApiError as error:
@@ -152,6 +156,7 @@ def logout():
 @bp.post("/logout-all")
 @login_required
 def logout_all():
+    """Log out of every device: tokenVersion + 1, every session ended, live connections closed."""
     sessions.logout_all(current_caller().user_id)
     return _no_content(clear_cookies=True)
 
@@ -159,6 +164,7 @@ def logout_all():
 @bp.get("/me")
 @login_required
 def me():
+    """The caller and their session id."""
     caller = current_caller()
     return jsonify({"user": caller.user, "session_id": caller.session_id})
 
@@ -166,6 +172,7 @@ def me():
 @bp.get("/sessions")
 @login_required
 def list_sessions():
+    """The caller's sessions, one per logged-in device."""
     caller = current_caller()
     return jsonify({"sessions": sessions.list_sessions(caller.user_id, caller.session_id)})
 
@@ -173,6 +180,7 @@ def list_sessions():
 @bp.delete("/sessions/<session_id>")
 @login_required
 def end_session(session_id: str):
+    """End one of the caller's sessions (another device, or this one)."""
     caller = current_caller()
     if not SESSION_ID.fullmatch(session_id) or sessions.session_owner(session_id) != caller.user_id:
         raise not_found("No such session.")
@@ -184,6 +192,7 @@ def end_session(session_id: str):
 @rate_limited("password", per=("address", "caller"))
 @login_required
 def change_password():
+    """Change the password after checking the current one; every other session ends."""
     body = json_body()
     current, new = field(body, "current_password"), field(body, "new_password")
     users.validate_password(new)
@@ -200,6 +209,7 @@ def change_password():
 
 @jwks_bp.get("/.well-known/jwks.json")
 def jwks():
+    """The public key that verifies access tokens (asymmetric algorithms only)."""
     keys = current_app.extensions["token_keys"]
     if not keys.kid:
         raise not_found("This service signs with a shared secret; there is no public key.")

@@ -12,6 +12,7 @@ from .leases import ConnectionLeases
 
 
 def init_app(app: Flask) -> None:
+    """Bind the event bus, the hub and connection leases; close live connections when sessions end."""
     settings = app.config["SETTINGS"]
     client = app.extensions["redis"]
     bus = Bus(client, app.extensions["redis_scripts"], settings.event_history_maxlen)

@@ -40,6 +40,8 @@ return id
 
 @dataclass(slots=True)
 class Event:
+    """E: one event as stored in its channel's stream."""
+
     id: str
     channel: str
     event: str
@@ -67,11 +69,13 @@ class Event:
 
     @classmethod
     def from_wire(cls, raw: str) -> Event:
+        """An event from the JSON the publish script sends on pub/sub."""
         fields = json.loads(raw)
         return cls(fields["id"], fields["channel"], fields["event"], fields["data"], fields["ts"])
 
 
 def reset_event(channel: str) -> Event:
+    """The event that tells a reader its cursor is older than the kept history."""
     data = json.dumps({"reason": "The cursor is older than the kept history; some events were dropped."})
     return Event("0-0", channel, "reset", data, _now())
 
@@ -111,6 +115,7 @@ def encode_data(data) -> str:
 
 
 def validate_names(channel: str, event: str) -> None:
+    """422 unless the channel and event names are of the allowed characters and length."""
     if not CHANNEL_PATTERN.fullmatch(channel):
         raise validation_failed("The channel name is not valid.")
     if not EVENT_NAME_PATTERN.fullmatch(event):
@@ -127,6 +132,7 @@ class Bus:
         self._publish = client.register_script(PUBLISH_LUA)
 
     def publish(self, channel: str, event: str, data) -> Event:
+        """Append an event to its channel's stream and wake live readers, in one atomic step."""
         validate_names(channel, event)
         encoded, ts = encode_data(data), _now()
         stream_id = self._publish(
@@ -137,6 +143,7 @@ class Bus:
         return Event(stream_id, channel, event, encoded, ts)
 
     def announce_sessions_ended(self, user_id: str, session_ids: list[str], whole_user: bool = False) -> None:
+        """Tell every worker of every instance to close these sessions' connections."""
         message = {"user_id": user_id, "session_ids": session_ids, "whole_user": whole_user}
         self.client.publish(CONTROL_CHANNEL, json.dumps(message))
 

@@ -25,15 +25,18 @@ def valid_stream_id(value) -> bool:
 
 
 def parse_id(stream_id: str) -> tuple[int, int]:
+    """A stream id as a pair of numbers, for ordering."""
     milliseconds, _, sequence = stream_id.partition("-")
     return int(milliseconds), int(sequence or 0)
 
 
 def is_after(stream_id: str, position: str) -> bool:
+    """Whether a stream id comes after a position."""
     return parse_id(stream_id) > parse_id(position)
 
 
 def encode_cursor(positions: dict[str, str]) -> str:
+    """The opaque cursor for a set of per-channel positions."""
     raw = json.dumps(positions, separators=(",", ":"), sort_keys=True).encode()
     return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
 

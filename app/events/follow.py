@@ -26,11 +26,15 @@ class StreamEnded(Exception):
 
 @dataclass(frozen=True)
 class Delivery:
+    """An event and the cursor just after it."""
+
     event: Event
     cursor: str  # the position just after this event: resuming from it yields the next one
 
 
 class Follower:
+    """A reader's view of its channels from a cursor: history first, then live, every event once."""
+
     def __init__(
         self,
         bus: Bus,
@@ -70,6 +74,7 @@ class Follower:
 
     @property
     def cursor(self) -> str:
+        """The cursor just after everything delivered so far."""
         return encode_cursor(self.positions)
 
     def close(self) -> None:

@@ -41,6 +41,7 @@ class Subscription:
         self.ended: str | None = None  # session_ended | overflow | shutdown
 
     def offer(self, item) -> None:
+        """Queue an event (or a resync); past the bound the connection ends as overflowed."""
         if len(self.items) >= self.maxsize:
             self.end("overflow")
             return
@@ -48,6 +49,7 @@ class Subscription:
         self.ready.set()
 
     def end(self, reason: str) -> None:
+        """Mark the connection to end, with the reason, and wake its reader."""
         if self.ended is None:
             self.ended = reason
         self.ready.set()
@@ -63,6 +65,8 @@ class Subscription:
 
 
 class Hub:
+    """This worker's one pub/sub connection, handing events and control messages to local connections."""
+
     def __init__(self, client: redis.Redis):
         self.client = client
         self.by_channel: dict[str, set[Subscription]] = defaultdict(set)
@@ -86,6 +90,7 @@ class Hub:
         return subscription
 
     def unsubscribe(self, subscription: Subscription) -> None:
+        """Forget a connection that has ended."""
         for index, key in [(self.by_user, subscription.user_id), (self.by_session, subscription.session_id)] + [
             (self.by_channel, channel) for channel in subscription.channels
         ]:

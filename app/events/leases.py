@@ -35,6 +35,8 @@ return 1
 
 
 class TooManyConnections(ApiError):
+    """429: the user already holds MAX_CONNECTIONS_PER_USER live connections."""
+
     def __init__(self, limit: int):
         super().__init__(
             429,

@@ -38,6 +38,7 @@ def sse_frame(data: str, event: str | None = None, id: str | None = None) -> str
 @login_required
 def stream():
     # Last-Event-ID first: a browser reconnecting by itself sends it, newer than the URL's ?cursor=.
+    """Server-sent events: every event after the cursor, then live, with heartbeats."""
     cursor = request.headers.get("Last-Event-ID") or request.args.get("cursor") or None
     # 400 for a bad cursor and 429 past the user's connection cap, both before streaming.
     follower = follower_for_request(live=True, cursor=cursor)

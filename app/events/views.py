@@ -21,18 +21,22 @@ POLL_LIMIT_DEFAULT, POLL_LIMIT_MAX = 100, 1000
 
 
 def get_bus() -> Bus:
+    """This app's event bus."""
     return current_app.extensions["event_bus"]
 
 
 def get_hub() -> Hub:
+    """This worker's event hub."""
     return current_app.extensions["event_hub"]
 
 
 def get_leases() -> ConnectionLeases:
+    """This worker's connection leases."""
     return current_app.extensions["connection_leases"]
 
 
 def cursor_arg() -> str | None:
+    """The `cursor` query parameter, if given."""
     return request.args.get("cursor") or None
 
 
@@ -61,6 +65,7 @@ def events_answer(deliveries: list[Delivery], cursor: str, transport: str) -> Re
 @bp.post("/events")
 @login_required
 def publish():
+    """Publish an event to a channel the caller may publish to."""
     body = json_body()
     channel, event = field(body, "channel"), field(body, "event")
     caller = current_caller()
@@ -73,6 +78,7 @@ def publish():
 @bp.get("/events")
 @login_required
 def poll():
+    """Polling: whatever is new after the cursor, at once (204 when nothing is)."""
     limit = number_arg("limit", POLL_LIMIT_DEFAULT, 1, POLL_LIMIT_MAX, int)
     follower = follower_for_request(live=False, cursor=cursor_arg())
     return events_answer(follower.take_ready(limit), follower.cursor, "poll")
@@ -81,6 +87,7 @@ def poll():
 @bp.get("/events/wait")
 @login_required
 def wait():
+    """Long polling: answer as soon as something is new, or 204 after the time-out."""
     settings = current_app.config["SETTINGS"]
     timeout = number_arg("timeout", settings.long_poll_timeout, 0, settings.long_poll_max_timeout)
     limit = number_arg("limit", POLL_LIMIT_DEFAULT, 1, POLL_LIMIT_MAX, int)

@@ -55,6 +55,8 @@ def log_failure(what: str, error: Exception) -> None:
 
 
 class FellBehind(Exception):
+    """A client that could not take an event frame within the send time-out."""
+
     pass
 
 
@@ -85,6 +87,7 @@ class FrameWriter:
     def send_with_deadline(self, data: bytes) -> None:
         # Wait for writability rather than setting a socket time-out: the reader greenlet is in recv()
         # on the same socket, and a time-out there would end the connection.
+        """Write one frame whole, waiting for the socket no longer than the send time-out."""
         with self.lock:
             view, deadline = memoryview(data), time.monotonic() + self.send_timeout
             try:
@@ -167,18 +170,23 @@ class SocketControl:
 
     @property
     def open(self) -> bool:
+        """Whether simple-websocket still takes the connection as open."""
         return self.ws.connected
 
     def text_frame(self, message: str) -> bytes:
+        """The bytes of one text frame."""
         return self.ws.ws.send(TextMessage(data=message))
 
     def close_frame(self, code: int, reason: str) -> bytes:
+        """The bytes of a close frame with this code and reason."""
         return self.ws.ws.send(CloseConnection(code, reason))
 
     def mark_closed(self) -> None:
+        """Mark the connection closed, so that the receiving loop ends."""
         self.ws.connected = False
 
     def wake_receiver(self) -> None:
+        """Wake a receive() that is waiting without a time-out."""
         self.ws.event.set()
 
 
@@ -271,5 +279,6 @@ def handle_client_message(bus, caller, message) -> dict | None:
 
 
 def init_app(app) -> None:
+    """Bind flask-sock with the ping interval and the message size limit."""
     app.config["SOCK_SERVER_OPTIONS"] = {"ping_interval": PING_INTERVAL, "max_message_size": MESSAGE_LIMIT}
     sock.init_app(app)

@@ -32,6 +32,7 @@ def _providers(env: dict) -> dict[str, WebhookProvider]:
 
 
 def init_app(app: Flask) -> None:
+    """Bind the configured webhook providers and the delivery store."""
     app.extensions["webhook_providers"] = _providers(app.config["SETTINGS"].environ)
     app.extensions["webhook_store"] = DeliveryStore(app.extensions["redis"], app.extensions["event_bus"])
 

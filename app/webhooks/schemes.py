@@ -35,6 +35,7 @@ def _check_timestamp(raw: str | None, now: float) -> int:
 
 
 def standard_key(secret: str) -> bytes:
+    """The HMAC key of a Standard Webhooks secret (`whsec_` + base64)."""
     try:
         return base64.b64decode(secret.removeprefix("whsec_"), validate=True)
     except binascii.Error:

@@ -66,6 +66,8 @@ def user_at_path(payload, path: str | None) -> str | None:
 
 
 class DeliveryStore:
+    """Received deliveries: recorded once, published after the answer, retried by a sweeper."""
+
     def __init__(self, client: redis.Redis, bus: Bus):
         self.client = client
         self.bus = bus
@@ -157,6 +159,7 @@ class DeliveryStore:
             self.bus.publish(user_channel(record["user_id"]), name, data)
 
     def ensure_sweeper(self) -> None:
+        """Start the sweeper greenlet unless it runs."""
         if self._sweeper is None or self._sweeper.dead:
             self._sweeper = gevent.spawn(self._sweep_forever)
 
@@ -176,6 +179,7 @@ class DeliveryStore:
                     log.exception("webhook sweeper: unexpected failure")
 
     def recent(self, provider: str, limit: int) -> list[dict]:
+        """A provider's most recent deliveries, newest first."""
         ids = self.client.lrange(Keys.webhook_log(provider), 0, limit - 1)
         pipe = self.client.pipeline(transaction=False)
         for delivery_id in ids:

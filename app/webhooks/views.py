@@ -21,6 +21,8 @@ ID_LIMIT = 200
 
 @dataclass(frozen=True)
 class WebhookProvider:
+    """One configured webhook sender: its scheme, secrets and where its payload names a user."""
+
     name: str
     scheme: str
     secrets: list[str]
@@ -40,6 +42,7 @@ def _store() -> DeliveryStore:
 
 @bp.post("/<name>")
 def receive(name: str):
+    """Verify, de-duplicate and record a delivery; answer at once and publish after."""
     provider = _provider(name)
     body = read_body(BODY_LIMIT)  # enforced while reading, chunked bodies included
     try:
@@ -80,6 +83,7 @@ def _identify(provider: WebhookProvider, signed_id: str | None, payload) -> tupl
 @bp.get("/<name>/deliveries")
 @login_required
 def deliveries(name: str):
+    """Admins: a provider's recent deliveries."""
     provider = _provider(name)
     if not current_caller().is_admin:
         raise forbidden("Only administrators may list webhook deliveries.")
