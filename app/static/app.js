@@ -23,7 +23,8 @@ window.authRt = { client, feed };
 function showConnection(state, transport) {
   const line = $("connection");
   line.dataset.state = state;
-  line.textContent = transport && state !== "offline" ? `${STATE_NAMES[state]} (${TRANSPORT_NAMES[transport]})` : STATE_NAMES[state];
+  const via = transport && state !== "offline" ? ` (${TRANSPORT_NAMES[transport]})` : "";
+  line.textContent = `${STATE_NAMES[state]}${via}`;
 }
 
 function showSignedOut(message) {

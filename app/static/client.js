@@ -370,7 +370,8 @@ export class EventFeed {
    * @param {Transport} transport
    */
   start(transport) {
-    const run = { sse: this.sse, websocket: this.openWebSocket, "long-poll": this.longPoll, poll: this.poll }[transport];
+    const runners = { sse: this.sse, websocket: this.openWebSocket, "long-poll": this.longPoll, poll: this.poll };
+    const run = Object.hasOwn(runners, transport) && runners[transport];
     if (!run) throw new TypeError(`unknown transport: ${transport}`);
     this.halt();
     this.transport = transport;
@@ -448,8 +449,13 @@ export class EventFeed {
     if (this.cursor) return;
     const response = await this.client.request("/events?limit=1", { signal });
     if (response.status === 401) return;
-    if (response.status === 204) this.cursor = response.headers.get("Event-Cursor");
-    else if (response.ok) this.cursor = (await response.json()).cursor; // an event arrived in between: fine, the stream starts after it
+    if (response.status === 204) {
+      this.cursor = response.headers.get("Event-Cursor");
+    } else if (response.ok) {
+      const body = await response.json();
+      for (const event of body.events) this.deliver(event);
+      this.cursor = body.cursor;
+    }
   }
 
   /**

@@ -416,3 +416,25 @@ def test_a_page_on_another_origin_logs_in_with_client_js_and_receives_live_event
     assert page.evaluate("window.embedded.client.me().then((user) => user && user.email)") == email
     assert page.evaluate("window.loggedOut === undefined")
     assert errors == []
+
+
+@pytest.mark.parametrize("transport", list(TRANSPORTS))
+def test_offline_then_online_shows_the_state_and_loses_nothing(stack, new_context, transport):
+    context = new_context()
+    page = context.new_page()
+    email = register(stack.url)
+    log_in(page, stack.url, email)
+    choose_transport(page, transport)
+    publisher = Api(stack.url, email=email)
+    publisher.publish_ok("before", event="note")
+    expect_newest_event(page, "note", '"before"')
+    context.set_offline(True)
+    # Chromium's offline emulation fails new requests but leaves open streams alone: reconnect, as after a drop.
+    page.evaluate("window.authRt.feed.stop(); window.authRt.feed.start(window.authRt.feed.transport)")
+    expect(page.locator("#connection")).to_have_attribute("data-state", "offline")
+    for n in range(3):
+        publisher.publish_ok(f"while offline {n}", event="note")
+    context.set_offline(False)
+    expect(page.locator("#connection")).to_have_attribute("data-state", "live", timeout=10_000)
+    expect(page.locator("#event-log li")).to_have_count(4, timeout=10_000)
+    assert events_in(page)[::-1] == ['note: "before"'] + [f'note: "while offline {n}"' for n in range(3)]
