@@ -381,6 +381,13 @@ export class EventFeed {
     run.call(this, generation);
   }
 
+  /**
+   * Kept for pages written for the EventSource-based client, which had to name each event to receive it.
+   * @deprecated every event arrives on every transport; this does nothing
+   * @param {string} _name
+   */
+  listen(_name) {}
+
   /** Stops following; the cursor is kept, so a later start resumes where this one stopped. */
   stop() {
     this.halt();
