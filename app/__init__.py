@@ -55,7 +55,7 @@ def create_app(overrides: dict | None = None) -> Flask:
     webhooks.init_app(app)
     page.init_app(app)
     # Every blueprint, registered here and only here.
-    for blueprint in (ops.bp, auth_views.bp, auth_views.jwks_bp, oauth.bp, event_views.bp, webhook_views.bp):
+    for blueprint in (ops.bp, auth_views.bp, auth_views.jwks_bp, oauth.bp, event_views.bp, webhook_views.bp, page.bp):
         app.register_blueprint(blueprint)
     # Last: the limiter wraps the views that declare @rate_limited, so every blueprint must be in.
     limits.init_app(app)

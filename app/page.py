@@ -18,6 +18,7 @@ CONTENT_SECURITY_POLICY = (
 
 @bp.get("/")
 def index():
+    """The browser page: log in, watch events by any transport, manage devices."""
     response = render_template("index.html", providers=provider_names())
     return response, 200, {"Cache-Control": "no-store"}
 
@@ -32,5 +33,5 @@ def _security_headers(response):
 
 
 def init_app(app: Flask) -> None:
-    app.register_blueprint(bp)
+    """Give every answer the security headers (the page and its scripts a strict CSP too)."""
     app.after_request(_security_headers)
