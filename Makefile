@@ -3,18 +3,27 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt | sha1sum | cut -c1-12)
+# One stamp for what serving needs (`make run`), one for the test, lint and benchmark tools on top;
+# each named after its requirements' content, so editing a pin installs again.
+RUN_STAMP := $(VENV)/.installed-run-$(shell cat requirements.txt | sha1sum | cut -c1-12)
+DEV_STAMP := $(VENV)/.installed-dev-$(shell cat requirements.txt requirements-dev.txt | sha1sum | cut -c1-12)
 SYSTEM_PACKAGES := redis-server=redis-server redis-cli=redis-tools nginx=nginx-light
 TEST_PACKAGES := node=nodejs npm=npm chromium=chromium
 
-.PHONY: run test lint bench deps system-deps clean
+.PHONY: run test lint bench deps dev-deps system-deps clean
 
-$(STAMP): requirements.txt requirements-dev.txt
+$(RUN_STAMP): requirements.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q -r requirements-dev.txt
-	rm -f $(VENV)/.installed-* && touch $@
+	$(BIN)/pip install -q -r requirements.txt
+	rm -f $(VENV)/.installed-run-* && touch $@
 
-deps: $(STAMP)
+$(DEV_STAMP): $(RUN_STAMP) requirements-dev.txt
+	$(BIN)/pip install -q -r requirements-dev.txt
+	rm -f $(VENV)/.installed-dev-* && touch $@
+
+deps: $(RUN_STAMP)
+
+dev-deps: $(DEV_STAMP)
 
 system-deps:
 	scripts/ensure-packages.sh $(SYSTEM_PACKAGES)
@@ -22,7 +31,7 @@ system-deps:
 run: deps system-deps
 	scripts/run.sh
 
-lint: deps
+lint: dev-deps
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
@@ -33,17 +42,17 @@ $(OIDC_STAMP): tests/oidc/package.json tests/oidc/package-lock.json
 	cd tests/oidc && npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
-test: deps system-deps lint $(OIDC_STAMP)
+test: dev-deps system-deps lint $(OIDC_STAMP)
 	scripts/ensure-packages.sh $(TEST_PACKAGES)
 	$(BIN)/pytest
 
 BENCH_STAMP := $(VENV)/.bench-installed
-$(BENCH_STAMP): requirements-bench.txt $(STAMP)
+$(BENCH_STAMP): requirements-bench.txt $(DEV_STAMP)
 	$(BIN)/pip install -q -r requirements-bench.txt
 	touch $@
 
 # Not part of `make test`: benchmarks of the service beside flask-sse and nginx+nchan (bench/README.md).
-bench: deps system-deps $(BENCH_STAMP)
+bench: dev-deps system-deps $(BENCH_STAMP)
 	scripts/ensure-packages.sh wrk=wrk
 	test -f /usr/lib/nginx/modules/ngx_nchan_module.so || scripts/ensure-packages.sh nchan-module=libnginx-mod-nchan
 	$(BIN)/python -m bench.run

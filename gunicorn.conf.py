@@ -3,18 +3,43 @@
 Run: gunicorn -c gunicorn.conf.py wsgi:app   (the Procfile's web line)
 """
 
-import multiprocessing
+import json
+import logging
+import math
 import os
+import time
 
 # PaaS platforms hand out the port in $PORT; listen on every interface so their router reaches us.
+# Behind a local nginx (`make run`), `--bind 127.0.0.1:$PORT` on the command line overrides this.
 bind = f"0.0.0.0:{os.environ.get('PORT', '8000')}"
 
 # gevent: one greenlet per connection, so thousands of idle SSE streams and WebSockets cost
 # memory, not threads. The worker monkey-patches the standard library before the app is imported.
 worker_class = "gevent"
 
-# One worker per core by default (WEB_CONCURRENCY is what Heroku-style platforms set).
-workers = int(os.environ.get("WEB_CONCURRENCY", multiprocessing.cpu_count()))
+
+def usable_cpus(cpu_max: str = "/sys/fs/cgroup/cpu.max") -> int:
+    """The CPUs this process may really use: its affinity mask, capped by a cgroup v2 CPU quota.
+
+    os.cpu_count() is the host's count: a container limited to one CPU on a 64-core host would
+    start 64 workers, each with its own Redis pool and event hub, competing for one CPU.
+    """
+    count = len(os.sched_getaffinity(0))
+    try:
+        with open(cpu_max) as file:
+            quota, period = file.read().split()[:2]
+    except (OSError, ValueError):
+        return count  # no cgroup v2 quota file: not limited beyond the affinity mask
+    if quota != "max":
+        count = min(count, math.ceil(int(quota) / int(period)))
+    return max(1, count)
+
+
+# One worker per usable CPU: gevent serves thousands of connections per worker, so more workers
+# only add parallel CPU, never capacity for idle streams. WEB_CONCURRENCY (what Heroku-style
+# platforms set) overrides it: size it to the CPUs the instance really has, and lower it when
+# memory is tight (each worker holds its own app, Redis pool and event hub, ~60-100 MB).
+workers = int(os.environ.get("WEB_CONCURRENCY") or usable_cpus())
 
 # Open connections per worker. Streams are long-lived, so this is sized for thousands each;
 # the process file-descriptor limit (ulimit -n) must be at least this much.
@@ -54,6 +79,41 @@ accesslog = None
 errorlog = "-"
 loglevel = os.environ.get("LOG_LEVEL", "info").lower()
 
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line, like the app's request lines, so a log pipeline parses every line."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(record.created)),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "pid": record.process,
+            "msg": record.getMessage(),
+        }
+        if record.exc_info:
+            line["exc"] = self.formatException(record.exc_info)
+        return json.dumps(line)
+
+
+# gunicorn's own logger and the root logger (every app module's) share one JSON handler on stderr.
+# Set up in the master before any worker is forked, so the app's logging.basicConfig finds the root
+# logger configured and adds nothing. Defined here, not in the app package: importing the app in the
+# master would import prometheus_client before PROMETHEUS_MULTIPROC_DIR is chosen (on_starting).
+logconfig_dict = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"json": {"()": JsonFormatter}},
+    "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "json", "stream": "ext://sys.stderr"}},
+    "root": {"level": loglevel.upper(), "handlers": ["stderr"]},
+    "loggers": {
+        "gunicorn.error": {"level": loglevel.upper(), "handlers": [], "propagate": True},
+        "gunicorn.access": {"handlers": [], "propagate": False},
+    },
+}
+# Python's warnings (deprecations from libraries) go through logging too, instead of raw stderr text.
+logging.captureWarnings(True)
+
 # gunicorn 24+ opens a control socket at one fixed path per user; several instances on one host (a
 # scale-out test, a blue-green switch) would fight over it, and signals do everything we need.
 control_socket_disable = True
@@ -82,11 +142,19 @@ def post_worker_init(worker):
 
 
 def on_starting(server):
-    """One fresh directory for every worker's Prometheus metrics, so /metrics adds up all workers."""
+    """One directory for every worker's Prometheus metrics, so /metrics adds up all workers.
+
+    PROMETHEUS_MULTIPROC_DIR when given (`make run` gives $DATA_DIR/metrics and writes it to
+    $DATA_DIR/.env, so the CLI counts its published events there too); otherwise a temporary one,
+    removed in on_exit.
+    """
     import glob
     import tempfile
 
-    directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or tempfile.mkdtemp(prefix="auth-rt-metrics-")
+    directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    server.temporary_metrics_dir = None  # kept on the arbiter: a HUP reload re-reads this file
+    if not directory:
+        directory = server.temporary_metrics_dir = tempfile.mkdtemp(prefix="auth-rt-metrics-")
     os.makedirs(directory, exist_ok=True)
     for stale in glob.glob(os.path.join(directory, "*.db")):  # values of a previous run
         os.remove(stale)
@@ -98,3 +166,11 @@ def child_exit(server, worker):
     from prometheus_client import multiprocess
 
     multiprocess.mark_process_dead(worker.pid)
+
+
+def on_exit(server):
+    """Remove the temporary metrics directory; a given one is kept (the CLI's counts may be in it)."""
+    import shutil
+
+    if getattr(server, "temporary_metrics_dir", None):
+        shutil.rmtree(server.temporary_metrics_dir, ignore_errors=True)

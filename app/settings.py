@@ -9,6 +9,7 @@ import os
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +91,7 @@ def load_settings(overrides: dict | None = None) -> Settings:
     settings = Settings(
         app_env=app_env,
         data_dir=data_dir,
-        redis_url=reader.text("REDIS_URL", "redis://127.0.0.1:6379/0"),
+        redis_url=_redis_url(reader),
         redis_max_connections=reader.integer("REDIS_MAX_CONNECTIONS", 64, minimum=4),
         secret_key=found["SECRET_KEY"],
         jwt_secret=found.get("JWT_SECRET", Secret("")),
@@ -115,7 +116,8 @@ def load_settings(overrides: dict | None = None) -> Settings:
         max_connections_per_user=reader.integer("MAX_CONNECTIONS_PER_USER", 50, minimum=1),
         sse_heartbeat_seconds=reader.number("SSE_HEARTBEAT_SECONDS", 15, minimum=0.05),
         long_poll_timeout=reader.number("LONG_POLL_TIMEOUT_SECONDS", 25, minimum=0.05),
-        long_poll_max_timeout=reader.number("LONG_POLL_MAX_TIMEOUT_SECONDS", 60, minimum=0.05),
+        # Below the 30 s a PaaS router (Heroku's) allows a response to take before it cuts it off.
+        long_poll_max_timeout=reader.number("LONG_POLL_MAX_TIMEOUT_SECONDS", 28, minimum=0.05),
         event_history_maxlen=reader.integer("EVENT_HISTORY_MAXLEN", 1000, minimum=1),
         ws_send_queue=reader.integer("WS_SEND_QUEUE", 1000, minimum=1),
         ws_send_timeout=reader.number("WS_SEND_TIMEOUT_SECONDS", 10, minimum=0.05),
@@ -124,6 +126,21 @@ def load_settings(overrides: dict | None = None) -> Settings:
     if settings.long_poll_timeout > settings.long_poll_max_timeout:
         raise SettingsError("LONG_POLL_TIMEOUT_SECONDS must not exceed LONG_POLL_MAX_TIMEOUT_SECONDS")
     return settings
+
+
+def _redis_url(reader: _Reader) -> str:
+    """REDIS_TLS_URL over REDIS_URL; REDIS_SSL_CERT_REQS added to a rediss:// URL that does not say it.
+
+    Managed Redis on a PaaS (Heroku) presents a self-signed certificate under a URL the platform owns,
+    so the verification mode cannot always be written into the URL itself.
+    """
+    url = reader.text("REDIS_TLS_URL", "") or reader.text("REDIS_URL", "redis://127.0.0.1:6379/0")
+    cert_reqs = reader.choice("REDIS_SSL_CERT_REQS", "default", {"default", "none", "optional", "required"})
+    parts = urlsplit(url)
+    query = dict(parse_qsl(parts.query))
+    if parts.scheme == "rediss" and cert_reqs != "default" and "ssl_cert_reqs" not in query:
+        url = urlunsplit(parts._replace(query=urlencode({**query, "ssl_cert_reqs": cert_reqs})))
+    return url
 
 
 def _secrets(env: dict, names: list[str], production: bool, data_dir: Path) -> dict[str, Secret]:
@@ -144,20 +161,39 @@ def _secrets(env: dict, names: list[str], production: bool, data_dir: Path) -> d
 
 
 def _development_secrets(data_dir: Path, names: list[str]) -> dict[str, str]:
+    """The kept development secrets; made (and announced, once) by whichever process first needs them."""
     path = data_dir / DEV_SECRETS_FILE
-    try:
-        kept = json.loads(path.read_text())
-    except (OSError, ValueError):
-        kept = {}
-    if any(name not in kept for name in names):
-        kept.update({name: secrets.token_urlsafe(48) for name in names if name not in kept})
+    for _ in range(3):
+        kept = _read_json(path)
+        if all(name in kept for name in names):
+            return kept
+        made = {**kept, **{name: secrets.token_urlsafe(48) for name in names if name not in kept}}
         data_dir.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(kept))
+        tmp = path.with_name(f"{DEV_SECRETS_FILE}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(made))
         tmp.chmod(0o600)
-        tmp.replace(path)
-    log.warning("development secrets in use for %s (kept in %s); set them in production", ", ".join(names), path)
-    return kept
+        try:
+            if kept:
+                tmp.replace(path)  # adding a name the file lacks; no worker is using it yet
+            else:
+                # Several workers start at once: only one may create the file, or they would sign
+                # with different keys. The others read what it wrote.
+                os.link(tmp, path)
+        except FileExistsError:
+            continue
+        finally:
+            tmp.unlink(missing_ok=True)
+        log.warning("development secrets made for %s (kept in %s); set them in production", ", ".join(names), path)
+        return made
+    raise SettingsError(f"{path} is not readable JSON; delete it to make new development secrets")
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 class _Reader:
