@@ -1,5 +1,7 @@
 """One JSON line per request on stdout, with a request id taken from X-Request-ID or made here.
 
+Its fields ts, level, logger and msg are those of every other line under gunicorn (gunicorn.conf.py).
+
 Only the path is logged (no query, headers or body), so tokens, cookies and passwords never appear.
 """
 
@@ -36,6 +38,8 @@ def _log_line(method, path, endpoint, status, started, request_id, user_id, remo
         json.dumps(
             {
                 "ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "level": "info",
+                "logger": "access",
                 "msg": "request",
                 "method": method,
                 "path": path,
@@ -52,6 +56,7 @@ def _log_line(method, path, endpoint, status, started, request_id, user_id, remo
 
 
 def init_app(app: Flask) -> None:
+    """Log one JSON line per request (streams: when they end) and answer with its X-Request-ID."""
     _configure_access_log()
 
     @app.before_request
