@@ -1,5 +1,7 @@
 """Prometheus metrics. Under gunicorn every worker writes to PROMETHEUS_MULTIPROC_DIR (set up in
-gunicorn.conf.py) and /metrics adds up all workers, so a scrape sees the whole server, not one worker."""
+gunicorn.conf.py) and /metrics adds up all workers, so a scrape sees the whole server, not one worker.
+A CLI process given the same directory (`make run` writes it to var/.env) adds its counts there too;
+counters of processes that have exited stay in the sum."""
 
 from __future__ import annotations
 

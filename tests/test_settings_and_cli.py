@@ -5,11 +5,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from subprocess import PIPE
 
 import pytest
 
 from app.settings import SettingsError, load_settings
-from tests.servers import ROOT
+from tests.servers import ROOT, free_port
 from tests.utils import DEFAULT_PASSWORD, random_email
 
 STRONG = "s" * 32
@@ -37,13 +38,50 @@ def test_production_starts_with_strong_secrets(tmp_path):
     assert "j" * 32 not in repr(settings)
 
 
-def test_development_makes_and_keeps_secrets_with_a_warning(tmp_path, caplog):
+def test_development_makes_and_keeps_secrets_announcing_them_once(tmp_path, caplog):
     env = {"APP_ENV": "development", "DATA_DIR": str(tmp_path), "SECRET_KEY": "", "JWT_SECRET": ""}
     first, second = load_settings(env), load_settings(env)
     assert len(str(first.jwt_secret)) >= 32
     assert first.jwt_secret == second.jwt_secret and first.secret_key == second.secret_key
-    assert "development secrets" in caplog.text
+    assert caplog.text.count("development secrets") == 1  # when made, not on every start or CLI call
     assert str(first.jwt_secret) not in caplog.text
+
+
+def test_workers_starting_together_make_one_set_of_development_secrets(tmp_path):
+    """Several processes at once on a fresh DATA_DIR: one makes the secrets, all sign with them."""
+    code = (
+        "import logging, sys; logging.basicConfig(stream=sys.stderr);"
+        "from app.settings import load_settings; print(load_settings().jwt_secret)"
+    )
+    env = {**os.environ, "APP_ENV": "development", "DATA_DIR": str(tmp_path), "SECRET_KEY": "", "JWT_SECRET": ""}
+    processes = [
+        subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env, stdout=PIPE, stderr=PIPE) for _ in range(6)
+    ]
+    results = [process.communicate(timeout=60) for process in processes]
+    assert all(process.returncode == 0 for process in processes), results
+    assert len({out for out, _ in results}) == 1
+    assert sum(err.count(b"development secrets made") for _, err in results) == 1
+
+
+def test_long_polls_end_before_a_paas_router_cuts_them(tmp_path):
+    settings = load_settings({"APP_ENV": "test", "DATA_DIR": str(tmp_path)})
+    assert settings.long_poll_timeout == 25
+    assert settings.long_poll_max_timeout < 30  # Heroku's router ends a response after 30 s
+
+
+@pytest.mark.parametrize(
+    "env, url",
+    [
+        ({"REDIS_URL": "rediss://h:6380/0", "REDIS_SSL_CERT_REQS": "none"}, "rediss://h:6380/0?ssl_cert_reqs=none"),
+        ({"REDIS_URL": "rediss://h/0?ssl_cert_reqs=required", "REDIS_SSL_CERT_REQS": "none"}, None),
+        ({"REDIS_URL": "redis://h/0", "REDIS_SSL_CERT_REQS": "none"}, None),  # TLS options only for TLS
+        ({"REDIS_URL": "redis://h/0", "REDIS_TLS_URL": "rediss://t:6380"}, "rediss://t:6380"),
+        ({"REDIS_URL": "redis://h/0?db=2"}, None),
+    ],
+)
+def test_redis_url_tls_settings(tmp_path, env, url):
+    settings = load_settings({"APP_ENV": "test", "DATA_DIR": str(tmp_path), **env})
+    assert settings.redis_url == (url or env["REDIS_URL"])
 
 
 @pytest.mark.parametrize(
@@ -105,3 +143,16 @@ def test_cli_publishes_an_event_readers_receive(base_env, rdb, client, auth):
     assert [(e["event"], e["data"]) for e in events] == [("ops.notice", {"a": 1})]
     bad = flask_cli(base_env, "events", "publish", "--channel", channel, "--event", "x", "--data", "{nope")
     assert bad.returncode != 0 and "Traceback" not in bad.stderr
+
+
+def test_cli_says_in_one_line_which_redis_it_cannot_reach(base_env):
+    dead = f"redis://:hunter2-password@127.0.0.1:{free_port()}/0"
+    for args in (["events", "publish", "--channel", "broadcast", "--event", "x"], ["users", "create"]):
+        if args[0] == "users":
+            args += ["--email", random_email(), "--password", DEFAULT_PASSWORD]
+        result = flask_cli({**base_env, "REDIS_URL": dead}, *args)
+        assert result.returncode != 0
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1, result.stderr
+        assert dead.replace("hunter2-password", "***") in lines[0] and "REDIS_URL" in lines[0]
+        assert "hunter2" not in result.stderr

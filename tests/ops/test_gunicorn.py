@@ -1,0 +1,98 @@
+"""gunicorn.conf.py in a real gunicorn: every log line JSON, no metrics directory left behind, and a
+worker count from the CPUs the process may really use."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import runpy
+import subprocess
+
+import pytest
+
+from tests.events.clients import Api
+from tests.servers import ROOT, VENV_BIN, LiveServer, RedisServer, wait_until
+
+CONFIG = ROOT / "gunicorn.conf.py"
+
+
+@pytest.fixture
+def own_redis(tmp_path):
+    """A Redis this test may stop and start again."""
+    server = RedisServer(tmp_path / "redis-data")
+    server.directory.mkdir()
+    server.start()
+    yield server
+    server.stop()
+
+
+def test_every_line_is_json_including_gunicorns_and_the_hubs_warnings(base_env, own_redis, tmp_path):
+    log_path = tmp_path / "gunicorn.log"
+    server = LiveServer({**base_env, "REDIS_URL": own_redis.url, "LOG_LEVEL": "info"}, workers=2, log_path=log_path)
+    server.start()
+    try:
+        user = Api(server.url)
+        user.wait(user.current_cursor(), timeout=0.1)  # a long poll starts the worker's event hub
+        own_redis.stop()
+        wait_until(lambda: "event hub lost redis" in log_path.read_text(), timeout=15, message="hub warning")
+        own_redis.start()
+        wait_until(lambda: "event hub reconnected" in log_path.read_text(), timeout=15, message="hub reconnect")
+    finally:
+        server.stop()
+
+    lines = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
+    by_logger = {line.get("logger") for line in lines}
+    assert {"gunicorn.error", "app.events.hub", "access"} <= by_logger
+    assert all({"ts", "level", "msg"} <= line.keys() for line in lines)
+    hub = [line for line in lines if line["logger"] == "app.events.hub"]
+    assert hub[0]["level"] == "warning" and hub[0]["msg"].startswith("event hub lost redis")
+    assert any(line["msg"].startswith("Booting worker") for line in lines)
+
+
+def test_the_temporary_metrics_directory_is_removed_on_exit(base_env, rdb, tmp_path):
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**base_env, "TMPDIR": str(tmp), "PROMETHEUS_MULTIPROC_DIR": ""}
+    server = LiveServer(env, workers=2, log_path=tmp_path / "gunicorn.log")
+    server.start()
+    try:
+        made = list(tmp.glob("auth-rt-metrics-*"))
+        assert len(made) == 1 and list(made[0].glob("*.db"))  # the workers write their metrics there
+        Api(server.url)  # some traffic, so the summed metrics are not empty
+    finally:
+        server.stop()
+    assert list(tmp.glob("auth-rt-metrics-*")) == []
+
+
+@pytest.mark.parametrize("cpus, expected", [("0", 1), (None, len(os.sched_getaffinity(0)))])
+def test_workers_default_to_the_cpus_the_process_may_use(cpus, expected):
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two usable CPUs to tell a pinned process from an unpinned one")
+    command = [str(VENV_BIN / "gunicorn"), "-c", "gunicorn.conf.py", "--print-config", "wsgi:app"]
+    if cpus is not None:
+        command = ["taskset", "-c", cpus, *command]
+    env = {k: v for k, v in os.environ.items() if k != "WEB_CONCURRENCY"}
+    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=True)
+    workers = next(line for line in result.stdout.splitlines() if line.startswith("workers "))
+    assert workers.split("=")[1].strip() == str(expected)
+
+
+@pytest.mark.parametrize(
+    "cpu_max, cap", [("max 100000\n", None), ("50000 100000\n", 1), ("150000 100000\n", 2), (None, None)]
+)
+def test_a_cgroup_cpu_quota_caps_the_worker_count(tmp_path, cpu_max, cap):
+    usable_cpus = _config()["usable_cpus"]
+    path = tmp_path / "cpu.max"
+    if cpu_max is not None:
+        path.write_text(cpu_max)
+    affinity = len(os.sched_getaffinity(0))
+    assert usable_cpus(str(path)) == (affinity if cap is None else min(affinity, cap))
+
+
+def _config() -> dict:
+    """gunicorn.conf.py's names, as gunicorn loads them (its logging side effect undone after)."""
+    try:
+        return runpy.run_path(str(CONFIG))
+    finally:
+        logging.captureWarnings(False)

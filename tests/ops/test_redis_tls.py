@@ -1,0 +1,92 @@
+"""Redis over TLS with a self-signed certificate, as managed Redis on a PaaS (Heroku) presents it: the
+app's Redis client and the rate limiter's storage both connect when the certificate check is off."""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import subprocess
+
+import pytest
+import redis
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from app import create_app
+from tests.conftest import https_client
+from tests.servers import free_port, wait_until
+from tests.utils import AuthActions
+
+
+def self_signed(directory) -> tuple[str, str]:
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "redis.internal")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = directory / "redis.crt", directory / "redis.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    return str(cert_path), str(key_path)
+
+
+@pytest.fixture(scope="module")
+def tls_redis(tmp_path_factory):
+    """redis-server answering only TLS, with a self-signed certificate; yields its rediss:// URL."""
+    directory = tmp_path_factory.mktemp("tls-redis")
+    cert, key = self_signed(directory)
+    port = free_port()
+    process = subprocess.Popen(
+        ["redis-server", "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1", "--save", ""]
+        + ["--tls-cert-file", cert, "--tls-key-file", key, "--tls-auth-clients", "no", "--dir", str(directory)],
+        stdout=subprocess.DEVNULL,
+    )
+    url = f"rediss://127.0.0.1:{port}/0"
+    wait_until(lambda: redis.Redis.from_url(url, ssl_cert_reqs="none").ping(), message="TLS redis-server")
+    yield url
+    process.terminate()
+    process.wait(10)
+
+
+def tls_app(base_env, **env):
+    # Rate limits on: a login then goes through Flask-Limiter's own Redis storage as well.
+    return create_app({**base_env, "RATE_LIMITS_ENABLED": "true", "REDIS_URL": "", **env})
+
+
+@pytest.mark.parametrize(
+    "how",
+    [
+        lambda url: {"REDIS_URL": url + "?ssl_cert_reqs=none"},
+        lambda url: {"REDIS_URL": url, "REDIS_SSL_CERT_REQS": "none"},
+        lambda url: {"REDIS_URL": f"redis://127.0.0.1:{free_port()}/0", "REDIS_TLS_URL": url + "?ssl_cert_reqs=none"},
+    ],
+    ids=["in-url", "setting", "redis-tls-url"],
+)
+def test_a_self_signed_tls_redis_serves_logins_and_rate_limits(base_env, tls_redis, how):
+    client = https_client(tls_app(base_env, **how(tls_redis)))
+    assert client.get("/readyz").status_code == 200
+    auth = AuthActions(client)
+    user = auth.register()
+    response = auth.login(user["email"])
+    assert response.status_code == 200, response.get_json()
+    # The limiter counted the login in this Redis, over TLS, through its own storage.
+    counted = redis.Redis.from_url(tls_redis, ssl_cert_reqs="none").keys("*ratelimit*login*")
+    assert counted and response.headers["X-RateLimit-Limit"]
+
+
+def test_the_certificate_is_verified_unless_told_otherwise(base_env, tls_redis):
+    client = https_client(tls_app(base_env, REDIS_URL=tls_redis))
+    assert client.get("/readyz").status_code == 503
