@@ -1,4 +1,4 @@
-"""The one JSON error shape of API.md section 0, and the handlers that make every failure use it."""
+"""The one JSON error shape (docs/api.md, Errors), and the handlers that make every failure use it."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The two token cookies of API.md section 2: HttpOnly, Secure, SameSite=Strict, never read by script."""
+"""The two token cookies (docs/api.md, Tokens and cookies): HttpOnly, Secure, SameSite=Strict, never read by script."""
 
 from __future__ import annotations
 

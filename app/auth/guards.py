@@ -1,7 +1,7 @@
 """Who is calling (bearer or cookie), the CSRF rule for cookie-authenticated requests, and CORS.
 
 CORS only decides which other origins may *read* responses; it does not stop a forged request from
-being processed. That is the job of SameSite=Strict cookies plus the Origin check here (seed 5.8).
+being processed. That is the job of SameSite=Strict cookies plus the Origin check here (docs/security.md).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ class Caller:
     token_version: int
     expires_at: int
     via: str  # "bearer" | "cookie"
-    user: dict  # the user's public fields (U of API.md) as verification found them
+    user: dict  # the user's public fields (`U` in docs/api.md) as verification found them
 
     @property
     def is_admin(self) -> bool:

@@ -176,7 +176,7 @@ def logout_all(user_id: str) -> int:
 
 
 def list_sessions(user_id: str, current_session_id: str | None) -> list[dict]:
-    """The user's live sessions, most recently used first (S of API.md)."""
+    """The user's live sessions, most recently used first (`S` in docs/api.md)."""
     client = get_redis()
     session_ids = sorted(client.smembers(Keys.user_sessions(user_id)))
     pipe = client.pipeline(transaction=False)

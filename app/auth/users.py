@@ -1,4 +1,4 @@
-"""User records: creation, look-up, the public view (U of API.md) and password changes."""
+"""User records: creation, look-up, the public view (`U` in docs/api.md) and password changes."""
 
 from __future__ import annotations
 

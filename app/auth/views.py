@@ -1,4 +1,4 @@
-"""The account and session endpoints of API.md section 3. Views parse input and call plain functions."""
+"""The account and session endpoints (docs/api.md, Accounts and sessions). Views parse input and call plain functions."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def _settings():
 
 
 def _token_response(user: dict, session_id: str, role: str, token_version: int, refresh_token: str, transport: str):
-    """T of API.md: tokens in the body for `body`, in cookies (and not the body) for `cookie`."""
+    """`T` in docs/api.md: tokens in the body for `body`, in cookies (and not the body) for `cookie`."""
     settings = _settings()
     access_token = tokens.issue_access_token(user["id"], role, token_version, session_id)
     payload = {

@@ -50,7 +50,7 @@ class Event:
     _json: str | None = field(default=None, repr=False, compare=False)
 
     def as_json(self, cursor: str | None = None, **extra) -> str:
-        """E of API.md as JSON text, splicing in the stored data without decoding it.
+        """`E` (docs/api.md) as JSON text, splicing in the stored data without decoding it.
 
         The plain form is made once per event: a broadcast hands the same object to every subscriber
         of the process, so thousands of deliveries share one serialisation.

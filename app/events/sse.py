@@ -1,4 +1,4 @@
-"""Server-sent events: `GET /events/stream` (seed 4.1 and 6.1, API.md section 4)."""
+"""Server-sent events: `GET /events/stream` (wire format: docs/api.md, Server-sent events)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Publishing, polling and long polling (API.md section 4)."""
+"""Publishing, polling and long polling (docs/api.md, Events)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""WebSocket: `GET /ws` with flask-sock under gunicorn's gevent worker (API.md section 4).
+"""WebSocket: `GET /ws` with flask-sock under gunicorn's gevent worker (docs/api.md, WebSocket).
 
 The handshake is authenticated and, for cookie callers, Origin-checked in a before_request hook:
 flask-sock upgrades as soon as the view is entered, and does no Origin check of its own.

@@ -1,4 +1,4 @@
-"""`POST /webhooks/<provider>` (API.md section 6) and the admins' list of recent deliveries."""
+"""`POST /webhooks/<provider>` (docs/api.md, Webhooks received) and the admins' list of recent deliveries."""
 
 from __future__ import annotations
 

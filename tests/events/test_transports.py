@@ -1,4 +1,4 @@
-"""Each transport delivers, with the exact wire format of API.md section 4 and seed sections 4 and 6."""
+"""Each transport delivers, with the exact wire format of docs/api.md (Events)."""
 
 from __future__ import annotations
 
