@@ -1,4 +1,4 @@
-"""The account and session endpoints (docs/api.md, Accounts and sessions). Views parse input and call plain functions."""
+"""The account and session endpoints (docs/api.md, Accounts and sessions): views parse, call, answer."""
 
 from __future__ import annotations
 
