@@ -170,11 +170,11 @@ def _development_secrets(data_dir: Path, names: list[str]) -> dict[str, str]:
         made = {**kept, **{name: secrets.token_urlsafe(48) for name in names if name not in kept}}
         data_dir.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f"{DEV_SECRETS_FILE}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(made))
-        tmp.chmod(0o600)
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as file:
+            file.write(json.dumps(made))  # readable by no one else from the first byte
         try:
             if kept:
-                tmp.replace(path)  # adding a name the file lacks; no worker is using it yet
+                tmp.replace(path)  # adding a name the file lacks (a secret no longer set): keeps the others
             else:
                 # Several workers start at once: only one may create the file, or they would sign
                 # with different keys. The others read what it wrote.

@@ -44,6 +44,7 @@ def test_development_makes_and_keeps_secrets_announcing_them_once(tmp_path, capl
     assert len(str(first.jwt_secret)) >= 32
     assert first.jwt_secret == second.jwt_secret and first.secret_key == second.secret_key
     assert caplog.text.count("development secrets") == 1  # when made, not on every start or CLI call
+    assert (tmp_path / "dev-secrets.json").stat().st_mode & 0o777 == 0o600
     assert str(first.jwt_secret) not in caplog.text
 
 
