@@ -1,5 +1,6 @@
-"""Every row of the specification's tables 3.1 (refresh token) and 3.2 (access token), and the
-authentication rows of table 7, each as its own test."""
+"""The core token rules, each as its own test: refresh-token states (rotation, reuse, logout-all),
+access-token validity (signature, tokenVersion, session record) and the errors they answer.
+docs/security.md explains each rule."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ def revoked(rdb, raw: str) -> bool:
 # Table 3.1: refresh token
 
 
-def test_3_1_active_token_refresh_revokes_it_and_issues_same_family_pair(client, auth, rdb):
+def test_refresh_rule_active_token_refresh_revokes_it_and_issues_same_family_pair(client, auth, rdb):
     tokens = auth.new_user_tokens()
     response = refresh(client, tokens["refresh_token"])
     assert response.status_code == 200
@@ -38,7 +39,7 @@ def test_3_1_active_token_refresh_revokes_it_and_issues_same_family_pair(client,
     assert client.get("/auth/me", headers=bearer(rotated["access_token"])).status_code == 200
 
 
-def test_3_1_revoked_token_refresh_is_401_and_revokes_whole_family(client, auth, rdb):
+def test_refresh_rule_revoked_token_refresh_is_401_and_revokes_whole_family(client, auth, rdb):
     rt1 = auth.new_user_tokens()
     rt2 = refresh(client, rt1["refresh_token"]).get_json()
     rt3 = refresh(client, rt2["refresh_token"]).get_json()
@@ -53,7 +54,7 @@ def test_3_1_revoked_token_refresh_is_401_and_revokes_whole_family(client, auth,
     assert client.get("/auth/me", headers=bearer(rt3["access_token"])).status_code == 401
 
 
-def test_3_1_logout_from_all_devices_revokes_every_refresh_token(client, auth, rdb):
+def test_refresh_rule_logout_from_all_devices_revokes_every_refresh_token(client, auth, rdb):
     user = auth.register()
     devices = [auth.login_body(user["email"], device=f"device {n}") for n in range(3)]
     assert client.post("/auth/logout-all", headers=bearer(devices[0]["access_token"])).status_code == 204
@@ -65,7 +66,7 @@ def test_3_1_logout_from_all_devices_revokes_every_refresh_token(client, auth, r
 # Table 3.2: access token
 
 
-def test_3_2_logout_all_increments_token_version_and_old_tokens_fail(client, auth, rdb):
+def test_access_rule_logout_all_increments_token_version_and_old_tokens_fail(client, auth, rdb):
     tokens = auth.new_user_tokens()
     user_id = tokens["user"]["id"]
     assert rdb.hget(Keys.user(user_id), "token_version") == "0"
@@ -77,7 +78,7 @@ def test_3_2_logout_all_increments_token_version_and_old_tokens_fail(client, aut
     assert client.get("/auth/me", headers=bearer(again["access_token"])).status_code == 200
 
 
-def test_3_2_signature_mismatch_is_401(client, auth):
+def test_access_rule_signature_mismatch_is_401(client, auth):
     tokens = auth.new_user_tokens()
     header, payload, signature = tokens["access_token"].split(".")
     flipped = signature[:-2] + ("AA" if signature[-2:] != "AA" else "BB")
@@ -86,14 +87,14 @@ def test_3_2_signature_mismatch_is_401(client, auth):
     assert response.get_json()["error"]["code"] == "unauthorized"
 
 
-def test_3_2_token_version_differing_from_current_is_invalid(client, auth, rdb):
+def test_access_rule_token_version_differing_from_current_is_invalid(client, auth, rdb):
     tokens = auth.new_user_tokens()
     assert client.get("/auth/me", headers=bearer(tokens["access_token"])).status_code == 200
     rdb.hincrby(Keys.user(tokens["user"]["id"]), "token_version", 1)  # as another instance would
     assert client.get("/auth/me", headers=bearer(tokens["access_token"])).status_code == 401
 
 
-def test_3_2_token_whose_session_record_is_gone_is_rejected(client, auth, rdb):
+def test_access_rule_token_whose_session_record_is_gone_is_rejected(client, auth, rdb):
     tokens = auth.new_user_tokens()
     assert client.get("/auth/me", headers=bearer(tokens["access_token"])).status_code == 200
     rdb.delete(Keys.session(tokens["session_id"]))
@@ -103,7 +104,7 @@ def test_3_2_token_whose_session_record_is_gone_is_rejected(client, auth, rdb):
 # Table 7: errors (authentication rows)
 
 
-def test_7_refresh_with_revoked_token_is_401_family_revoked_login_required(client, auth, rdb):
+def test_error_rule_refresh_with_revoked_token_is_401_family_revoked_login_required(client, auth, rdb):
     first = auth.new_user_tokens()
     refresh(client, first["refresh_token"])
     response = refresh(client, first["refresh_token"])
@@ -115,20 +116,20 @@ def test_7_refresh_with_revoked_token_is_401_family_revoked_login_required(clien
     assert auth.login(first["email"]).status_code == 200  # logging in again works
 
 
-def test_7_access_token_with_wrong_signature_is_unauthorized(client, auth):
+def test_error_rule_access_token_with_wrong_signature_is_unauthorized(client, auth):
     tokens = auth.new_user_tokens()
     header, payload, _ = tokens["access_token"].split(".")
     assert client.get("/auth/me", headers=bearer(f"{header}.{payload}.c2lnbmF0dXJl")).status_code == 401
 
 
-def test_7_access_token_with_old_token_version_is_invalid(client, auth):
+def test_error_rule_access_token_with_old_token_version_is_invalid(client, auth):
     tokens = auth.new_user_tokens()
     other_device = auth.login_body(tokens["email"])
     client.post("/auth/logout-all", headers=bearer(other_device["access_token"]))
     assert client.get("/auth/me", headers=bearer(tokens["access_token"])).status_code == 401
 
 
-def test_7_session_token_without_stored_record_is_rejected(client, auth):
+def test_error_rule_session_token_without_stored_record_is_rejected(client, auth):
     tokens = auth.new_user_tokens()
     client.post("/auth/logout", headers=bearer(tokens["access_token"]))
     assert client.get("/auth/me", headers=bearer(tokens["access_token"])).status_code == 401
