@@ -99,7 +99,7 @@ def load_settings(overrides: dict | None = None) -> Settings:
         jwt_private_key=Secret(private_key) if private_key else None,
         jwt_issuer=reader.text("JWT_ISSUER", "auth-rt"),
         jwt_audience=reader.text("JWT_AUDIENCE", "auth-rt"),
-        # The specification fixes 15 minutes; shorter is allowed so tests can watch expiry.
+        # Access tokens live 15 minutes; shorter is allowed so tests can watch expiry.
         access_token_ttl=reader.integer("ACCESS_TOKEN_TTL_SECONDS", 900, minimum=1, maximum=900),
         refresh_token_ttl=reader.integer("REFRESH_TOKEN_TTL_SECONDS", 30 * 24 * 3600, minimum=60),
         refresh_reuse_grace=reader.integer("REFRESH_REUSE_GRACE_SECONDS", 0, minimum=0, maximum=60),
