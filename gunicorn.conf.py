@@ -128,7 +128,7 @@ def post_worker_init(worker):
     """
     import gevent
 
-    from app.events.hub import shutdown_all
+    from app.events import end_live_connections
     from app.webhooks import start_background_tasks
 
     start_background_tasks(worker.wsgi)  # retries webhook deliveries whose publishing failed
@@ -136,7 +136,7 @@ def post_worker_init(worker):
     def watch():
         while worker.alive:
             gevent.sleep(0.2)
-        shutdown_all()
+        end_live_connections(worker.wsgi)
 
     gevent.spawn(watch)
 

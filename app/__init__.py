@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 
 from flask import Flask
 
@@ -18,9 +19,9 @@ from .webhooks import views as webhook_views
 JSON_BODY_LIMIT = 64 * 1024
 
 
-def create_app(overrides: dict | None = None) -> Flask:
-    """Build the app from the environment; `overrides` (environment-style names) win, for tests."""
-    settings = load_settings(overrides)
+def create_app(environ: Mapping[str, str] | None = None) -> Flask:
+    """Build the app from an environment: the process's own, or (tests) a complete one passed in."""
+    settings = load_settings(environ)
     app = Flask(__name__)
     app.config.update(
         SETTINGS=settings,

@@ -5,8 +5,6 @@ counters of processes that have exited stay in the sum."""
 
 from __future__ import annotations
 
-import os
-
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     REGISTRY,
@@ -35,9 +33,9 @@ REQUEST_SECONDS = Histogram(
 )
 
 
-def render() -> tuple[bytes, str]:
+def render(multiproc_dir: str | None) -> tuple[bytes, str]:
     """The exposition text: every worker's values when running multi-process."""
-    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    if multiproc_dir:
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)
     else:

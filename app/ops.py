@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import redis
-from flask import Blueprint, Response, jsonify
+from flask import Blueprint, Response, current_app, jsonify
 
 from .errors import error_response
 from .metrics import render as render_metrics
@@ -21,7 +21,7 @@ def healthz():
 @bp.get("/metrics")
 def metrics():
     """Prometheus metrics, summed over every worker."""
-    body, content_type = render_metrics()
+    body, content_type = render_metrics(current_app.config["SETTINGS"].prometheus_multiproc_dir)
     return Response(body, content_type=content_type)
 
 

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 import ipaddress
 import json
 import logging
 import os
+import re
 import secrets
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -16,6 +20,21 @@ log = logging.getLogger(__name__)
 MIN_SECRET_BYTES = 32
 ASYMMETRIC_ALGORITHMS = {"EdDSA", "RS256", "ES256"}
 DEV_SECRETS_FILE = "dev-secrets.json"
+PROVIDER_NAME = re.compile(r"[a-z0-9_-]{1,40}")
+WEBHOOK_SCHEMES = ("standard", "stripe", "github")
+OAUTH_PRESETS = {
+    "google": {
+        "discovery_url": "https://accounts.google.com/.well-known/openid-configuration",
+        "scope": "openid email profile",
+    },
+    "github": {
+        "authorize_url": "https://github.com/login/oauth/authorize",
+        "token_url": "https://github.com/login/oauth/access_token",
+        "userinfo_url": "https://api.github.com/user",
+        "api_base_url": "https://api.github.com/",
+        "scope": "read:user user:email",
+    },
+}
 
 
 class SettingsError(RuntimeError):
@@ -30,7 +49,55 @@ class Secret(str):
 
 
 @dataclass(frozen=True)
+class OAuthProvider:
+    """One OAuth login provider (OAUTH_<NAME>_*), presets filled in."""
+
+    name: str
+    client_id: str
+    client_secret: Secret
+    scope: str
+    discovery_url: str | None = None
+    authorize_url: str | None = None
+    token_url: str | None = None
+    userinfo_url: str | None = None
+    api_base_url: str | None = None
+
+
+@dataclass(frozen=True)
+class WebhookProvider:
+    """One webhook sender (WEBHOOK_<NAME>_*): its signature scheme, its secrets (several while rotating)
+    and where its payload names one of our users."""
+
+    name: str
+    scheme: str
+    secrets: tuple[Secret, ...]
+    user_path: str | None
+
+
+@dataclass(frozen=True)
+class OutgoingWebhooks:
+    """Webhooks sent to other systems (WEBHOOK_OUT_*)."""
+
+    timeout_seconds: float
+    retry_schedule: tuple[int, ...]
+    disable_after_seconds: int
+    allow_private: bool
+    allow_http: bool
+
+
+@dataclass(frozen=True)
+class Mail:
+    """Outgoing mail: SMTP when SMTP_URL is set, else (in development) the log."""
+
+    smtp_url: Secret | None
+    mail_from: str
+    public_base_url: str | None
+
+
+@dataclass(frozen=True)
 class Settings:
+    """Every setting of the service, parsed and checked; secrets are `Secret`s."""
+
     app_env: str
     data_dir: Path
     redis_url: str
@@ -59,22 +126,31 @@ class Settings:
     event_history_maxlen: int
     ws_send_queue: int
     ws_send_timeout: float
-    # The raw environment, for feature modules (OAuth, webhooks) that parse their own provider lists.
-    # Kept out of the repr: it holds secrets.
-    environ: dict = field(default_factory=dict, repr=False)
+    prometheus_multiproc_dir: str | None
+    redis_mode: str
+    event_durability: str
+    oauth_providers: tuple[OAuthProvider, ...]
+    webhook_providers: tuple[WebhookProvider, ...]
+    outgoing_webhooks: OutgoingWebhooks
+    mail: Mail
 
     @property
     def production(self) -> bool:
+        """Whether the service runs in production (secrets must be given, never made)."""
         return self.app_env == "production"
 
     @property
     def asymmetric_jwt(self) -> bool:
+        """Whether tokens are signed with a private key (and a JWKS is published)."""
         return self.jwt_algorithm in ASYMMETRIC_ALGORITHMS
 
 
-def load_settings(overrides: dict | None = None) -> Settings:
-    """Parse the environment (plus test overrides) into Settings, or raise SettingsError."""
-    env = {**os.environ, **(overrides or {})}
+def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
+    """Parse an environment (the process's own when None) into Settings, or raise SettingsError.
+
+    Tests pass a complete environment, so nothing in a developer's shell changes what they test.
+    """
+    env = dict(os.environ if environ is None else environ)
     reader = _Reader(env)
     app_env = reader.choice("APP_ENV", "development", {"development", "production", "test"})
     data_dir = Path(reader.text("DATA_DIR", "var"))
@@ -121,11 +197,89 @@ def load_settings(overrides: dict | None = None) -> Settings:
         event_history_maxlen=reader.integer("EVENT_HISTORY_MAXLEN", 1000, minimum=1),
         ws_send_queue=reader.integer("WS_SEND_QUEUE", 1000, minimum=1),
         ws_send_timeout=reader.number("WS_SEND_TIMEOUT_SECONDS", 10, minimum=0.05),
-        environ=env,
+        # Set by gunicorn.conf.py for its workers (and by `make run`'s var/.env for the CLI).
+        prometheus_multiproc_dir=reader.text("PROMETHEUS_MULTIPROC_DIR", "") or None,
+        redis_mode=_not_yet(reader.choice("REDIS_MODE", "standalone", {"standalone", "cluster"}), "REDIS_MODE"),
+        event_durability=_not_yet(
+            reader.choice("EVENT_DURABILITY", "async", {"async", "replicated"}), "EVENT_DURABILITY"
+        ),
+        oauth_providers=tuple(_oauth_provider(reader, name) for name in reader.names("OAUTH_PROVIDERS")),
+        webhook_providers=tuple(_webhook_provider(reader, name) for name in reader.names("WEBHOOK_PROVIDERS")),
+        outgoing_webhooks=OutgoingWebhooks(
+            timeout_seconds=reader.number("WEBHOOK_OUT_TIMEOUT_SECONDS", 15, minimum=0.1, maximum=300),
+            retry_schedule=reader.seconds_list("WEBHOOK_OUT_RETRY_SCHEDULE", "5,300,1800,7200,18000,36000,36000"),
+            disable_after_seconds=reader.integer("WEBHOOK_OUT_DISABLE_AFTER_SECONDS", 5 * 24 * 3600, minimum=1),
+            allow_private=reader.boolean("WEBHOOK_OUT_ALLOW_PRIVATE", False),
+            allow_http=reader.boolean("WEBHOOK_OUT_ALLOW_HTTP", False),
+        ),
+        mail=Mail(
+            smtp_url=_smtp_url(reader),
+            mail_from=reader.text("MAIL_FROM", "auth-rt <no-reply@localhost>"),
+            public_base_url=_public_base_url(reader),
+        ),
     )
     if settings.long_poll_timeout > settings.long_poll_max_timeout:
         raise SettingsError("LONG_POLL_TIMEOUT_SECONDS must not exceed LONG_POLL_MAX_TIMEOUT_SECONDS")
     return settings
+
+
+def _not_yet(value: str, name: str) -> str:
+    """Refuse a value the service accepts by name but cannot honour yet, rather than ignore it."""
+    if value in {"cluster", "replicated"}:
+        raise SettingsError(f"{name}={value} is not supported yet; leave it unset")
+    return value
+
+
+def _oauth_provider(reader: _Reader, name: str) -> OAuthProvider:
+    prefix = f"OAUTH_{name.upper()}_"
+    preset = OAUTH_PRESETS.get(name, {})
+    client_id, client_secret = reader.text(prefix + "CLIENT_ID", ""), reader.text(prefix + "CLIENT_SECRET", "")
+    if not client_id or not client_secret:
+        raise SettingsError(f"{prefix}CLIENT_ID and {prefix}CLIENT_SECRET are required for OAuth provider {name!r}")
+    provider = OAuthProvider(
+        name=name,
+        client_id=client_id,
+        client_secret=Secret(client_secret),
+        scope=reader.text(prefix + "SCOPE", preset.get("scope", "openid email")),
+        discovery_url=reader.text(prefix + "DISCOVERY_URL", preset.get("discovery_url", "")) or None,
+        authorize_url=reader.text(prefix + "AUTHORIZE_URL", preset.get("authorize_url", "")) or None,
+        token_url=reader.text(prefix + "TOKEN_URL", preset.get("token_url", "")) or None,
+        userinfo_url=reader.text(prefix + "USERINFO_URL", preset.get("userinfo_url", "")) or None,
+        api_base_url=preset.get("api_base_url"),
+    )
+    if not provider.discovery_url and not (provider.authorize_url and provider.token_url):
+        raise SettingsError(f"{prefix}DISCOVERY_URL, or {prefix}AUTHORIZE_URL and {prefix}TOKEN_URL, must be set")
+    return provider
+
+
+def _webhook_provider(reader: _Reader, name: str) -> WebhookProvider:
+    prefix = f"WEBHOOK_{name.upper()}_"
+    scheme = reader.choice(prefix + "SCHEME", "", set(WEBHOOK_SCHEMES))
+    # Several secrets, separated by spaces or commas, are all accepted (rotation).
+    secrets_ = tuple(Secret(s) for s in reader.text(prefix + "SECRET", "").replace(",", " ").split())
+    if not secrets_:
+        raise SettingsError(f"{prefix}SECRET is required")
+    if scheme == "standard":
+        for secret in secrets_:
+            try:
+                base64.b64decode(secret.removeprefix("whsec_"), validate=True)
+            except binascii.Error:
+                raise SettingsError(f"{prefix}SECRET: a Standard Webhooks secret is 'whsec_' + base64") from None
+    return WebhookProvider(name, scheme, secrets_, reader.text(prefix + "USER_PATH", "") or None)
+
+
+def _smtp_url(reader: _Reader) -> Secret | None:
+    url = reader.text("SMTP_URL", "")
+    if url and urlsplit(url).scheme not in {"smtp", "smtps"}:
+        raise SettingsError("SMTP_URL must start with smtp:// (STARTTLS) or smtps://")
+    return Secret(url) if url else None
+
+
+def _public_base_url(reader: _Reader) -> str | None:
+    url = reader.text("PUBLIC_BASE_URL", "").rstrip("/")
+    if url and (urlsplit(url).scheme not in {"http", "https"} or not urlsplit(url).netloc):
+        raise SettingsError("PUBLIC_BASE_URL must be an http(s) URL such as https://auth.example.com")
+    return url or None
 
 
 def _redis_url(reader: _Reader) -> str:
@@ -238,6 +392,25 @@ class _Reader:
                 except ValueError:
                     raise SettingsError(f"{name}: {item!r} is not an address or CIDR range") from None
         return tuple(found)
+
+    def names(self, name: str) -> list[str]:
+        """A comma-separated list of provider names (lower-case letters, digits, `_` and `-`)."""
+        found = [item.strip().lower() for item in self.text(name, "").split(",") if item.strip()]
+        for item in found:
+            if not PROVIDER_NAME.fullmatch(item):
+                raise SettingsError(f"{name}: {item!r} is not a provider name (letters, digits, _ and -)")
+        return found
+
+    def seconds_list(self, name: str, default: str) -> tuple[int, ...]:
+        """Comma-separated whole seconds, each at least 1."""
+        raw = self.text(name, default)
+        try:
+            values = tuple(int(item) for item in raw.split(","))
+        except ValueError:
+            raise SettingsError(f"{name} must be whole seconds separated by commas, not {raw!r}") from None
+        if not values or min(values) < 1:
+            raise SettingsError(f"{name}: every delay must be at least 1 second")
+        return values
 
     def boolean(self, name: str, default: bool) -> bool:
         raw = self.text(name, "true" if default else "false").lower()

@@ -21,6 +21,20 @@ CLIENT_ID, CLIENT_SECRET = "auth-rt-test", "test-client-secret-0123456789"
 VENV_BIN = Path(sys.executable).parent
 
 
+# What a child process needs from ours; nothing else of a developer's shell (OAUTH_PROVIDERS,
+# JWT_ALGORITHM, REDIS_URL ...) may change what the tests test.
+INHERITED = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "TERM")
+
+
+def process_env(*environments: dict, **variables: str) -> dict[str, str]:
+    """A clean environment for a child process: the few inherited variables, then the given ones."""
+    env = {name: os.environ[name] for name in INHERITED if name in os.environ}
+    for environment in environments:
+        env.update(environment)
+    env.update(variables)
+    return env
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -81,7 +95,7 @@ class LiveServer:
 
     def __init__(self, env: dict, workers: int = 1, log_path: Path | None = None):
         self.port = free_port()
-        self.env = {**os.environ, **env, "PORT": str(self.port), "WEB_CONCURRENCY": str(workers)}
+        self.env = process_env(env, PORT=str(self.port), WEB_CONCURRENCY=str(workers))
         self.env["PATH"] = f"{VENV_BIN}:{self.env.get('PATH', '')}"
         if log_path is None:
             descriptor, name = tempfile.mkstemp(prefix="gunicorn-", suffix=".log")
@@ -180,7 +194,7 @@ class OpenIdProvider:
         assert node, "Node.js is required for the OpenID provider (make test installs it)"
         if not (OIDC_DIR / "node_modules" / "oidc-provider").exists():
             subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=OIDC_DIR, check=True, capture_output=True)
-        env = {**os.environ, "PORT": str(self.port), "CLIENT_ID": CLIENT_ID, "CLIENT_SECRET": CLIENT_SECRET}
+        env = process_env(PORT=str(self.port), CLIENT_ID=CLIENT_ID, CLIENT_SECRET=CLIENT_SECRET)
         env["REDIRECT_URI"] = redirect_uri
         with open(self.log_path, "wb") as log:  # the child keeps its own copy of the descriptor
             self.process = subprocess.Popen(

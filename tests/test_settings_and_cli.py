@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from subprocess import PIPE
 
 import pytest
 
-from app.settings import SettingsError, load_settings
-from tests.servers import ROOT, free_port
+from app.settings import OAUTH_PRESETS, SettingsError, load_settings
+from tests.servers import ROOT, free_port, process_env
 from tests.utils import DEFAULT_PASSWORD, random_email
 
 STRONG = "s" * 32
@@ -54,7 +53,7 @@ def test_workers_starting_together_make_one_set_of_development_secrets(tmp_path)
         "import logging, sys; logging.basicConfig(stream=sys.stderr);"
         "from app.settings import load_settings; print(load_settings().jwt_secret)"
     )
-    env = {**os.environ, "APP_ENV": "development", "DATA_DIR": str(tmp_path), "SECRET_KEY": "", "JWT_SECRET": ""}
+    env = process_env(APP_ENV="development", DATA_DIR=str(tmp_path), SECRET_KEY="", JWT_SECRET="")
     processes = [
         subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env, stdout=PIPE, stderr=PIPE) for _ in range(6)
     ]
@@ -94,7 +93,7 @@ def test_invalid_values_stop_start_up_naming_the_variable(tmp_path, name, value)
 
 
 def test_the_real_process_refuses_to_start_in_production_without_secrets(tmp_path):
-    env = {**os.environ, "APP_ENV": "production", "SECRET_KEY": "", "JWT_SECRET": "", "DATA_DIR": str(tmp_path)}
+    env = process_env(APP_ENV="production", SECRET_KEY="", JWT_SECRET="", DATA_DIR=str(tmp_path))
     result = subprocess.run(
         [sys.executable, "-c", "import wsgi"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
     )
@@ -103,7 +102,7 @@ def test_the_real_process_refuses_to_start_in_production_without_secrets(tmp_pat
 
 
 def flask_cli(base_env, *args):
-    env = {**os.environ, **base_env}
+    env = process_env(base_env)
     return subprocess.run(
         [sys.executable, "-m", "flask", "--app", "wsgi", *args],
         cwd=ROOT,
@@ -157,3 +156,58 @@ def test_cli_says_in_one_line_which_redis_it_cannot_reach(base_env):
         assert len(lines) == 1, result.stderr
         assert dead.replace("hunter2-password", "***") in lines[0] and "REDIS_URL" in lines[0]
         assert "hunter2" not in result.stderr
+
+
+def test_provider_families_are_typed_settings_with_their_secrets_hidden(tmp_path):
+    settings = load_settings(
+        {
+            "APP_ENV": "test",
+            "DATA_DIR": str(tmp_path),
+            "OAUTH_PROVIDERS": "github, Corp",
+            "OAUTH_GITHUB_CLIENT_ID": "gh-id",
+            "OAUTH_GITHUB_CLIENT_SECRET": "gh-very-secret",
+            "OAUTH_CORP_CLIENT_ID": "corp-id",
+            "OAUTH_CORP_CLIENT_SECRET": "corp-very-secret",
+            "OAUTH_CORP_DISCOVERY_URL": "https://id.example.com/.well-known/openid-configuration",
+            "WEBHOOK_PROVIDERS": "pay",
+            "WEBHOOK_PAY_SCHEME": "stripe",
+            "WEBHOOK_PAY_SECRET": "whsec_old, whsec_new",
+        }
+    )
+    github, corp = settings.oauth_providers
+    assert (github.name, github.token_url, github.scope) == (
+        "github",
+        OAUTH_PRESETS["github"]["token_url"],
+        "read:user user:email",
+    )
+    assert (corp.name, corp.scope, corp.discovery_url) == (
+        "corp",
+        "openid email",
+        "https://id.example.com/.well-known/openid-configuration",
+    )
+    (pay,) = settings.webhook_providers
+    assert (pay.name, pay.scheme, pay.secrets) == ("pay", "stripe", ("whsec_old", "whsec_new"))
+    shown = repr(settings)
+    assert all(secret not in shown for secret in ("gh-very-secret", "corp-very-secret", "whsec_old", "whsec_new"))
+    assert not any(isinstance(value, dict) for value in vars(settings).values())  # no raw environment kept
+
+
+@pytest.mark.parametrize(
+    "env, complaint",
+    [
+        ({"OAUTH_PROVIDERS": "corp", "OAUTH_CORP_CLIENT_ID": "x"}, "OAUTH_CORP_CLIENT_SECRET"),
+        ({"OAUTH_PROVIDERS": "corp", "OAUTH_CORP_CLIENT_ID": "x", "OAUTH_CORP_CLIENT_SECRET": "y"}, "DISCOVERY_URL"),
+        ({"OAUTH_PROVIDERS": "bad name!"}, "provider name"),
+        ({"WEBHOOK_PROVIDERS": "pay", "WEBHOOK_PAY_SCHEME": "carrier-pigeon", "WEBHOOK_PAY_SECRET": "s"}, "SCHEME"),
+        ({"WEBHOOK_PROVIDERS": "pay", "WEBHOOK_PAY_SCHEME": "standard", "WEBHOOK_PAY_SECRET": "whsec_!!"}, "base64"),
+        ({"WEBHOOK_PROVIDERS": "pay", "WEBHOOK_PAY_SCHEME": "github"}, "WEBHOOK_PAY_SECRET"),
+        ({"SMTP_URL": "http://mail.example.com"}, "SMTP_URL"),
+        ({"PUBLIC_BASE_URL": "auth.example.com"}, "PUBLIC_BASE_URL"),
+        ({"WEBHOOK_OUT_RETRY_SCHEDULE": "5,0"}, "WEBHOOK_OUT_RETRY_SCHEDULE"),
+        ({"REDIS_MODE": "cluster"}, "not supported yet"),
+        ({"EVENT_DURABILITY": "replicated"}, "not supported yet"),
+    ],
+)
+def test_bad_provider_and_feature_settings_name_what_is_wrong(tmp_path, env, complaint):
+    with pytest.raises(SettingsError, match=complaint):
+        load_settings({"APP_ENV": "test", "DATA_DIR": str(tmp_path), **env})

@@ -20,7 +20,7 @@ from flask import Blueprint, Flask, Response, current_app, redirect, request, se
 
 from ..errors import ApiError, bad_request, not_found, validation_failed
 from ..redis import Keys, get_redis
-from ..settings import SettingsError
+from ..settings import OAuthProvider
 from . import cookies, sessions, tokens, users
 
 bp = Blueprint("oauth", __name__, url_prefix="/auth/oauth")
@@ -30,19 +30,6 @@ STATE_LIFETIME = timedelta(minutes=10)
 # page starting logins in a loop would grow the cookie until the browser drops it and every request
 # fails (431), blocking the victim's OAuth login. Only the newest few are kept.
 MAX_PENDING_LOGINS = 3
-PRESETS = {
-    "google": {
-        "server_metadata_url": "https://accounts.google.com/.well-known/openid-configuration",
-        "scope": "openid email profile",
-    },
-    "github": {
-        "authorize_url": "https://github.com/login/oauth/authorize",
-        "access_token_url": "https://github.com/login/oauth/access_token",
-        "userinfo_endpoint": "https://api.github.com/user",
-        "api_base_url": "https://api.github.com/",
-        "scope": "read:user user:email",
-    },
-}
 
 
 @dataclass(frozen=True)
@@ -54,39 +41,28 @@ class Identity:
     email_verified: bool
 
 
-def _provider_settings(env: dict, name: str) -> dict:
-    prefix = f"OAUTH_{name.upper()}_"
-    preset = PRESETS.get(name, {})
-
-    def read(key: str, default=None):
-        return (env.get(prefix + key) or "").strip() or default
-
-    client_id, client_secret = read("CLIENT_ID"), read("CLIENT_SECRET")
-    if not client_id or not client_secret:
-        raise SettingsError(f"{prefix}CLIENT_ID and {prefix}CLIENT_SECRET are required for OAuth provider {name!r}")
+def _registration(provider: OAuthProvider) -> dict:
+    """Authlib's registration options for one provider (PKCE S256 always)."""
     options = {
-        "client_id": client_id,
-        "client_secret": client_secret,
-        "server_metadata_url": read("DISCOVERY_URL", preset.get("server_metadata_url")),
-        "authorize_url": read("AUTHORIZE_URL", preset.get("authorize_url")),
-        "access_token_url": read("TOKEN_URL", preset.get("access_token_url")),
-        "userinfo_endpoint": read("USERINFO_URL", preset.get("userinfo_endpoint")),
-        "api_base_url": preset.get("api_base_url"),
-        "client_kwargs": {"scope": read("SCOPE", preset.get("scope", "openid email")), "code_challenge_method": "S256"},
+        "client_id": provider.client_id,
+        "client_secret": str(provider.client_secret),
+        "server_metadata_url": provider.discovery_url,
+        "authorize_url": provider.authorize_url,
+        "access_token_url": provider.token_url,
+        "userinfo_endpoint": provider.userinfo_url,
+        "api_base_url": provider.api_base_url,
+        "client_kwargs": {"scope": provider.scope, "code_challenge_method": "S256"},
     }
-    if not options["server_metadata_url"] and not (options["authorize_url"] and options["access_token_url"]):
-        raise SettingsError(f"{prefix}DISCOVERY_URL, or {prefix}AUTHORIZE_URL and {prefix}TOKEN_URL, must be set")
     return {key: value for key, value in options.items() if value is not None}
 
 
 def init_app(app: Flask) -> None:
     """Register every configured OAuth provider with Authlib."""
-    env = app.config["SETTINGS"].environ
-    names = [n.strip().lower() for n in env.get("OAUTH_PROVIDERS", "").split(",") if n.strip()]
+    providers = app.config["SETTINGS"].oauth_providers
     oauth = OAuth(app)
-    for name in names:
-        oauth.register(name, **_provider_settings(env, name))
-    app.extensions["oauth_providers"] = names
+    for provider in providers:
+        oauth.register(provider.name, **_registration(provider))
+    app.extensions["oauth_providers"] = [provider.name for provider in providers]
 
 
 def provider_names() -> list[str]:

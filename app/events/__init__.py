@@ -11,6 +11,11 @@ from .hub import Hub
 from .leases import ConnectionLeases
 
 
+def end_live_connections(app: Flask) -> None:
+    """The worker is shutting down: end this app's live connections (clients resume elsewhere by cursor)."""
+    app.extensions["event_hub"].shutdown()
+
+
 def init_app(app: Flask) -> None:
     """Bind the event bus, the hub and connection leases; close live connections when sessions end."""
     settings = app.config["SETTINGS"]

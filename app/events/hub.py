@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import weakref
 from collections import defaultdict, deque
 
 import gevent
@@ -23,7 +22,6 @@ log = logging.getLogger(__name__)
 
 RESYNC = "resync"
 BACKOFF_START, BACKOFF_CAP = 0.1, 5.0
-_hubs: weakref.WeakSet[Hub] = weakref.WeakSet()
 
 
 class Subscription:
@@ -75,7 +73,6 @@ class Hub:
         self.connected = gevent.event.Event()
         self.closing = False
         self._greenlet: gevent.Greenlet | None = None
-        _hubs.add(self)
 
     def subscribe(self, channels: list[str], user_id: str, session_id: str, maxsize: int) -> Subscription:
         """Register locally first; the caller reads history only after this, so nothing falls between."""
@@ -158,9 +155,3 @@ class Hub:
             targets = [s for sid in message.get("session_ids", []) for s in self.by_session.get(sid, ())]
         for subscription in targets:
             subscription.end("session_ended")
-
-
-def shutdown_all() -> None:
-    """Called from gunicorn's worker when it begins a graceful shutdown (see gunicorn.conf.py)."""
-    for hub in list(_hubs):
-        hub.shutdown()

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
 
 from flask import Blueprint, current_app, jsonify, request
 
 from ..auth.guards import current_caller, login_required
 from ..errors import bad_request, forbidden, not_found, unauthorized, validation_failed
 from ..http import StrictJSONError, number_arg, parse_json, plain_text, read_body, rfc3339
+from ..settings import WebhookProvider
 from .schemes import VERIFIERS, SignatureRejected
 from .store import DeliveryStore, user_at_path
 
@@ -17,16 +17,6 @@ bp = Blueprint("webhooks", __name__, url_prefix="/webhooks")
 
 BODY_LIMIT = 1024 * 1024
 ID_LIMIT = 200
-
-
-@dataclass(frozen=True)
-class WebhookProvider:
-    """One configured webhook sender: its scheme, secrets and where its payload names a user."""
-
-    name: str
-    scheme: str
-    secrets: list[str]
-    user_path: str | None
 
 
 def _provider(name: str) -> WebhookProvider:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import http.server
 import json
-import os
 import subprocess
 import threading
 import time
@@ -17,7 +16,7 @@ from playwright.sync_api import expect
 
 from tests.browser.conftest import INSECURE_HOST, Stack
 from tests.events.clients import Api
-from tests.servers import ROOT, VENV_BIN, free_port
+from tests.servers import ROOT, VENV_BIN, free_port, process_env
 from tests.utils import DEFAULT_PASSWORD, random_email
 
 # transport: (its radio button's label, the words the page uses for it)
@@ -270,7 +269,7 @@ def test_the_oauth_button_completes_the_flow_and_lands_logged_in(stack, new_cont
 def publish_from_cli(base_env: dict, event: str, data) -> None:
     """`flask --app wsgi events publish`, in the live server's environment, as an operator would."""
     names = ("REDIS_URL", "SECRET_KEY", "JWT_SECRET", "APP_ENV", "DATA_DIR")
-    env = {**os.environ, **{name: base_env[name] for name in names}}
+    env = process_env({name: base_env[name] for name in names})
     command = [str(VENV_BIN / "flask"), "--app", "wsgi", "events", "publish", "--channel", "broadcast"]
     command += ["--event", event, "--data", json.dumps(data)]
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from tests.events.clients import SSE, Api, open_ws, ws_close_code, ws_json
-from tests.servers import RedisServer, wait_until
+from tests.servers import RedisServer, process_env, wait_until
 from tests.utils import DEFAULT_PASSWORD
 
 
@@ -178,7 +178,7 @@ def test_admin_broadcast_reaches_every_user(server, base_env):
         [sys.executable, "-m", "flask", "--app", "wsgi", "users", "create", "--email", admin_email]
         + ["--password", DEFAULT_PASSWORD, "--role", "admin"],
         cwd=ROOT,
-        env={**os.environ, **base_env},
+        env=process_env(base_env),
         check=True,
         capture_output=True,
     )

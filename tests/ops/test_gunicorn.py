@@ -12,7 +12,7 @@ import subprocess
 import pytest
 
 from tests.events.clients import Api
-from tests.servers import ROOT, VENV_BIN, LiveServer, RedisServer, wait_until
+from tests.servers import ROOT, VENV_BIN, LiveServer, RedisServer, process_env, wait_until
 
 CONFIG = ROOT / "gunicorn.conf.py"
 
@@ -72,7 +72,7 @@ def test_workers_default_to_the_cpus_the_process_may_use(cpus, expected):
     command = [str(VENV_BIN / "gunicorn"), "-c", "gunicorn.conf.py", "--print-config", "wsgi:app"]
     if cpus is not None:
         command = ["taskset", "-c", cpus, *command]
-    env = {k: v for k, v in os.environ.items() if k != "WEB_CONCURRENCY"}
+    env = process_env()
     result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=True)
     workers = next(line for line in result.stdout.splitlines() if line.startswith("workers "))
     assert workers.split("=")[1].strip() == str(expected)

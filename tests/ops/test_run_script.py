@@ -11,14 +11,12 @@ import pytest
 import requests
 
 from tests.events.clients import Api
-from tests.servers import ROOT, VENV_BIN, free_port, wait_until
-
-# What a developer's shell might carry; the script and the CLI must get their settings elsewhere.
-UNSET = ("REDIS_URL", "PROMETHEUS_MULTIPROC_DIR", "SECRET_KEY", "JWT_SECRET", "WEB_CONCURRENCY", "APP_ENV")
+from tests.servers import ROOT, VENV_BIN, free_port, process_env, wait_until
 
 
 def clean_env(**extra: str) -> dict:
-    env = {name: value for name, value in os.environ.items() if name not in UNSET}
+    """Nothing of the developer's shell: the script and the CLI must get their settings elsewhere."""
+    env = process_env()
     env["PATH"] = f"{VENV_BIN}:{env.get('PATH', '')}"
     return {**env, "LOG_LEVEL": "info", **extra}
 
