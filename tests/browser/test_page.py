@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
 import subprocess
@@ -207,25 +208,35 @@ ws.onclose = () => {{ window.result.wsClosed = true; }};
 </script></body></html>"""
 
 
-@pytest.fixture
-def foreign_site(stack):
-    """A page on another origin (a second loopback port) that attacks the service."""
-    body = EVIL_PAGE.format(target=stack.url, ws_target=stack.url.replace("http://", "ws://")).encode()
+@contextlib.contextmanager
+def static_page(body: bytes, content_type: str, port: int):
+    """One page served at http://127.0.0.1:<port>/ from a thread, while the block runs."""
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 - the http.server interface
             self.send_response(200)
-            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Type", content_type)
             self.end_headers()
             self.wfile.write(body)
 
         def log_message(self, *args):
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def foreign_site(stack):
+    """A page on another origin (a second loopback port) that attacks the service."""
+    body = EVIL_PAGE.format(target=stack.url, ws_target=stack.url.replace("http://", "ws://")).encode()
+    with static_page(body, "text/html", free_port()) as url:
+        yield url
 
 
 def test_another_origin_cannot_log_the_user_out_or_open_a_websocket(stack, new_context, foreign_site):
@@ -369,22 +380,8 @@ window.embedded = {{ client, feed }};
 def embedding_site(stack, embedding_origin):
     """A static page on the origin the stack allows, importing client.js from the service."""
     body = EMBEDDING_PAGE.format(service=stack.url).encode()
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 - the http.server interface
-            self.send_response(200)
-            self.send_header("Content-Type", "text/html; charset=utf-8")
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", int(embedding_origin.rsplit(":", 1)[1])), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield embedding_origin
-    server.shutdown()
-    server.server_close()
+    with static_page(body, "text/html; charset=utf-8", int(embedding_origin.rsplit(":", 1)[1])) as url:
+        yield url
 
 
 def test_a_page_on_another_origin_logs_in_with_client_js_and_receives_live_events(stack, new_context, embedding_site):
