@@ -82,8 +82,8 @@ def init_app(app: Flask) -> None:
             request.scheme,
             request.host,
         )
-        if request.endpoint == "events.websocket":
-            _log_line(*fields)  # the session is over by now; the response is never iterated
+        if g.get("log_at_once"):  # set by views whose response is never iterated (an upgraded WebSocket)
+            _log_line(*fields)
         else:
             response.call_on_close(lambda: _log_line(*fields))  # streams: logged when they end
         return response

@@ -15,10 +15,25 @@ from ..errors import forbidden, unauthorized
 from . import cookies, sessions, tokens
 
 UNSAFE_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
-# Endpoints that set cookies without being cookie-authenticated: a cross-site page must not log a
-# browser in either (login CSRF), so they follow the same Origin rule.
-COOKIE_SETTING_ENDPOINTS = {"auth.login", "auth.register", "auth.refresh"}
-CSRF_EXEMPT_BLUEPRINTS = {"webhooks"}
+
+
+def sets_session_cookies(view):
+    """Declare at a view that it sets session cookies without being cookie-authenticated (login,
+    register, refresh): a cross-site page must not log a browser in either (login CSRF), so the
+    Origin rule applies to it whatever the request carries."""
+    view.sets_session_cookies = True
+    return view
+
+
+def csrf_exempt(view):
+    """Declare at a view that the CSRF rule does not apply: it authenticates by a signature, not cookies."""
+    view.csrf_exempt = True
+    return view
+
+
+def _declared(marker: str) -> bool:
+    view = current_app.view_functions.get(request.endpoint) if request.endpoint else None
+    return bool(getattr(view, marker, False))
 
 
 @dataclass(frozen=True)
@@ -119,12 +134,12 @@ def _uses_cookies() -> bool:
     if "Authorization" in request.headers:
         return False
     has_cookie = cookies.ACCESS_COOKIE in request.cookies or cookies.REFRESH_COOKIE in request.cookies
-    return has_cookie or request.endpoint in COOKIE_SETTING_ENDPOINTS
+    return has_cookie or _declared("sets_session_cookies")
 
 
 def check_csrf() -> None:
     """Refuse (403) an unsafe, cookie-authenticated request that a foreign page started."""
-    if request.method not in UNSAFE_METHODS or request.blueprint in CSRF_EXEMPT_BLUEPRINTS:
+    if request.method not in UNSAFE_METHODS or _declared("csrf_exempt"):
         return
     if _uses_cookies() and cross_site_request():
         raise forbidden("Cross-site request refused.", "csrf_rejected")

@@ -11,7 +11,7 @@ from ..http import field, has_control_characters, json_body, plain_text
 from ..limits import rate_limited
 from ..metrics import LOGINS, REFRESHES
 from . import cookies, devices, passwords, sessions, tokens, users
-from .guards import authenticate, current_caller, login_required
+from .guards import authenticate, current_caller, login_required, sets_session_cookies
 
 bp = Blueprint("auth", __name__, url_prefix="/auth")
 jwks_bp = Blueprint("jwks", __name__)
@@ -62,6 +62,7 @@ def _refused(error: ApiError, transport: str):
 
 
 @bp.post("/register")
+@sets_session_cookies
 @rate_limited("register", per=("address", "email"))
 def register():
     """Create an account with a password (201 with U)."""
@@ -81,6 +82,7 @@ def _device_name(body: dict) -> str | None:
 
 
 @bp.post("/login")
+@sets_session_cookies
 @rate_limited("login", per=("address", "email_or_device"))
 def login():
     """Check the password and start a session for this device; tokens by cookie or in the body."""
@@ -106,6 +108,7 @@ def login():
 
 
 @bp.post("/refresh")
+@sets_session_cookies
 @rate_limited("refresh", per=("address", "refresh_token"))
 def refresh():
     """Rotate a refresh token; a reused one ends its whole family."""

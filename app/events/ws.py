@@ -138,6 +138,7 @@ def guard_websocket_handshake():
 def websocket(ws):
     """The upgraded connection: nothing may escape from here, or Flask would write a 500 into it."""
     lease, follower = g.pop("connection_lease"), None
+    g.log_at_once = True  # the session is over when this returns; its response is never iterated
     try:
         follower = follower_for_request(live=True, cursor=request.args.get("cursor") or None, lease=lease)
         Connection(ws, follower, current_app.config["SETTINGS"].ws_send_timeout).serve()

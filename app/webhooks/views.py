@@ -6,7 +6,7 @@ import hashlib
 
 from flask import Blueprint, current_app, jsonify, request
 
-from ..auth.guards import current_caller, login_required
+from ..auth.guards import csrf_exempt, current_caller, login_required
 from ..errors import bad_request, forbidden, not_found, unauthorized, validation_failed
 from ..http import StrictJSONError, number_arg, parse_json, plain_text, read_body, rfc3339
 from ..settings import WebhookProvider
@@ -31,6 +31,7 @@ def _store() -> DeliveryStore:
 
 
 @bp.post("/<name>")
+@csrf_exempt
 def receive(name: str):
     """Verify, de-duplicate and record a delivery; answer at once and publish after."""
     provider = _provider(name)

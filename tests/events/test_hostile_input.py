@@ -40,6 +40,12 @@ def test_hostile_frames_get_error_frames_and_the_socket_stays_usable(server):
         ws.close()
     assert [e["event"] for e in user.poll(cursor).json()["events"]] == ["still.fine"]  # nothing hostile stored
 
+    def logged_websocket_session():
+        lines = [json.loads(line) for line in server.log_path.read_text().splitlines() if line.startswith("{")]
+        return any(line.get("path") == "/ws" and line.get("user_id") == user.user_id for line in lines)
+
+    wait_until(logged_websocket_session, message="the WebSocket session's request line")  # logged when it ends
+
 
 @pytest.mark.parametrize("position", ["18446744073709551616-0", "1-1\n", "01-1" + "0" * 30])
 def test_a_hostile_cursor_is_refused_before_the_websocket_upgrade(server, position):
