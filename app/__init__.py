@@ -7,8 +7,9 @@ from collections.abc import Mapping
 
 from flask import Flask
 
-from . import cli, errors, events, limits, logs, ops, page, webhooks
+from . import apikeys, cli, errors, events, limits, logs, ops, page, webhooks
 from . import redis as redis_ext
+from .apikeys import views as apikey_views
 from .auth import guards, oauth, tokens
 from .auth import views as auth_views
 from .events import views as event_views
@@ -52,11 +53,21 @@ def create_app(environ: Mapping[str, str] | None = None) -> Flask:
     guards.init_app(app)
     # Features: each binds what it needs (providers, the event bus and hub, stores) to the app.
     oauth.init_app(app)
+    apikeys.init_app(app)
     events.init_app(app)
     webhooks.init_app(app)
     page.init_app(app)
     # Every blueprint, registered here and only here.
-    for blueprint in (ops.bp, auth_views.bp, auth_views.jwks_bp, oauth.bp, event_views.bp, webhook_views.bp, page.bp):
+    for blueprint in (
+        ops.bp,
+        auth_views.bp,
+        auth_views.jwks_bp,
+        oauth.bp,
+        apikey_views.bp,
+        event_views.bp,
+        webhook_views.bp,
+        page.bp,
+    ):
         app.register_blueprint(blueprint)
     # Last: the limiter wraps the views that declare @rate_limited, so every blueprint must be in.
     limits.init_app(app)

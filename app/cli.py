@@ -1,4 +1,4 @@
-"""Operator commands: `flask --app wsgi users create` and `flask --app wsgi events publish`."""
+"""Operator commands: `flask --app wsgi users ...`, `events publish` and `api-keys ...`."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from .errors import ApiError
 
 
 def init_app(app: Flask) -> None:
-    """Add the `users` and `events` command groups to `flask`."""
+    """Add the `users`, `events` and `api-keys` command groups to `flask`."""
     users_group = click.Group("users", help="Manage user accounts.")
 
     @users_group.command("create")
@@ -48,6 +48,46 @@ def init_app(app: Flask) -> None:
         click.echo(f"published {published.id} to {published.channel}")
 
     app.cli.add_command(events_group)
+
+    keys_group = click.Group("api-keys", help="Manage the API keys backends use.")
+
+    @keys_group.command("create")
+    @click.option("--name", required=True, help="What uses the key, e.g. 'billing backend'.")
+    @click.option("--scope", "scopes", multiple=True, required=True, help="events:publish, tokens:introspect, ...")
+    @click.option("--channel", "channels", multiple=True, help="Where events:publish may publish: a name, user:* or *.")
+    @_one_line_errors
+    def create_key_command(name: str, scopes: tuple[str, ...], channels: tuple[str, ...]):
+        """Create a key and print it: it is shown this once, and only its SHA-256 is kept."""
+        from .apikeys.store import create_key
+
+        raw, key = create_key(name, list(scopes), list(channels))
+        click.echo(raw)
+        click.echo(f"id {key['id']}, scopes {' '.join(key['scopes'])}", err=True)
+
+    @keys_group.command("list")
+    @_one_line_errors
+    def list_keys_command():
+        """List the keys (never the keys themselves)."""
+        from .apikeys.store import list_keys
+
+        for key in list_keys():
+            channels = ",".join(key["channels"]) or "-"
+            click.echo(
+                f"{key['id']}  {key['name']}  {' '.join(key['scopes'])}  {channels}  last used {key['last_used_at']}"
+            )
+
+    @keys_group.command("delete")
+    @click.argument("key_id")
+    @_one_line_errors
+    def delete_key_command(key_id: str):
+        """Delete a key: it stops working at once, everywhere."""
+        from .apikeys.store import delete_key
+
+        if not delete_key(key_id):
+            raise click.ClickException(f"no API key with id {key_id}")
+        click.echo(f"deleted {key_id}")
+
+    app.cli.add_command(keys_group)
 
 
 def _one_line_errors(command):

@@ -54,6 +54,21 @@ class Keys:
         return f"user:{user_id}:connections"
 
     @staticmethod
+    def api_key(key_hash: str) -> str:
+        """One API key's record, under the key's SHA-256."""
+        return f"apikey:{key_hash}"
+
+    @staticmethod
+    def api_key_hash(key_id: str) -> str:
+        """The SHA-256 of the API key with this id (to delete it by id)."""
+        return f"apikey:id:{key_id}"
+
+    @staticmethod
+    def api_keys() -> str:
+        """The ids of every API key (a set)."""
+        return "apikeys"
+
+    @staticmethod
     def stream(channel: str) -> str:
         """A channel's event history (a stream)."""
         return f"events:{{{channel}}}"

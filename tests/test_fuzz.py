@@ -24,6 +24,7 @@ def templates(tokens: dict) -> dict[str, dict]:
         "/auth/logout": {"refresh_token": "not-a-token"},
         "/auth/password": {"current_password": "not the password", "new_password": "a new password"},
         "/events": {"channel": f"user:{tokens['user']['id']}", "event": "fuzz", "data": 1},
+        "/events/batch": {"events": [{"channel": f"user:{tokens['user']['id']}", "event": "fuzz", "data": 1}]},
     }
 
 

@@ -15,6 +15,7 @@ from ..errors import forbidden, unauthorized
 from . import cookies, sessions, tokens
 
 UNSAFE_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
+API_KEY_PREFIX = "ak_"
 
 
 def sets_session_cookies(view):
@@ -65,11 +66,22 @@ def bearer_token() -> str | None:
     return value.strip()
 
 
+def _api_key(token: str):
+    """The API key a bearer token names (one Redis round trip), or 401 when unknown or deleted."""
+    key = current_app.extensions["api_key_verifier"](token)
+    if key is None:
+        raise unauthorized("The API key is not valid.")
+    return key
+
+
 def authenticate() -> Caller:
-    """The verified caller of this request, or a 401 ApiError."""
+    """The verified user calling this request, or a 401 ApiError (403 for an API key: users only here)."""
     if "caller" in g:
         return g.caller
     token, via = bearer_token(), "bearer"
+    if token is not None and token.startswith(API_KEY_PREFIX):
+        _api_key(token)
+        raise forbidden("This endpoint needs a user's access token; API keys cannot call it.")
     if token is None:
         token, via = request.cookies.get(cookies.ACCESS_COOKIE), "cookie"
     if not token:
@@ -99,6 +111,57 @@ def login_required(view):
         return view(*args, **kwargs)
 
     return wrapper
+
+
+def authenticate_key(scope: str):
+    """The API key calling this request, which must have `scope` (401 without a key, 403 without the scope)."""
+    if "api_key" in g:
+        return g.api_key
+    token = bearer_token()
+    if token is None or not token.startswith(API_KEY_PREFIX):
+        raise unauthorized(f"This endpoint needs an API key with scope {scope}.")
+    key = _api_key(token)
+    if scope not in key.scopes:
+        raise forbidden(f"This API key does not have the scope {scope}.")
+    g.api_key = key
+    return key
+
+
+def api_key_required(scope: str):
+    """Decorate a view that only backends call: an API key with `scope`."""
+
+    def decorate(view):
+        @functools.wraps(view)
+        def wrapper(*args, **kwargs):
+            authenticate_key(scope)
+            return view(*args, **kwargs)
+
+        return wrapper
+
+    return decorate
+
+
+def user_or_api_key(scope: str):
+    """Decorate a view that users (access token) and API keys with `scope` may both call."""
+
+    def decorate(view):
+        @functools.wraps(view)
+        def wrapper(*args, **kwargs):
+            token = bearer_token()
+            if token is not None and token.startswith(API_KEY_PREFIX):
+                authenticate_key(scope)
+            else:
+                authenticate()
+            return view(*args, **kwargs)
+
+        return wrapper
+
+    return decorate
+
+
+def current_api_key():
+    """The API key that `authenticate_key` verified for this request, if one did."""
+    return g.get("api_key")
 
 
 def current_caller() -> Caller:

@@ -39,6 +39,7 @@ class AccessClaims:
     token_version: int
     session_id: str
     expires_at: int
+    issued_at: int
 
 
 class TokenKeys:
@@ -134,4 +135,4 @@ def decode_access_token(token: str) -> AccessClaims:
         raise TokenInvalid("malformed claims")
     if claims["exp"] - claims["iat"] > MAX_LIFETIME_SECONDS:
         raise TokenInvalid("lives longer than an access token may")
-    return AccessClaims(claims["sub"], claims["role"], claims["ver"], claims["sid"], int(claims["exp"]))
+    return AccessClaims(claims["sub"], claims["role"], claims["ver"], claims["sid"], claims["exp"], claims["iat"])

@@ -6,12 +6,12 @@ import re
 
 from flask import Blueprint, current_app, jsonify, make_response, request
 
-from ..errors import ApiError, error_response, not_found, unauthorized, validation_failed
+from ..errors import ApiError, bad_request, error_response, not_found, unauthorized, validation_failed
 from ..http import field, has_control_characters, json_body, plain_text
 from ..limits import rate_limited
 from ..metrics import LOGINS, REFRESHES
 from . import cookies, devices, passwords, sessions, tokens, users
-from .guards import authenticate, current_caller, login_required, sets_session_cookies
+from .guards import api_key_required, authenticate, current_caller, login_required, sets_session_cookies
 
 bp = Blueprint("auth", __name__, url_prefix="/auth")
 jwks_bp = Blueprint("jwks", __name__)
@@ -208,6 +208,45 @@ def change_password():
     users.store_password_hash(user["id"], passwords.hash_password(new))
     sessions.end_other_sessions(user["id"], caller.session_id)
     return _no_content()
+
+
+INACTIVE = {"active": False}
+
+
+@bp.post("/introspect")
+@api_key_required("tokens:introspect")
+def introspect():
+    """RFC 7662: whether an access token is active now, by every rule the service applies itself."""
+    if request.mimetype != "application/x-www-form-urlencoded":
+        raise ApiError(415, "unsupported_media_type", "Send the token as a form: token=<access token>.")
+    token = request.form.get("token")
+    if not token:
+        raise bad_request("The form field 'token' is required.")
+    return jsonify(_introspection(token))
+
+
+def _introspection(token: str) -> dict:
+    """The active token's claims, or exactly {"active": false} whatever made it inactive."""
+    try:
+        claims = tokens.decode_access_token(token)
+    except (tokens.TokenExpired, tokens.TokenInvalid):
+        return INACTIVE
+    user = sessions.verify_session(claims.user_id, claims.session_id, claims.token_version)
+    if user is None:  # logged out, session ended, or an older tokenVersion
+        return INACTIVE
+    settings = _settings()
+    return {
+        "active": True,
+        "sub": claims.user_id,
+        "role": user["role"],  # the stored role, as the service's own checks use it
+        "sid": claims.session_id,
+        "ver": claims.token_version,
+        "exp": claims.expires_at,
+        "iat": claims.issued_at,
+        "iss": settings.jwt_issuer,
+        "aud": settings.jwt_audience,
+        "token_type": "access_token",
+    }
 
 
 @jwks_bp.get("/.well-known/jwks.json")

@@ -37,6 +37,22 @@ redis.call('PUBLISH', ARGV[1], cjson.encode(wire))
 return id
 """
 
+# KEYS: each event's stream. ARGV: maxlen, ts, then per event: wake-up channel, event name, data, channel.
+# Every event appended and announced in one atomic step: a batch is all there, or (refused before the
+# script runs) none of it.
+PUBLISH_MANY_LUA = """
+local ids = {}
+for i = 1, #KEYS do
+  local base = 2 + (i - 1) * 4
+  local id = redis.call('XADD', KEYS[i], 'MAXLEN', '~', ARGV[1], '*',
+                        'event', ARGV[base + 2], 'data', ARGV[base + 3], 'ts', ARGV[2])
+  local wire = {id = id, channel = ARGV[base + 4], event = ARGV[base + 2], data = ARGV[base + 3], ts = ARGV[2]}
+  redis.call('PUBLISH', ARGV[base + 1], cjson.encode(wire))
+  ids[i] = id
+end
+return ids
+"""
+
 
 @dataclass(slots=True)
 class Event:
@@ -87,9 +103,12 @@ def _now() -> str:
 WEBHOOKS = "webhooks"
 
 
+USER_CHANNEL_PREFIX = "user:"
+
+
 def user_channel(user_id: str) -> str:
     """The channel private to one user."""
-    return f"user:{user_id}"
+    return USER_CHANNEL_PREFIX + user_id
 
 
 def channels_for(user_id: str, is_admin: bool = False) -> list[str]:
@@ -130,6 +149,7 @@ class Bus:
         self.scripts = scripts
         self.history_maxlen = history_maxlen
         self._publish = client.register_script(PUBLISH_LUA)
+        self._publish_many = client.register_script(PUBLISH_MANY_LUA)
 
     def publish(self, channel: str, event: str, data) -> Event:
         """Append an event to its channel's stream and wake live readers, in one atomic step."""
@@ -141,6 +161,18 @@ class Bus:
         )
         EVENTS_PUBLISHED.inc()
         return Event(stream_id, channel, event, encoded, ts)
+
+    def publish_many(self, events: list[tuple[str, str, object]]) -> list[str]:
+        """Publish (channel, event, data) triples all together or not at all; their ids, in order."""
+        for channel, event, _ in events:
+            validate_names(channel, event)
+        encoded = [encode_data(data) for _, _, data in events]  # every one checked before anything is written
+        args = [self.history_maxlen, _now()]
+        for (channel, event, _), data in zip(events, encoded, strict=True):
+            args += [WAKE_PREFIX + channel, event, data, channel]
+        ids = self._publish_many(keys=[Keys.stream(channel) for channel, _, _ in events], args=args)
+        EVENTS_PUBLISHED.inc(len(ids))
+        return list(ids)
 
     def announce_sessions_ended(self, user_id: str, session_ids: list[str], whole_user: bool = False) -> None:
         """Tell every worker of every instance to close these sessions' connections."""

@@ -6,8 +6,8 @@ import time
 
 from flask import Blueprint, Response, current_app, jsonify, request
 
-from ..auth.guards import current_caller, login_required
-from ..errors import forbidden, unauthorized
+from ..auth.guards import current_api_key, current_caller, login_required, user_or_api_key
+from ..errors import bad_request, forbidden, unauthorized, validation_failed
 from ..http import field, json_body, number_arg
 from ..metrics import EVENTS_DELIVERED, OPEN_CONNECTIONS
 from .bus import Bus, may_publish
@@ -62,17 +62,47 @@ def events_answer(deliveries: list[Delivery], cursor: str, transport: str) -> Re
     return response
 
 
+BATCH_LIMIT = 100
+
+
+def _check_may_publish(channel: str) -> None:
+    """403 unless the caller may publish there: users their own channel (admins any), keys their list."""
+    key = current_api_key()
+    if key is not None:
+        if not key.may_publish(channel):
+            raise forbidden(f"This API key may not publish to {channel!r}.")
+        return
+    caller = current_caller()
+    if not may_publish(caller.user_id, caller.is_admin, channel):
+        raise forbidden("You may publish only to your own channel.")
+
+
 @bp.post("/events")
-@login_required
+@user_or_api_key("events:publish")
 def publish():
     """Publish an event to a channel the caller may publish to."""
     body = json_body()
     channel, event = field(body, "channel"), field(body, "event")
-    caller = current_caller()
-    if not may_publish(caller.user_id, caller.is_admin, channel):
-        raise forbidden("You may publish only to your own channel.")
+    _check_may_publish(channel)
     published = get_bus().publish(channel, event, body.get("data"))
     return jsonify({"id": published.id, "channel": published.channel}), 201
+
+
+@bp.post("/events/batch")
+@user_or_api_key("events:publish")
+def publish_batch():
+    """Publish up to 100 events in one atomic step: all of them, or (on any bad one) none."""
+    events = field(json_body(), "events", list)
+    if not 1 <= len(events) <= BATCH_LIMIT:
+        raise validation_failed(f"A batch holds 1 to {BATCH_LIMIT} events.")
+    triples = []
+    for number, item in enumerate(events):
+        if not isinstance(item, dict):
+            raise bad_request(f"Event {number} must be an object with channel, event and data.")
+        channel, event = field(item, "channel"), field(item, "event")
+        _check_may_publish(channel)
+        triples.append((channel, event, item.get("data")))
+    return jsonify({"ids": get_bus().publish_many(triples)}), 201
 
 
 @bp.get("/events")

@@ -1,0 +1,147 @@
+"""API-key records: created once (only the SHA-256 is kept), checked in one round trip, deleted at once.
+
+There is no per-worker cache: every check reads Redis, so a deleted key stops working on every worker
+and instance with the next request, and a check costs what an access-token check costs (one script).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+import time
+import uuid
+from dataclasses import dataclass
+
+from flask import current_app
+
+from ..errors import validation_failed
+from ..events.bus import CHANNEL_PATTERN, USER_CHANNEL_PREFIX
+from ..http import plain_text, rfc3339
+from ..redis import Keys, get_redis
+
+KEY_PREFIX = "ak_"
+SCOPES = ("events:publish", "tokens:introspect", "webhooks:manage")
+NAME_LIMIT, CHANNELS_LIMIT = 100, 100
+TOUCH_INTERVAL_SECONDS = 60  # last_used_at is written at most this often per key
+
+# KEYS[1] the key's record. ARGV: now, touch interval. The record's fields, touching last_used_at at
+# most once per interval, in the same round trip; nil for an unknown key.
+VERIFY_API_KEY = """
+local key = redis.call('HMGET', KEYS[1], 'id', 'name', 'scopes', 'channels', 'last_used_at')
+if not key[1] then return nil end
+if tonumber(ARGV[1]) - (tonumber(key[5]) or 0) >= tonumber(ARGV[2]) then
+  redis.call('HSET', KEYS[1], 'last_used_at', ARGV[1])
+end
+return key
+"""
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    """A verified API key: what it may do and where it may publish."""
+
+    id: str
+    name: str
+    scopes: frozenset[str]
+    channels: tuple[str, ...]
+
+    def may_publish(self, channel: str) -> bool:
+        """Exact channel names, `user:*` for every user channel, `*` for all."""
+        return any(
+            allowed == "*"
+            or allowed == channel
+            or (allowed == f"{USER_CHANNEL_PREFIX}*" and channel.startswith(USER_CHANNEL_PREFIX))
+            for allowed in self.channels
+        )
+
+
+def hash_key(raw: str) -> str:
+    """The SHA-256 under which a key is stored (the key itself never is)."""
+    return hashlib.sha256(raw.encode()).hexdigest()
+
+
+def validate_request(name, scopes, channels) -> tuple[str, list[str], list[str]]:
+    """A key's name, scopes and channels as an admin asks for them, or 422 naming what is wrong."""
+    name = plain_text(name.strip(), "The key's name")
+    if not 1 <= len(name) <= NAME_LIMIT:
+        raise validation_failed(f"The key's name must have 1 to {NAME_LIMIT} characters.")
+    unknown = [scope for scope in scopes if scope not in SCOPES]
+    if not scopes or unknown:
+        raise validation_failed(f"Scopes must be one or more of {', '.join(SCOPES)}.")
+    if len(channels) > CHANNELS_LIMIT:
+        raise validation_failed(f"At most {CHANNELS_LIMIT} channels.")
+    for channel in channels:
+        if channel not in ("*", f"{USER_CHANNEL_PREFIX}*") and not CHANNEL_PATTERN.fullmatch(channel):
+            raise validation_failed(f"Channel {channel!r} is neither a channel name, 'user:*' nor '*'.")
+    if "events:publish" in scopes and not channels:
+        raise validation_failed("A key with scope events:publish needs at least one channel.")
+    return name, sorted(set(scopes)), sorted(set(channels))
+
+
+def create_key(name: str, scopes: list[str], channels: list[str]) -> tuple[str, dict]:
+    """A new key (shown to the caller this once) and its public record K."""
+    name, scopes, channels = validate_request(name, scopes, channels)
+    raw = KEY_PREFIX + secrets.token_urlsafe(32)  # 256 bits
+    key_hash, key_id, now = hash_key(raw), uuid.uuid4().hex, f"{time.time():.3f}"
+    record = {
+        "id": key_id,
+        "name": name,
+        "scopes": json.dumps(scopes),
+        "channels": json.dumps(channels),
+        "created_at": now,
+        "last_used_at": "",
+    }
+    pipe = get_redis().pipeline(transaction=True)
+    pipe.hset(Keys.api_key(key_hash), mapping=record)
+    pipe.set(Keys.api_key_hash(key_id), key_hash)
+    pipe.sadd(Keys.api_keys(), key_id)
+    pipe.execute()
+    return raw, public_key(record)
+
+
+def verify_key(raw: str) -> ApiKey | None:
+    """The key a caller presents, or None when it is unknown or deleted (one round trip)."""
+    verify = current_app.extensions["verify_api_key"]
+    found = verify(keys=[Keys.api_key(hash_key(raw))], args=[f"{time.time():.3f}", TOUCH_INTERVAL_SECONDS])
+    if not found:
+        return None
+    key_id, name, scopes, channels, _ = found
+    return ApiKey(key_id, name, frozenset(json.loads(scopes)), tuple(json.loads(channels)))
+
+
+def list_keys() -> list[dict]:
+    """Every key's public record K, newest first (never the key itself)."""
+    client = get_redis()
+    key_ids = sorted(client.smembers(Keys.api_keys()))
+    hashes = client.mget([Keys.api_key_hash(key_id) for key_id in key_ids]) if key_ids else []
+    pipe = client.pipeline(transaction=False)
+    for key_hash in hashes:
+        pipe.hgetall(Keys.api_key(key_hash or "missing"))
+    records = [record for record in pipe.execute() if record]
+    return sorted((public_key(record) for record in records), key=lambda k: k["created_at"], reverse=True)
+
+
+def delete_key(key_id: str) -> bool:
+    """Delete a key; it stops working with the next request everywhere. False if there was none."""
+    client = get_redis()
+    key_hash = client.get(Keys.api_key_hash(key_id))
+    if key_hash is None:
+        return False
+    pipe = client.pipeline(transaction=True)
+    pipe.delete(Keys.api_key(key_hash), Keys.api_key_hash(key_id))
+    pipe.srem(Keys.api_keys(), key_id)
+    pipe.execute()
+    return True
+
+
+def public_key(record: dict) -> dict:
+    """K: what listing and creation show of a key."""
+    return {
+        "id": record["id"],
+        "name": record["name"],
+        "scopes": json.loads(record["scopes"]),
+        "channels": json.loads(record["channels"]),
+        "created_at": rfc3339(record["created_at"]),
+        "last_used_at": rfc3339(record.get("last_used_at")),
+    }
