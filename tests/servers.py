@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -110,15 +111,30 @@ class LiveServer:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        log = open(self.log_path, "ab")  # noqa: SIM115 - the child keeps its own copy of the descriptor
-        self.process = subprocess.Popen(
-            [str(VENV_BIN / "gunicorn"), "-c", "gunicorn.conf.py", "wsgi:app"],
-            cwd=ROOT,
-            env=self.env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        wait_until(lambda: requests.get(self.url + "/healthz", timeout=1).ok, timeout=20, message="gunicorn")
+        """Start gunicorn and wait until it answers. free_port() only probes a port: if another process
+        takes it before gunicorn binds, gunicorn gives up, and this starts once more on a fresh port."""
+        for attempt in range(2):
+            log = open(self.log_path, "ab")  # noqa: SIM115 - the child keeps its own copy of the descriptor
+            self.process = subprocess.Popen(
+                [str(VENV_BIN / "gunicorn"), "-c", "gunicorn.conf.py", "wsgi:app"],
+                cwd=ROOT,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+            log.close()
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and self.process.poll() is None:
+                with contextlib.suppress(requests.RequestException):
+                    if requests.get(self.url + "/healthz", timeout=1).ok:
+                        return
+                time.sleep(0.02)
+            taken = "Address already in use" in self.log_path.read_text(errors="replace")
+            self.stop()
+            if attempt or not taken:
+                raise TimeoutError(f"gunicorn did not start on port {self.port}; see {self.log_path}")
+            self.port = free_port()
+            self.env["PORT"] = str(self.port)
 
     def signal(self, sig: int) -> None:
         self.process.send_signal(sig)
