@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import multiprocessing
 import time
+import uuid
 
 import requests
 
@@ -33,38 +34,55 @@ def _post_for(args) -> tuple[int, list[float]]:
     return len(latencies), latencies
 
 
-def measure(name: str, url: str, headers: dict, body: dict, events_per_request: int = 1) -> None:
+def measure(name: str, url: str, headers: dict, body: dict, events_per_request: int = 1) -> dict:
+    """Requests and events per second, and latencies, of CLIENTS processes posting for SECONDS."""
     with multiprocessing.Pool(CLIENTS) as pool:
         results = pool.map(_post_for, [(url, headers, body, SECONDS)] * CLIENTS)
-    requests_done = sum(count for count, _ in results)
+    rate = sum(count for count, _ in results) / SECONDS
     summary = summary_ms([latency for _, latencies in results for latency in latencies])
-    rate = requests_done / SECONDS
-    print(
-        f"{name:<34} {rate:8.0f} req/s {rate * events_per_request:9.0f} events/s"
-        f"  p50={summary['p50_ms']:6.2f} ms  p99={summary['p99_ms']:6.2f} ms"
-    )
+    return {
+        "name": name,
+        "requests_per_second": round(rate),
+        "events_per_second": round(rate * events_per_request),
+        **summary,
+    }
+
+
+def run(base_url: str, env: dict) -> list[dict]:
+    """The three measurements against a running service whose environment (its Redis) is `env`."""
+    email = f"bench-admin-{uuid.uuid4().hex[:8]}@example.com"
+    with create_app(env).app_context():
+        create_user(email, PASSWORD, role="admin")
+        key, _ = create_key("bench", ["events:publish"], ["*"])
+    login = {"email": email, "password": PASSWORD, "transport": "body"}
+    token = requests.post(f"{base_url}/auth/login", json=login, timeout=10).json()["access_token"]
+    event = {"channel": "broadcast", "event": "bench", "data": {"n": 1}}
+    as_admin, as_key = {"Authorization": f"Bearer {token}"}, {"Authorization": f"Bearer {key}"}
+    return [
+        measure("POST /events, admin access token", f"{base_url}/events", as_admin, event),
+        measure("POST /events, API key", f"{base_url}/events", as_key, event),
+        measure(
+            f"POST /events/batch ({BATCH}), API key",
+            f"{base_url}/events/batch",
+            as_key,
+            {"events": [event] * BATCH},
+            BATCH,
+        ),
+    ]
+
+
+def report(rows: list[dict]) -> None:
+    for row in rows:
+        print(
+            f"{row['name']:<34} {row['requests_per_second']:8} req/s {row['events_per_second']:9} events/s"
+            f"  p50={row['p50_ms']:6.2f} ms  p99={row['p99_ms']:6.2f} ms"
+        )
 
 
 def main() -> None:
     print(f"{machine()}; {CLIENTS} client processes, {SECONDS:.0f} s each run")
     with service(workers=2) as (server, redis_server):
-        app = create_app({**server.env, "REDIS_URL": redis_server.url})
-        with app.app_context():
-            create_user("bench-admin@example.com", PASSWORD, role="admin")
-            key, _ = create_key("bench", ["events:publish"], ["*"])
-        login = {"email": "bench-admin@example.com", "password": PASSWORD, "transport": "body"}
-        token = requests.post(f"{server.url}/auth/login", json=login, timeout=10).json()["access_token"]
-        event = {"channel": "broadcast", "event": "bench", "data": {"n": 1}}
-        batch = {"events": [event] * BATCH}
-        measure("POST /events, admin access token", f"{server.url}/events", {"Authorization": f"Bearer {token}"}, event)
-        measure("POST /events, API key", f"{server.url}/events", {"Authorization": f"Bearer {key}"}, event)
-        measure(
-            f"POST /events/batch ({BATCH}), API key",
-            f"{server.url}/events/batch",
-            {"Authorization": f"Bearer {key}"},
-            batch,
-            BATCH,
-        )
+        report(run(server.url, {**server.env, "REDIS_URL": redis_server.url}))
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import requests
 
-from bench import single_client
+from bench import publish_credentials, single_client
 from bench.common import PASSWORD, machine, summary_ms
 from bench.streams import StreamFleet, single_latency
 from bench.targets import FlaskSse, Nchan, Service, fd_count, rss_bytes, shared_redis
@@ -327,6 +327,12 @@ def tables(results: dict) -> str:
             f"| {r['system']} | {r['streams']} | {r['rate_per_second']} | {r['achieved_publish_rate']} | "
             f"{r['deliveries_per_second']:,.0f} | {r['lag_after_last_publish_ms']} ms | {r['incomplete_clients']} |"
         )
+    lines += ["", "| publishing (8 client processes) | requests/s | events/s | p50 | p99 |", "|---|---|---|---|---|"]
+    for r in results.get("publishing", []):
+        lines.append(
+            f"| {r['name']} | {r['requests_per_second']:,} | {r['events_per_second']:,} | "
+            f"{r['p50_ms']:.1f} ms | {r['p99_ms']:.1f} ms |"
+        )
     lines += ["", "| one client, 1,000 events | p50 | p99 | max |", "|---|---|---|---|"]
     for r in results["single_client"]:
         lines.append(f"| {r['system']} | {r['p50_ms']} ms | {r['p99_ms']} ms | {r['max_ms']} ms |")
@@ -445,6 +451,7 @@ def main() -> None:
             results["auth_cost"] = [auth_cost(service), auth_cost(service, through_nginx=True)]
             results["hub_stalls"] = hub_stalls(service)
             results["rates"] = rates(service)
+            results["publishing"] = publish_credentials.run(service.app.url, service.app.env)
         for count in peer_counts:
             with FlaskSse(redis_server) as peer:
                 results["capacity"].append(capacity(peer, peer.target(), count, peer.server_pids, peer.wait_subscribed))
