@@ -88,6 +88,7 @@ def init_app(app: Flask) -> None:
             message = "Too many requests; retry later."
         elif status == 405:
             message = "Method not allowed."
+            headers["Allow"] = ", ".join(getattr(error, "valid_methods", None) or [])  # which ones are
         elif status == 413:
             message = "Request body is too large."
         else:

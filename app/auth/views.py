@@ -48,6 +48,7 @@ def _token_response(user: dict, session_id: str, role: str, token_version: int, 
 
 def _no_content(clear_cookies: bool = False):
     response = make_response("", 204)
+    del response.headers["Content-Type"]  # a 204 has no body, so no type
     if clear_cookies:
         cookies.clear_token_cookies(response)
     return response

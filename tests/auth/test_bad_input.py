@@ -80,6 +80,7 @@ def test_unknown_path_and_wrong_method_are_json(client):
     assert missing.status_code == 404 and missing.get_json()["error"]["code"] == "not_found"
     wrong = client.get("/auth/login")
     assert wrong.status_code == 405 and wrong.get_json()["error"]["code"] == "method_not_allowed"
+    assert set(wrong.headers["Allow"].replace(" ", "").split(",")) >= {"POST"}  # says which methods are
 
 
 def test_login_answers_for_user_created_with_a_mixed_case_email(client, auth):

@@ -137,3 +137,9 @@ def test_grace_window_lets_the_previous_token_refresh_again(make_app):
     stale = client.post("/auth/refresh", json={"refresh_token": tokens["refresh_token"]})
     assert stale.status_code == 401
     assert stale.get_json()["error"]["code"] == "refresh_token_reused"
+
+
+def test_no_content_answers_carry_no_content_type(client, auth):
+    tokens = auth.new_user_tokens()
+    response = client.post("/auth/logout", headers=bearer(tokens["access_token"]))
+    assert response.status_code == 204 and "Content-Type" not in response.headers and response.data == b""
