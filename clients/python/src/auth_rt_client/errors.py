@@ -1,0 +1,85 @@
+"""The exceptions the client raises: one base class, and one type per kind of failure."""
+
+from __future__ import annotations
+
+import email.utils
+import time
+
+import httpx
+
+
+class AuthRtError(Exception):
+    """Base class of every exception this package raises."""
+
+
+class ApiError(AuthRtError):
+    """The service answered with an error: `{"error": {"code", "message"}}` and an HTTP status.
+
+    `code` is stable and meant for programs (`unauthorized`, `forbidden`, `validation_failed`, ...);
+    `message` is meant for people. `retry_after` is the `Retry-After` header in seconds, when sent
+    (429 and 503 answers carry it). `request_id` is the `X-Request-ID` to quote in a report.
+    """
+
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        *,
+        retry_after: float | None = None,
+        request_id: str | None = None,
+    ) -> None:
+        super().__init__(f"{status} {code}: {message}")
+        self.status = status
+        self.code = code
+        self.message = message
+        self.retry_after = retry_after
+        self.request_id = request_id
+
+    @classmethod
+    def from_response(cls, response: httpx.Response) -> ApiError:
+        """The error an answer carries; a body that is not the service's error shape still gives one."""
+        code, message = f"http_{response.status_code}", response.reason_phrase or "unexpected answer"
+        try:
+            error = response.json()["error"]
+            code, message = str(error["code"]), str(error["message"])
+        except (ValueError, KeyError, TypeError):
+            pass  # e.g. a proxy's HTML page: keep the status-based code
+        return cls(
+            response.status_code,
+            code,
+            message,
+            retry_after=parse_retry_after(response.headers.get("Retry-After")),
+            request_id=response.headers.get("X-Request-ID"),
+        )
+
+    @property
+    def retryable(self) -> bool:
+        """Whether the same request may succeed later unchanged (rate limited, or the service unavailable)."""
+        return self.status in (429, 500, 502, 503, 504)
+
+
+class ServiceUnreachable(AuthRtError):
+    """No answer from the service: connection refused or dropped, DNS, TLS, or a time-out."""
+
+
+class ProtocolError(AuthRtError):
+    """The service answered something this client cannot read (not the documented format)."""
+
+
+class WebhookVerificationError(AuthRtError):
+    """A webhook delivery failed verification: missing headers, a stale timestamp or no matching signature."""
+
+
+def parse_retry_after(value: str | None) -> float | None:
+    """`Retry-After` in seconds from now: either delta-seconds or an HTTP date (RFC 9110)."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isascii() and value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())

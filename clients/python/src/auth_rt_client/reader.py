@@ -1,0 +1,257 @@
+"""`EventReader`: follow a user's events over server-sent events or long polling, resuming by cursor."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from types import TracebackType
+from typing import Any, Literal
+
+import httpx
+
+from ._version import USER_AGENT
+from .errors import ApiError, ProtocolError
+from .models import Event
+from .sse import SSEParser, parse_lines, split_lines
+
+Transport = Literal["sse", "long-poll"]
+#: An access token, or a function returning a valid one; it is called before every (re)connection.
+TokenSource = str | Callable[[], str]
+
+
+class EventReader:
+    """Every event of the channels a user may read (its own `user:<id>`, `broadcast`, ...), in order.
+
+    Iterate over it to receive `Event`s. `cursor` names the position just after what was received so far:
+    persist it, and a new reader given it later yields every later event exactly once. Without a cursor
+    the reader fixes the present when iteration starts (no history), so a reconnection before the first
+    event loses nothing either.
+
+    A dropped connection, a worker shutting down, 429 (too many connections) and 5xx are retried with the
+    same cursor, after the stream's `retry:` delay (or `Retry-After`), doubling on repeated failures up
+    to `max_backoff` seconds. Any other refusal raises `ApiError`: 401 when the token has expired or its
+    session has ended (pass a function as `access_token` to hand out fresh tokens; it is called before
+    every connection), 400 for a malformed cursor.
+
+    With long polling the service returns a cursor per answer, not per event: within an answer of several
+    events `cursor` moves when its last event is yielded, so resuming from a cursor persisted in the middle
+    of one delivers its first events again (use `limit=1` for exactly one event per answer).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        access_token: TokenSource,
+        *,
+        cursor: str | None = None,
+        transport: Transport = "sse",
+        wait_seconds: float = 25.0,
+        limit: int | None = None,
+        idle_timeout: float = 60.0,
+        timeout: float = 10.0,
+        max_backoff: float = 30.0,
+    ) -> None:
+        """Read from `base_url` as the user of `access_token`.
+
+        `wait_seconds` is how long one long poll is held; `limit` caps the events of one long-poll answer;
+        `idle_timeout` is how long an SSE stream may stay silent (the service sends a heartbeat every 15 s
+        by default) before it is taken for dead and reopened; `timeout` applies to connecting and to
+        everything else.
+        """
+        if transport not in ("sse", "long-poll"):
+            raise ValueError(f"transport must be 'sse' or 'long-poll', not {transport!r}")
+        self._token = access_token
+        self._cursor = cursor
+        self._transport = transport
+        self._wait_seconds = wait_seconds
+        self._limit = limit
+        self._idle_timeout = idle_timeout
+        self._timeout = timeout
+        self._max_backoff = max_backoff
+        self._retry = 1.0  # seconds before reconnecting; the stream's `retry:` line replaces it
+        self._failures = 0
+        self._closed = threading.Event()
+        self._started = False
+        self._network_stream: Any = None
+        self._http = httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout, headers={"User-Agent": USER_AGENT})
+
+    @property
+    def cursor(self) -> str | None:
+        """The position after the last event yielded (None until iteration has fixed the present)."""
+        return self._cursor
+
+    @property
+    def closed(self) -> bool:
+        """Whether `close()` was called."""
+        return self._closed.is_set()
+
+    def __iter__(self) -> Iterator[Event]:
+        """Yield events until `close()` (one iteration per reader)."""
+        if self._started:
+            raise RuntimeError("an EventReader can be iterated once; make a new one with its cursor")
+        self._started = True
+        return self._follow()
+
+    def close(self) -> None:
+        """Stop reading, also from another thread: the iteration ends at once, without an error."""
+        self._closed.set()
+        stream = self._network_stream
+        if stream is not None:
+            # Closing a socket does not wake a thread blocked reading it; shutting it down does.
+            with contextlib.suppress(OSError, AttributeError):
+                stream.get_extra_info("socket").shutdown(socket.SHUT_RDWR)
+        if not self._started:
+            self._http.close()
+
+    def __enter__(self) -> EventReader:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def _follow(self) -> Iterator[Event]:
+        try:
+            if self._cursor is None:
+                self._cursor = self._present()
+            if self._cursor is not None:
+                yield from self._follow_sse() if self._transport == "sse" else self._follow_long_poll()
+        finally:
+            self._http.close()
+
+    def _present(self) -> str | None:
+        """The cursor of the present: a poll without a cursor reads nothing and names where it stands."""
+        response = self._connect("/events", {}, {}, self._timeout)
+        if response is None:
+            return None
+        with response:
+            response.read()
+            cursor = response.headers.get("Event-Cursor")
+        if not cursor:
+            raise ProtocolError("GET /events answered without an Event-Cursor header")
+        return cursor
+
+    def _follow_sse(self) -> Iterator[Event]:
+        while not self._closed.is_set():
+            headers = {"Accept": "text/event-stream", "Last-Event-ID": self._cursor or ""}
+            response = self._connect("/events/stream", {}, headers, self._idle_timeout)
+            if response is None:
+                return
+            parser, delay = SSEParser(), self._retry
+            try:
+                content_type = response.headers.get("Content-Type", "")
+                if response.status_code != 200 or not content_type.startswith("text/event-stream"):
+                    raise ProtocolError(f"GET /events/stream answered {response.status_code} {content_type}")
+                for message in parse_lines(split_lines(response.iter_bytes()), parser):
+                    if message.event == "session_ended":
+                        delay = 0.0  # reconnect at once: a fresh token goes on, an ended session is a 401
+                        break
+                    event = self._event(message.data)
+                    if message.id:
+                        self._cursor = message.id
+                    yield event
+            except httpx.TransportError:
+                if self._closed.is_set():
+                    return
+                self._failures += 1
+                delay = self._backoff()
+            finally:
+                response.close()
+                if parser.retry_ms is not None:
+                    self._retry = parser.retry_ms / 1000
+            self._closed.wait(delay)
+
+    def _follow_long_poll(self) -> Iterator[Event]:
+        while not self._closed.is_set():
+            params = {"cursor": self._cursor or "", "timeout": f"{self._wait_seconds:g}"}
+            if self._limit is not None:
+                params["limit"] = str(self._limit)
+            # The answer may take the whole wait: allow that plus the ordinary time-out.
+            response = self._connect("/events/wait", params, {}, self._wait_seconds + self._timeout)
+            if response is None:
+                return
+            try:
+                body = response.read()
+            except httpx.TransportError:
+                if self._closed.is_set():
+                    return
+                self._failures += 1
+                self._closed.wait(self._backoff())
+                continue
+            finally:
+                response.close()
+            if response.status_code == 204:
+                self._cursor = response.headers.get("Event-Cursor") or self._cursor
+                continue
+            events, cursor = self._page(body)
+            for number, event in enumerate(events, 1):
+                if number == len(events):
+                    self._cursor = cursor
+                yield event
+
+    def _connect(
+        self, path: str, params: dict[str, str], headers: dict[str, str], read_timeout: float
+    ) -> httpx.Response | None:
+        """An open response (200 or 204), transient failures retried; None once closed."""
+        while not self._closed.is_set():
+            request = self._http.build_request(
+                "GET",
+                path,
+                params=params,
+                headers={**headers, "Authorization": f"Bearer {self._access_token()}"},
+                timeout=httpx.Timeout(self._timeout, read=read_timeout),
+                extensions={"trace": self._trace},
+            )
+            try:
+                response = self._http.send(request, stream=True)
+            except httpx.TransportError:
+                if self._closed.is_set():
+                    return None
+                self._failures += 1
+                delay = self._backoff()
+            else:
+                if response.status_code in (200, 204):
+                    self._failures = 0
+                    return response
+                with response:
+                    response.read()
+                error = ApiError.from_response(response)
+                if not error.retryable:
+                    raise error
+                self._failures += 1
+                delay = max(self._backoff(), error.retry_after or 0.0)
+            self._closed.wait(delay)
+        return None
+
+    def _trace(self, name: str, info: dict[str, Any]) -> None:
+        # The reader uses one connection at a time, so the newest one opened is the one in use.
+        if name in ("connection.connect_tcp.complete", "connection.start_tls.complete"):
+            self._network_stream = info.get("return_value")
+
+    def _access_token(self) -> str:
+        return self._token() if callable(self._token) else self._token
+
+    def _backoff(self) -> float:
+        return min(self._max_backoff, self._retry * 2 ** max(0, self._failures - 1))
+
+    @staticmethod
+    def _event(data: str) -> Event:
+        try:
+            return Event.from_json(json.loads(data))
+        except ValueError as error:
+            raise ProtocolError(f"an SSE message's data is not JSON: {data!r:.200}") from error
+
+    @staticmethod
+    def _page(body: bytes) -> tuple[list[Event], str]:
+        try:
+            answer = json.loads(body)
+            events, cursor = answer["events"], answer["cursor"]
+        except (ValueError, KeyError, TypeError) as error:
+            raise ProtocolError(f"unexpected long-poll answer: {body!r:.200}") from error
+        if not isinstance(events, list) or not isinstance(cursor, str):
+            raise ProtocolError(f"unexpected long-poll answer: {body!r:.200}")
+        return [Event.from_json(event) for event in events], cursor
