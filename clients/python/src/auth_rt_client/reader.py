@@ -33,8 +33,8 @@ class EventReader:
     A dropped connection, a worker shutting down, 429 (too many connections) and 5xx are retried with the
     same cursor, after the stream's `retry:` delay (or `Retry-After`), doubling on repeated failures up
     to `max_backoff` seconds. Any other refusal raises `ApiError`: 401 when the token has expired or its
-    session has ended (pass a function as `access_token` to hand out fresh tokens; it is called before
-    every connection), 400 for a malformed cursor.
+    session has ended, 400 for a malformed cursor. Pass a function as `access_token` to hand out fresh
+    tokens: it is called before every connection, and once more after a 401 before that is raised.
 
     With long polling the service returns a cursor per answer, not per event: within an answer of several
     events `cursor` moves when its last event is yielded, so resuming from a cursor persisted in the middle
@@ -128,9 +128,11 @@ class EventReader:
         response = self._connect("/events", {}, {}, self._timeout)
         if response is None:
             return None
-        with response:
+        try:
             response.read()
-            cursor = response.headers.get("Event-Cursor")
+        finally:
+            response.close()
+        cursor = response.headers.get("Event-Cursor")
         if not cursor:
             raise ProtocolError("GET /events answered without an Event-Cursor header")
         return cursor
@@ -197,6 +199,7 @@ class EventReader:
         self, path: str, params: dict[str, str], headers: dict[str, str], read_timeout: float
     ) -> httpx.Response | None:
         """An open response (200 or 204), transient failures retried; None once closed."""
+        asked_again = False
         while not self._closed.is_set():
             request = self._http.build_request(
                 "GET",
@@ -217,9 +220,14 @@ class EventReader:
                 if response.status_code in (200, 204):
                     self._failures = 0
                     return response
-                with response:
+                try:
                     response.read()
+                finally:
+                    response.close()
                 error = ApiError.from_response(response)
+                if error.status == 401 and callable(self._token) and not asked_again:
+                    asked_again = True  # the token function may have a fresh token: one more try with it
+                    continue
                 if not error.retryable:
                     raise error
                 self._failures += 1
