@@ -20,6 +20,7 @@ from flask import current_app, g, request
 from flask_sock import Sock
 from simple_websocket import ConnectionClosed
 from wsproto.events import CloseConnection, TextMessage
+from wsproto.utilities import LocalProtocolError
 
 from ..auth.guards import authenticate, origin_allowed
 from ..errors import ApiError, bad_request
@@ -215,7 +216,7 @@ class Connection:
                     reply = handle_client_message(self.follower.bus, self.caller, message)
                     if reply is not None:
                         self.socket.writer.send(self.socket.text_frame(json.dumps(reply)))
-        except (ConnectionClosed, OSError):
+        except (ConnectionClosed, OSError, LocalProtocolError):
             pass
         finally:
             if self.closing:  # the pump is delivering its close frame: give it the grace it asked for
@@ -237,7 +238,7 @@ class Connection:
             self.close(*CLOSE_REASONS[ended.reason])
         except FellBehind:
             self.close(*CLOSE_REASONS["overflow"])
-        except (ConnectionClosed, OSError):
+        except (ConnectionClosed, OSError, LocalProtocolError):  # the client left (maybe mid-send)
             self.close(CLOSE_NORMAL, "")
         except Exception as error:  # e.g. Redis failing mid-catch-up: the client reconnects and resumes by cursor
             log_failure("websocket pump failed", error)
@@ -252,7 +253,11 @@ class Connection:
         if self.socket.open:
             self.closing = True
             self.socket.mark_closed()
-            self.socket.writer.finish_and_close(self.socket.close_frame(code, reason), grace=self.send_timeout)
+            try:
+                frame = self.socket.close_frame(code, reason)
+            except LocalProtocolError:  # the client's close came first: nothing more to say, just hang up
+                frame = b""
+            self.socket.writer.finish_and_close(frame, grace=self.send_timeout)
         self.socket.wake_receiver()
 
 
