@@ -9,6 +9,7 @@ import signal
 import threading
 import time
 
+import httpx
 import pytest
 from auth_rt_client import ApiError, Client, Event, EventReader
 
@@ -220,8 +221,9 @@ def test_past_the_connection_cap_the_reader_waits_for_retry_after(capped_server)
     assert held.status == 200
     collector = Collector(reader(capped_server, user.access_token, "sse"))
     try:
-        refused = SSE(capped_server.url, user.auth)
-        assert refused.status == 429
+        refused = ApiError.from_response(httpx.get(f"{capped_server.url}/events/stream", headers=user.auth))
+        assert (refused.status, refused.code, refused.retry_after) == (429, "too_many_connections", 5.0)
+        assert refused.retryable
         refused_at = time.monotonic()
         held.close()
         published = user.publish_ok({"after": "cap"})

@@ -132,7 +132,7 @@ class EventReader:
             response.read()
         finally:
             response.close()
-        cursor = response.headers.get("Event-Cursor")
+        cursor: str | None = response.headers.get("Event-Cursor")
         if not cursor:
             raise ProtocolError("GET /events answered without an Event-Cursor header")
         return cursor
@@ -244,7 +244,7 @@ class EventReader:
         return self._token() if callable(self._token) else self._token
 
     def _backoff(self) -> float:
-        return min(self._max_backoff, self._retry * 2 ** max(0, self._failures - 1))
+        return min(self._max_backoff, self._retry * 2.0 ** max(0, self._failures - 1))
 
     @staticmethod
     def _event(data: str) -> Event:
