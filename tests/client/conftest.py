@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from tests.events.conftest import FAST
-from tests.servers import ROOT, VENV_BIN, LiveServer, process_env
+from tests.events.conftest import server  # noqa: F401 - the same two-worker live server as the events tests
+from tests.servers import ROOT, VENV_BIN, process_env
 
 
 @dataclass(frozen=True)
@@ -40,16 +40,7 @@ def create_key(env: dict, name: str, scopes: list[str], channels: list[str]) -> 
 
 
 @pytest.fixture(scope="module")
-def server(base_env, tmp_path_factory):
-    """Two workers, as in production: a reader's reconnection may land on either."""
-    live = LiveServer({**base_env, **FAST}, workers=2, log_path=tmp_path_factory.mktemp("logs") / "gunicorn.log")
-    live.start()
-    yield live
-    live.stop()
-
-
-@pytest.fixture(scope="module")
-def keys(server, base_env) -> Keys:
+def keys(server, base_env) -> Keys:  # noqa: F811 - pytest passes the imported fixture
     return Keys(
         publisher=create_key(base_env, "billing", ["events:publish", "tokens:introspect"], ["user:*"]),
         introspect_only=create_key(base_env, "gateway", ["tokens:introspect"], []),
