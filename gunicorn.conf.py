@@ -128,10 +128,11 @@ def post_worker_init(worker):
     """
     import gevent
 
+    from app import mail, webhooks
     from app.events import end_live_connections
-    from app.webhooks import start_background_tasks
 
-    start_background_tasks(worker.wsgi)  # retries webhook deliveries whose publishing failed
+    webhooks.start_background_tasks(worker.wsgi)  # retries webhook deliveries whose publishing failed
+    mail.start_background_tasks(worker.wsgi)  # sends queued mail, retrying while the SMTP server is down
 
     def watch():
         while worker.alive:

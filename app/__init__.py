@@ -7,12 +7,14 @@ from collections.abc import Mapping
 
 from flask import Flask
 
-from . import apikeys, cli, errors, events, limits, logs, ops, page, webhooks
+from . import apidocs, apikeys, cli, errors, events, limits, logs, mail, ops, outgoing, page, webhooks
 from . import redis as redis_ext
+from .admin import views as admin_views
 from .apikeys import views as apikey_views
-from .auth import guards, oauth, tokens
+from .auth import account, guards, oauth, tokens
 from .auth import views as auth_views
 from .events import views as event_views
+from .outgoing import views as outgoing_views
 from .proxy import TrustedProxyFix
 from .settings import load_settings
 from .webhooks import views as webhook_views
@@ -56,17 +58,24 @@ def create_app(environ: Mapping[str, str] | None = None) -> Flask:
     apikeys.init_app(app)
     events.init_app(app)
     webhooks.init_app(app)
+    outgoing.init_app(app)
+    mail.init_app(app)
     page.init_app(app)
     # Every blueprint, registered here and only here.
     for blueprint in (
         ops.bp,
         auth_views.bp,
         auth_views.jwks_bp,
+        account.bp,
         oauth.bp,
+        admin_views.bp,
         apikey_views.bp,
         event_views.bp,
         webhook_views.bp,
+        outgoing_views.bp,
+        outgoing_views.page_bp,
         page.bp,
+        apidocs.bp,
     ):
         app.register_blueprint(blueprint)
     # Last: the limiter wraps the views that declare @rate_limited, so every blueprint must be in.

@@ -21,13 +21,64 @@ def init_app(app: Flask) -> None:
     @click.option("--email", required=True)
     @click.option("--password", required=True, help="At least 8 characters.")
     @click.option("--role", type=click.Choice(["user", "admin"]), default="user", show_default=True)
+    @click.option("--verified", is_flag=True, help="Count the address as verified (no mail is sent either way).")
     @_one_line_errors
-    def create_user_command(email: str, password: str, role: str):
+    def create_user_command(email: str, password: str, role: str, verified: bool):
         """Create a user with a password."""
         from .auth.users import create_user
 
-        user = create_user(email, password, role)
+        user = create_user(email, password, role, email_verified=verified)
         click.echo(f"created {user['role']} {user['email']} ({user['id']})")
+
+    @users_group.command("list")
+    @click.option("--email", help="Only the user with this address.")
+    @click.option("--limit", type=click.IntRange(1, 100000), default=100, show_default=True)
+    @_one_line_errors
+    def list_users_command(email: str | None, limit: int):
+        """List users, newest first: id, e-mail, role, verified, MFA, created."""
+        from .auth.users import admin_view, list_users
+
+        for user in map(admin_view, list_users(email=email, limit=limit)):
+            verified = "verified" if user["email_verified"] else "unverified"
+            mfa = "mfa" if user["mfa_enabled"] else "-"
+            click.echo(f"{user['id']}  {user['email']}  {user['role']}  {verified}  {mfa}  {user['created_at']}")
+
+    @users_group.command("set-role")
+    @click.argument("user")
+    @click.argument("role", type=click.Choice(["user", "admin"]))
+    @_one_line_errors
+    def set_role_command(user: str, role: str):
+        """Change the role of USER (an id or an e-mail address); it applies on their next request."""
+        from .auth.users import set_role
+
+        found = _user_or_fail(user)
+        set_role(found["id"], role)
+        click.echo(f"{found['email']} ({found['id']}) is now {role}")
+
+    @users_group.command("revoke-sessions")
+    @click.argument("user")
+    @_one_line_errors
+    def revoke_sessions_command(user: str):
+        """Log USER out on every device at once (live connections close too)."""
+        from .auth.sessions import logout_all
+
+        found = _user_or_fail(user)
+        logout_all(found["id"])
+        click.echo(f"ended every session of {found['email']} ({found['id']})")
+
+    @users_group.command("delete")
+    @click.argument("user")
+    @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+    @_one_line_errors
+    def delete_user_command(user: str, yes: bool):
+        """Delete USER and every record of theirs; their sessions end at once."""
+        from .auth.users import delete_user
+
+        found = _user_or_fail(user)
+        if not yes:
+            click.confirm(f"Delete {found['email']} ({found['id']}) and all their records?", abort=True)
+        delete_user(found["id"])
+        click.echo(f"deleted {found['email']} ({found['id']})")
 
     app.cli.add_command(users_group)
 
@@ -88,6 +139,15 @@ def init_app(app: Flask) -> None:
         click.echo(f"deleted {key_id}")
 
     app.cli.add_command(keys_group)
+
+
+def _user_or_fail(id_or_email: str) -> dict:
+    from .auth.users import find_user
+
+    user = find_user(id_or_email)
+    if user is None:
+        raise click.ClickException(f"no user {id_or_email}")
+    return user
 
 
 def _one_line_errors(command):

@@ -6,10 +6,17 @@ import json
 import re
 import unicodedata
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING, TypeVar
 
 from flask import current_app, g, request
+from pydantic import ValidationError
 
 from .errors import ApiError, bad_request, validation_failed
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+    Model = TypeVar("Model", bound=BaseModel)
 
 MAX_JSON_DEPTH = 32
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
@@ -161,3 +168,68 @@ def number_arg(name: str, default: float, minimum: float, maximum: float, kind=f
     if not minimum <= value <= maximum:
         raise bad_request(f"Query parameter '{name}' must be between {minimum} and {maximum}.")
     return value
+
+
+# Pydantic error types that mean "not there" or "not that JSON type": 400. Any other is a value the
+# service understood and refuses: 422 (docs/api.md, Conventions).
+_STRUCTURAL = {"missing", "model_type", "model_attributes_type", "dict_type", "list_type", "is_instance_of"}
+
+
+def validated(model: type[Model], optional: bool = False) -> Model:
+    """The JSON body checked against a request model (see app/schemas.py); 400 or 422 naming the field."""
+    return _validate(model, json_body(optional=optional))
+
+
+def validated_query(model: type[Model]) -> Model:
+    """The query string checked against a model (text converted to numbers where a field wants one).
+
+    A parameter given twice is refused: which of the two was meant is anyone's guess.
+    """
+    values = {}
+    for name in model.model_fields:
+        given = request.args.getlist(name)
+        if len(given) > 1:
+            raise bad_request(f"Query parameter '{name}' must be given once.")
+        if given:
+            values[name] = given[0]
+    return _validate(model, values, where="Query parameter", strict=False)
+
+
+def validated_form(model: type[Model]) -> Model:
+    """An `application/x-www-form-urlencoded` body checked against a model; 415 for any other type."""
+    if request.mimetype != "application/x-www-form-urlencoded":
+        raise ApiError(415, "unsupported_media_type", "The body must be a form (application/x-www-form-urlencoded).")
+    read_body(current_app.config["MAX_CONTENT_LENGTH"])
+    values = {}
+    for name in model.model_fields:  # a field given twice is refused, as a query parameter is
+        given = request.form.getlist(name)
+        if len(given) > 1:
+            raise bad_request(f"Form field '{name}' must be given once.")
+        if given:
+            values[name] = given[0]
+    return _validate(model, values, where="Form field")
+
+
+def _validate(model: type[Model], value: dict, where: str = "Field", strict: bool = True) -> Model:
+    try:
+        return model.model_validate(value, strict=strict)
+    except ValidationError as error:
+        refusal = _refusal(error.errors(include_url=False)[0], where)
+        if not strict:  # a bad query parameter is always 400
+            refusal.status, refusal.code = 400, "bad_request"
+        raise refusal from None
+
+
+def _refusal(error: dict, where: str) -> ApiError:
+    """One pydantic error as the service's own 400 or 422; never echoes the input."""
+    name = ".".join(str(part) for part in error["loc"]) or "body"
+    kind = error["type"]
+    if kind == "missing":
+        return bad_request(f"{where} '{name}' is required.")
+    if kind == "literal_error" and not isinstance(error["input"], str):  # every choice is a string
+        return bad_request(f"{where} '{name}' must be of type string.")
+    if kind in _STRUCTURAL or kind.endswith("_type"):
+        expected = kind.removesuffix("_type").replace("model", "object").replace("dict", "object")
+        return bad_request(f"{where} '{name}' must be of type {expected}.")
+    message = error["msg"].removeprefix("Value error, ")
+    return validation_failed(f"{where} '{name}': {message[:1].lower()}{message[1:]}.")

@@ -14,7 +14,7 @@ from flask import Flask, request
 from flask_limiter import Limiter
 from flask_limiter.util import get_remote_address
 
-from .auth import cookies, devices
+from .auth import cookies, devices, mfa
 from .auth.guards import authenticate
 from .auth.users import find_user_id_by_email
 from .errors import ApiError
@@ -48,6 +48,16 @@ def _refresh_token_key() -> str:
     return "token:" + hashlib.sha256(raw.encode()).hexdigest()[:32]
 
 
+def _mfa_token_key() -> str:
+    return "mfa:" + hashlib.sha256(_body_field("mfa_token").encode()).hexdigest()[:32]
+
+
+def _mfa_account_key() -> str:
+    """The account a pending MFA login belongs to: guesses count against it across mfa_tokens."""
+    user_id = mfa.login_user_id(_body_field("mfa_token")) if _body_field("mfa_token") else None
+    return "user:" + user_id if user_id else "mfa:unknown"
+
+
 def _caller_key() -> str:
     try:
         return "user:" + authenticate().user_id
@@ -61,6 +71,8 @@ KEYS = {
     "email_or_device": _email_or_device_key,
     "refresh_token": _refresh_token_key,
     "caller": _caller_key,
+    "mfa_token": _mfa_token_key,
+    "mfa_account": _mfa_account_key,
 }
 
 

@@ -5,6 +5,7 @@ counters of processes that have exited stay in the sum."""
 
 from __future__ import annotations
 
+from flask import current_app
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     REGISTRY,
@@ -33,11 +34,42 @@ REQUEST_SECONDS = Histogram(
 )
 
 
+# Outgoing webhooks: counted by the delivery process (`worker:`), which writes to the same directory.
+WEBHOOK_MESSAGES = Counter(
+    "rt_webhook_messages_total",
+    "Outgoing webhook messages by what became of them (created, delivered, failed).",
+    ["outcome"],
+)
+WEBHOOK_ATTEMPTS = Counter(
+    "rt_webhook_attempts_total",
+    "Outgoing webhook attempts by result (success, http_error, redirect, timeout, refused, connection_error).",
+    ["result"],
+)
+WEBHOOK_ATTEMPT_SECONDS = Histogram(
+    "rt_webhook_attempt_duration_seconds",
+    "Time an outgoing webhook attempt took, to its answer or its failure.",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 15, 30),
+)
+
+
 def render(multiproc_dir: str | None) -> tuple[bytes, str]:
-    """The exposition text: every worker's values when running multi-process."""
+    """The exposition text: every worker's values when running multi-process, and the values features
+    read from Redis at scrape time (their collectors in app.extensions["metrics_collectors"])."""
+    collectors = current_app.extensions.get("metrics_collectors", ()) if current_app else ()
     if multiproc_dir:
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)
     else:
-        registry = REGISTRY
+        registry = CollectorRegistry()
+        registry.register(_Everything())
+    for collector in collectors:
+        registry.register(collector)
     return generate_latest(registry), CONTENT_TYPE_LATEST
+
+
+class _Everything:
+    """This process's own metrics, as one collector that can sit in a registry beside others."""
+
+    def collect(self):
+        """Everything the default registry holds."""
+        return REGISTRY.collect()

@@ -7,18 +7,28 @@ from flask import Blueprint, Response, current_app, jsonify
 
 from .errors import error_response
 from .metrics import render as render_metrics
+from .openapi import operation
 from .redis import get_redis
+from .schemas import Answer
 
 bp = Blueprint("ops", __name__)
 
 
+class Status(Answer):
+    """How the process is."""
+
+    status: str
+
+
 @bp.get("/healthz")
+@operation("Liveness: 200 while the process runs", tags=["operations"], responses={200: Status})
 def healthz():
     """200 while the process runs."""
     return jsonify({"status": "ok"})
 
 
 @bp.get("/metrics")
+@operation("Prometheus metrics of every worker", tags=["operations"], responses={200: ("text/plain", "Metrics")})
 def metrics():
     """Prometheus metrics, summed over every worker."""
     body, content_type = render_metrics(current_app.config["SETTINGS"].prometheus_multiproc_dir)
@@ -26,6 +36,7 @@ def metrics():
 
 
 @bp.get("/readyz")
+@operation("Readiness: 200 when Redis answers", tags=["operations"], responses={200: Status})
 def readyz():
     """200 when Redis answers, else 503."""
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from flask import Blueprint, Flask, render_template, request
 
 from .auth.oauth import provider_names
+from .openapi import operation
 
 bp = Blueprint("page", __name__)
 
@@ -17,8 +18,16 @@ CONTENT_SECURITY_POLICY = (
 
 
 @bp.get("/")
+@bp.get("/verify-email")
+@bp.get("/reset-password")
+@bp.get("/login-mfa")
+@operation("The browser page", tags=["pages"], responses={200: ("text/html", "The page")})
 def index():
-    """The browser page: log in, watch events by any transport, manage devices."""
+    """The browser page: log in, watch events by any transport, manage devices and the account.
+
+    Links in mails land on /verify-email and /reset-password, and an OAuth login that needs a second
+    factor on /login-mfa, each with its token in the fragment; the page's script takes it from there.
+    """
     response = render_template("index.html", providers=provider_names())
     return response, 200, {"Cache-Control": "no-store"}
 

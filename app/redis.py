@@ -6,8 +6,12 @@ they follow the same patterns as `Keys` below, which is the one place to change 
 
 from __future__ import annotations
 
+import os
+
 import redis
 from flask import Flask, current_app
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 
 class Keys:
@@ -74,6 +78,11 @@ class Keys:
         return f"events:{{{channel}}}"
 
     @staticmethod
+    def stream_channel(key: str) -> str:
+        """The channel whose history a stream key holds (the inverse of `stream`)."""
+        return key.removeprefix("events:{").removesuffix("}")
+
+    @staticmethod
     def webhook_delivery(provider: str, delivery_id: str) -> str:
         """One received webhook delivery, under its id."""
         return f"webhook:{provider}:delivery:{delivery_id}"
@@ -94,9 +103,111 @@ class Keys:
         return f"oauth:state-used:{state_hash}"
 
     @staticmethod
+    def users() -> str:
+        """Every user id, scored by creation time (a sorted set), for listing."""
+        return "users"
+
+    @staticmethod
+    def users_indexed() -> str:
+        """Set once the users created before the list existed have been added to it."""
+        return "users:indexed"
+
+    @staticmethod
+    def user_recovery_codes(user_id: str) -> str:
+        """SHA-256 hashes of the user's unused MFA recovery codes (a set)."""
+        return f"user:{user_id}:recovery"
+
+    @staticmethod
+    def user_mail_token(user_id: str, purpose: str) -> str:
+        """The hash of the user's newest mailed token of this purpose (only the newest is valid)."""
+        return f"user:{user_id}:mailtoken:{purpose}"
+
+    @staticmethod
+    def mail_token(purpose: str, token_hash: str) -> str:
+        """One mailed token (verification or reset), under its SHA-256."""
+        return f"mailtoken:{purpose}:{token_hash}"
+
+    @staticmethod
+    def verification_resent(user_id: str) -> str:
+        """Set while a refused login's fresh verification mail is recent (one per cool-down)."""
+        return f"user:{user_id}:verification-resent"
+
+    @staticmethod
+    def mfa_login(token_hash: str) -> str:
+        """A half-finished login waiting for its second factor, under the mfa_token's SHA-256."""
+        return f"mfa:{token_hash}"
+
+    @staticmethod
+    def mail_job(job_id: str) -> str:
+        """One queued mail (what to send and to whom, never a token)."""
+        return f"mail:job:{job_id}"
+
+    @staticmethod
+    def mail_queue() -> str:
+        """Queued mail ids scored by when they are next due (claimed ones: when their lease ends)."""
+        return "mail:queue"
+
+    @staticmethod
     def webhook_log(provider: str) -> str:
         """A provider's recent delivery ids, newest first."""
         return f"webhook:{provider}:log"
+
+    # Outgoing webhooks (app/outgoing/). Each endpoint's keys share the endpoint's hash tag.
+
+    @staticmethod
+    def outgoing_endpoints() -> str:
+        """The ids of every outgoing endpoint (a set); publishing feeds the dispatcher only while it exists."""
+        return "outgoing:endpoints"
+
+    @staticmethod
+    def outgoing_endpoints_version() -> str:
+        """Bumped on every endpoint change, so delivery processes know to reload their copy."""
+        return "outgoing:endpoints:version"
+
+    @staticmethod
+    def outgoing_endpoint(endpoint_id: str) -> str:
+        """One endpoint's record (a hash): url, filters, secrets, state."""
+        return f"outgoing:{{{endpoint_id}}}:endpoint"
+
+    @staticmethod
+    def outgoing_queue(endpoint_id: str) -> str:
+        """The endpoint's messages due now (a stream with the `deliver` consumer group)."""
+        return f"outgoing:{{{endpoint_id}}}:queue"
+
+    @staticmethod
+    def outgoing_messages(endpoint_id: str) -> str:
+        """The endpoint's recent message ids, scored by creation time."""
+        return f"outgoing:{{{endpoint_id}}}:messages"
+
+    @staticmethod
+    def outgoing_pending(endpoint_id: str) -> str:
+        """The endpoint's messages not yet delivered or failed, scored by creation time (its backlog)."""
+        return f"outgoing:{{{endpoint_id}}}:pending"
+
+    @staticmethod
+    def outgoing_message(endpoint_id: str, message_id: str) -> str:
+        """One message (a hash): the body sent, its status and schedule."""
+        return f"outgoing:{{{endpoint_id}}}:message:{message_id}"
+
+    @staticmethod
+    def outgoing_attempts(endpoint_id: str, message_id: str) -> str:
+        """One message's attempts, oldest first (a list of JSON objects)."""
+        return f"outgoing:{{{endpoint_id}}}:attempts:{message_id}"
+
+    @staticmethod
+    def outgoing_feed() -> str:
+        """Events waiting to be matched against the endpoints (a stream with the `dispatch` group)."""
+        return "outgoing:feed"
+
+    @staticmethod
+    def outgoing_retries() -> str:
+        """Messages waiting for their next attempt, scored by when it is due ("<endpoint>\\n<message>")."""
+        return "outgoing:retries"
+
+    @staticmethod
+    def outgoing_consumer(name: str) -> str:
+        """A delivery process's heartbeat; its entries are claimed by others once this expires."""
+        return f"outgoing:consumer:{name}"
 
 
 # Shared Lua: revoke every live token of a family and end its session. Used by reuse detection,
@@ -118,18 +229,21 @@ local function end_session(sid, now)
 end
 """
 
+#: The Lua function `end_session(sid, now)`, for feature scripts that end sessions as part of a larger step.
+END_SESSION_FUNCTION_LUA = _END_SESSION_LUA
+
 # KEYS[1] user, KEYS[2] session. ARGV: user id, now, touch interval.
 # One round trip for every authenticated request: the current tokenVersion, whether the session
 # still exists and belongs to this user (touching last_used_at at most once a minute), and the
-# user's e-mail and role, so that most views need no second read.
+# user's public fields (`U`), so that most views need no second read.
 VERIFY_ACCESS = """
-local user = redis.call('HMGET', KEYS[1], 'token_version', 'email', 'role')
+local user = redis.call('HMGET', KEYS[1], 'token_version', 'email', 'role', 'email_verified')
 local s = redis.call('HMGET', KEYS[2], 'user_id', 'last_used_at')
 if s[1] ~= ARGV[1] then return {user[1], 0} end
 if tonumber(ARGV[2]) - tonumber(s[2] or 0) >= tonumber(ARGV[3]) then
   redis.call('HSET', KEYS[2], 'last_used_at', ARGV[2])
 end
-return {user[1], 1, user[2], user[3]}
+return {user[1], 1, user[2], user[3], user[4] or '', redis.call('HEXISTS', KEYS[1], 'totp_secret')}
 """
 
 # KEYS[1] the presented token's record, KEYS[2] the new token's record.
@@ -212,7 +326,8 @@ return {version, ended}
 
 # KEYS: index keys (e-mail, provider identity) then, last, the user record. ARGV: user id, then the
 # record's field/value pairs. Creates the user only if no index key is taken; returns the position
-# (1-based) of the first taken index key, or 0 on success. No half-written user on a conflict.
+# (1-based) of the first taken index key, or 0 on success. No half-written user on a conflict. The
+# record needs a `created_at` field: the list of users (`Keys.users()`) is ordered by it.
 CREATE_USER = """
 local user_key = KEYS[#KEYS]
 for i = 1, #KEYS - 1 do
@@ -220,6 +335,7 @@ for i = 1, #KEYS - 1 do
 end
 for i = 1, #KEYS - 1 do redis.call('SET', KEYS[i], ARGV[1]) end
 redis.call('HSET', user_key, unpack(ARGV, 2))
+redis.call('ZADD', 'users', redis.call('HGET', user_key, 'created_at'), ARGV[1])
 return 0
 """
 
@@ -250,6 +366,27 @@ def connect(url: str, max_connections: int) -> redis.Redis:
     return redis.Redis(connection_pool=pool)
 
 
+def connect_pubsub(url: str) -> redis.Redis:
+    """A client for the event hub's one pub/sub connection, apart from the shared pool.
+
+    No health-check PINGs (redis-py writes them from the listening greenlet, unsynchronised with the
+    SUBSCRIBE another greenlet may be writing) and no reconnect inside redis-py: the hub itself
+    reconnects, subscribes again and resynchronises its readers. Named `auth-rt-hub:<pid>` in
+    `CLIENT LIST`, so each worker's subscriptions can be seen from Redis.
+    """
+    pool = redis.ConnectionPool.from_url(
+        url,
+        client_name=f"auth-rt-hub:{os.getpid()}",
+        max_connections=1,
+        decode_responses=True,
+        socket_connect_timeout=3,
+        socket_keepalive=True,
+        health_check_interval=0,
+        retry=Retry(NoBackoff(), 0, supported_errors=()),
+    )
+    return redis.Redis(connection_pool=pool)
+
+
 def init_app(app: Flask) -> None:
     """Connect to Redis with a bounded pool and register the Lua scripts."""
     settings = app.config["SETTINGS"]
@@ -261,6 +398,14 @@ def init_app(app: Flask) -> None:
 def get_redis() -> redis.Redis:
     """This app's Redis client."""
     return current_app.extensions["redis"]
+
+
+def get_script(source: str):
+    """A script registered once per app (features keep their Lua beside their code)."""
+    cache = current_app.extensions.setdefault("redis_script_cache", {})
+    if source not in cache:
+        cache[source] = get_redis().register_script(source)
+    return cache[source]
 
 
 def get_scripts() -> Scripts:

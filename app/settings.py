@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import email.utils
 import ipaddress
 import json
 import logging
@@ -78,11 +79,15 @@ class WebhookProvider:
 class OutgoingWebhooks:
     """Webhooks sent to other systems (WEBHOOK_OUT_*)."""
 
-    timeout_seconds: float
+    timeout_seconds: float  # the whole attempt: connecting, sending, the answer's status and first KiB
+    connect_timeout_seconds: float
     retry_schedule: tuple[int, ...]
     disable_after_seconds: int
     allow_private: bool
     allow_http: bool
+    endpoint_concurrency: int  # attempts in flight to one endpoint, per delivery process
+    secret_overlap_seconds: int  # how long a rotated-out secret still signs
+    retention_seconds: int  # how long a message and its attempts are kept
 
 
 @dataclass(frozen=True)
@@ -92,6 +97,8 @@ class Mail:
     smtp_url: Secret | None
     mail_from: str
     public_base_url: str | None
+    retry_schedule: tuple[int, ...]
+    timeout_seconds: float
 
 
 @dataclass(frozen=True)
@@ -119,6 +126,8 @@ class Settings:
     rate_limit_register: str
     rate_limit_refresh: str
     rate_limit_password: str
+    rate_limit_mail: str
+    require_verified_email: bool
     max_connections_per_user: int
     sse_heartbeat_seconds: float
     long_poll_timeout: float
@@ -189,6 +198,8 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         rate_limit_register=reader.text("RATE_LIMIT_REGISTER", "5/minute"),
         rate_limit_refresh=reader.text("RATE_LIMIT_REFRESH", "30/minute"),
         rate_limit_password=reader.text("RATE_LIMIT_PASSWORD", "10/minute"),
+        rate_limit_mail=reader.text("RATE_LIMIT_MAIL", "5/hour"),
+        require_verified_email=reader.boolean("REQUIRE_VERIFIED_EMAIL", False),
         max_connections_per_user=reader.integer("MAX_CONNECTIONS_PER_USER", 50, minimum=1),
         sse_heartbeat_seconds=reader.number("SSE_HEARTBEAT_SECONDS", 15, minimum=0.05),
         long_poll_timeout=reader.number("LONG_POLL_TIMEOUT_SECONDS", 25, minimum=0.05),
@@ -207,19 +218,36 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         webhook_providers=tuple(_webhook_provider(reader, name) for name in reader.names("WEBHOOK_PROVIDERS")),
         outgoing_webhooks=OutgoingWebhooks(
             timeout_seconds=reader.number("WEBHOOK_OUT_TIMEOUT_SECONDS", 15, minimum=0.1, maximum=300),
+            connect_timeout_seconds=reader.number("WEBHOOK_OUT_CONNECT_TIMEOUT_SECONDS", 5, minimum=0.1, maximum=300),
             retry_schedule=reader.seconds_list("WEBHOOK_OUT_RETRY_SCHEDULE", "5,300,1800,7200,18000,36000,36000"),
             disable_after_seconds=reader.integer("WEBHOOK_OUT_DISABLE_AFTER_SECONDS", 5 * 24 * 3600, minimum=1),
             allow_private=reader.boolean("WEBHOOK_OUT_ALLOW_PRIVATE", False),
             allow_http=reader.boolean("WEBHOOK_OUT_ALLOW_HTTP", False),
+            endpoint_concurrency=reader.integer("WEBHOOK_OUT_ENDPOINT_CONCURRENCY", 8, minimum=1, maximum=1000),
+            secret_overlap_seconds=reader.integer(
+                "WEBHOOK_OUT_SECRET_OVERLAP_SECONDS", 24 * 3600, minimum=1, maximum=7 * 24 * 3600
+            ),
+            retention_seconds=reader.integer(
+                "WEBHOOK_OUT_RETENTION_SECONDS", 14 * 24 * 3600, minimum=3600, maximum=90 * 24 * 3600
+            ),
         ),
         mail=Mail(
             smtp_url=_smtp_url(reader),
-            mail_from=reader.text("MAIL_FROM", "auth-rt <no-reply@localhost>"),
+            mail_from=_mail_from(reader),
             public_base_url=_public_base_url(reader),
+            retry_schedule=reader.seconds_list("MAIL_RETRY_SCHEDULE", "5,30,120,300,600"),
+            timeout_seconds=reader.number("SMTP_TIMEOUT_SECONDS", 20, minimum=1, maximum=120),
         ),
     )
+    if settings.production and settings.mail.smtp_url and not settings.mail.public_base_url:
+        # Links in mails must not be built from a request's Host header: a forged Host would send a
+        # victim's reset link to another site.
+        raise SettingsError("PUBLIC_BASE_URL is required in production when SMTP_URL is set (links in mails)")
     if settings.long_poll_timeout > settings.long_poll_max_timeout:
         raise SettingsError("LONG_POLL_TIMEOUT_SECONDS must not exceed LONG_POLL_MAX_TIMEOUT_SECONDS")
+    outgoing = settings.outgoing_webhooks
+    if outgoing.retention_seconds <= sum(outgoing.retry_schedule):
+        raise SettingsError("WEBHOOK_OUT_RETENTION_SECONDS must be longer than WEBHOOK_OUT_RETRY_SCHEDULE's total")
     return settings
 
 
@@ -273,6 +301,14 @@ def _smtp_url(reader: _Reader) -> Secret | None:
     if url and urlsplit(url).scheme not in {"smtp", "smtps"}:
         raise SettingsError("SMTP_URL must start with smtp:// (STARTTLS) or smtps://")
     return Secret(url) if url else None
+
+
+def _mail_from(reader: _Reader) -> str:
+    value = reader.text("MAIL_FROM", "auth-rt <no-reply@localhost>")
+    address = email.utils.parseaddr(value)[1]
+    if "@" not in address or any(c in value for c in "\r\n"):
+        raise SettingsError("MAIL_FROM must be an address, e.g. 'auth-rt <no-reply@example.com>'")
+    return value
 
 
 def _public_base_url(reader: _Reader) -> str | None:

@@ -14,24 +14,40 @@ from tests.servers import LiveServer, RedisServer
 PASSWORD = "benchmark password"
 
 
+def publisher_key(env: dict, channels: tuple[str, ...] = ("*",)) -> str:
+    """A new API key that may publish to `channels`, made in the Redis of a service run with `env`.
+
+    Every benchmark publishes as a backend does: with an API key, which never expires mid-run.
+    """
+    from app import create_app
+    from app.apikeys.store import create_key
+
+    with create_app(env).app_context():
+        key, _ = create_key("bench publisher", ["events:publish"], list(channels))
+    return key
+
+
+def service_env(redis_server: RedisServer, data_dir: str) -> dict:
+    """The settings every benchmarked instance runs with: test mode, fixed secrets, no rate limits."""
+    return {
+        "APP_ENV": "test",
+        "DATA_DIR": data_dir,
+        "REDIS_URL": redis_server.url,
+        "SECRET_KEY": "b" * 40,
+        "JWT_SECRET": "c" * 40,
+        "RATE_LIMITS_ENABLED": "false",
+        "LOG_LEVEL": "warning",
+    }
+
+
 @contextlib.contextmanager
 def service(workers: int = 2, **env):
     """A redis-server and the service under gunicorn (gevent worker), on loopback ports."""
     with tempfile.TemporaryDirectory() as tmp:
         redis_server = RedisServer(Path(tmp))
         redis_server.start()
-        settings = {
-            "APP_ENV": "test",
-            "DATA_DIR": tmp,
-            "REDIS_URL": redis_server.url,
-            "SECRET_KEY": "b" * 40,
-            "JWT_SECRET": "c" * 40,
-            "RATE_LIMITS_ENABLED": "false",
-            "LOG_LEVEL": "warning",
-            # Load generators open thousands of streams as a handful of users.
-            "MAX_CONNECTIONS_PER_USER": "1000000",
-            **env,
-        }
+        # Load generators open thousands of streams as a handful of users.
+        settings = {**service_env(redis_server, tmp), "MAX_CONNECTIONS_PER_USER": "1000000", **env}
         server = LiveServer(settings, workers=workers)
         server.start()
         try:

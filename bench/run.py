@@ -21,7 +21,7 @@ from pathlib import Path
 
 import requests
 
-from bench import publish_credentials, single_client
+from bench import publish_credentials, pubsub_traffic, single_client, webhooks_out
 from bench.common import PASSWORD, machine, summary_ms
 from bench.streams import StreamFleet, single_latency
 from bench.targets import FlaskSse, Nchan, Service, fd_count, rss_bytes, shared_redis
@@ -358,6 +358,11 @@ def tables(results: dict) -> str:
         f"Logins: {r['logins_per_second']}/s; raw Argon2id hashes on both cores: "
         f"{r['raw_argon2_hashes_per_second_2_cores']}/s; refresh rotations: {r['refresh_rotations_per_second']}/s.",
     ]
+    if "outgoing_webhooks" in results:
+        lines += ["", "Outgoing webhooks (one delivery process):", "", webhooks_out.table(results["outgoing_webhooks"])]
+    if "pubsub_traffic" in results:
+        lines += ["", "Redis output per published event, one reader on one instance:", ""]
+        lines.append(pubsub_traffic.table(results["pubsub_traffic"]).rstrip("\n"))
     return "\n".join(lines) + "\n"
 
 
@@ -452,6 +457,7 @@ def main() -> None:
             results["hub_stalls"] = hub_stalls(service)
             results["rates"] = rates(service)
             results["publishing"] = publish_credentials.run(service.app.url, service.app.env)
+        results["pubsub_traffic"] = pubsub_traffic.run(100 if args.quick else 500)
         for count in peer_counts:
             with FlaskSse(redis_server) as peer:
                 results["capacity"].append(capacity(peer, peer.target(), count, peer.server_pids, peer.wait_subscribed))
@@ -463,6 +469,7 @@ def main() -> None:
         with Nchan() as peer:
             results["sustained"] += sustained(peer, peer.target(), 1000, rate_steps)
             results["single_client"].append(single(peer, peer.target(), single_count))
+    results["outgoing_webhooks"] = webhooks_out.run()  # its own Redis, service and delivery process
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "latest.json").write_text(json.dumps(results, indent=2))
     (RESULTS / "latest.md").write_text(tables(results))

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import requests
 
-from bench.common import PASSWORD
+from bench.common import PASSWORD, publisher_key
 from bench.streams import Target, raise_fd_limit
 from scripts.nginx_config import MAIN, render_site
 from tests.servers import ROOT, LiveServer, NginxServer, RedisServer, free_port, wait_until
@@ -89,8 +89,8 @@ class Service:
         raise_fd_limit()  # inherited by gunicorn
         self.app.start()
         self.nginx.start()
-        self.token = self._login(admin=False)
-        self.admin_token = self._login(admin=True)
+        self.token = self._login()
+        self.publisher = {"Authorization": f"Bearer {publisher_key(self.app.env)}"}
         self.http = requests.Session()
         return self
 
@@ -98,19 +98,9 @@ class Service:
         self.nginx.stop()
         self.app.stop()
 
-    def _login(self, admin: bool) -> str:
-        email = f"{'admin' if admin else 'reader'}-{time.monotonic_ns()}@example.com"
-        if admin:
-            subprocess.run(
-                [sys.executable, "-m", "flask", "--app", "wsgi", "users", "create", "--email", email]
-                + ["--password", PASSWORD, "--role", "admin"],
-                cwd=ROOT,
-                env={**os.environ, **self.app.env},
-                check=True,
-                capture_output=True,
-            )
-        else:
-            requests.post(f"{self.app.url}/auth/register", json={"email": email, "password": PASSWORD}, timeout=30)
+    def _login(self) -> str:
+        email = f"reader-{time.monotonic_ns()}@example.com"
+        requests.post(f"{self.app.url}/auth/register", json={"email": email, "password": PASSWORD}, timeout=30)
         body = {"email": email, "password": PASSWORD, "transport": "body"}
         return requests.post(f"{self.app.url}/auth/login", json=body, timeout=30).json()["access_token"]
 
@@ -126,7 +116,7 @@ class Service:
         response = self.http.post(
             f"{self.app.url}/events",
             json={"channel": "broadcast", "event": "bench", "data": text},
-            headers={"Authorization": f"Bearer {self.admin_token}"},
+            headers=self.publisher,
             timeout=60,
         )
         response.raise_for_status()

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `make run`: a local Redis (unless REDIS_URL is set) with its data under $DATA_DIR (default var/),
-# gunicorn on loopback, and nginx in front of it.
+# gunicorn on loopback, the outgoing-webhook delivery process, and nginx in front of it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PORT="${PORT:-8000}"
@@ -45,6 +45,10 @@ umask 022
 .venv/bin/gunicorn -c gunicorn.conf.py --bind "127.0.0.1:${PORT}" wsgi:app &
 pids+=($!)
 gunicorn_pid=$!
+
+# The outgoing-webhook delivery process (the Procfile's worker: line), with the same environment.
+.venv/bin/python worker.py &
+pids+=($!)
 
 # nginx in front, rendered from nginx/default.conf.template (as in production).
 nginx_port="${NGINX_PORT:-8080}"

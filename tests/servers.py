@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import datetime
+import ipaddress
 import os
 import shutil
 import signal
@@ -15,6 +17,10 @@ from pathlib import Path
 
 import redis
 import requests
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 ROOT = Path(__file__).resolve().parent.parent
 OIDC_DIR = ROOT / "tests" / "oidc"
@@ -94,7 +100,9 @@ class LiveServer:
     #: Every server's log, so the suite can check at its end that no request raised (see conftest).
     logs: list[Path] = []
 
-    def __init__(self, env: dict, workers: int = 1, log_path: Path | None = None):
+    def __init__(self, env: dict, workers: int = 1, log_path: Path | None = None, root: Path = ROOT):
+        """`root` is the checkout to serve (another revision's, for a benchmark's comparison)."""
+        self.root = root
         self.port = free_port()
         self.env = process_env(env, PORT=str(self.port), WEB_CONCURRENCY=str(workers))
         self.env["PATH"] = f"{VENV_BIN}:{self.env.get('PATH', '')}"
@@ -117,7 +125,7 @@ class LiveServer:
             log = open(self.log_path, "ab")  # noqa: SIM115 - the child keeps its own copy of the descriptor
             self.process = subprocess.Popen(
                 [str(VENV_BIN / "gunicorn"), "-c", "gunicorn.conf.py", "wsgi:app"],
-                cwd=ROOT,
+                cwd=self.root,
                 env=self.env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -144,11 +152,12 @@ class LiveServer:
         return [int(pid) for pid in children]
 
     def stop(self) -> None:
-        """SIGTERM; then, since idle keep-alive clients hold a gracefully stopping worker for the whole
-        graceful_timeout, gunicorn's quick shutdown (SIGQUIT) after a moment."""
+        """gunicorn's quick shutdown (SIGQUIT), which does not wait for idle keep-alive clients. One signal
+        only: a SIGQUIT that reaches a worker already exiting after a SIGTERM raises SystemExit inside its
+        interpreter shutdown and prints a traceback. Tests of graceful shutdown send their own signals."""
         if not self.process or self.process.poll() is not None:
             return
-        for sig, grace in ((signal.SIGTERM, 2), (signal.SIGQUIT, 10), (signal.SIGKILL, 10)):
+        for sig, grace in ((signal.SIGQUIT, 15), (signal.SIGKILL, 10)):
             self.process.send_signal(sig)
             try:
                 self.process.wait(grace)
@@ -225,3 +234,31 @@ class OpenIdProvider:
         if self.process:
             self.process.terminate()
             self.process.wait(10)
+
+
+def make_certificate(directory: Path, stem: str = "tls") -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 and localhost (it is its own CA): (cert, key) files."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "auth-rt test")])
+    now = datetime.datetime.now(datetime.UTC)
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = directory / f"{stem}-cert.pem", directory / f"{stem}-key.pem"
+    cert_path.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    return cert_path, key_path

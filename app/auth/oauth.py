@@ -19,9 +19,12 @@ from authlib.integrations.flask_client import OAuth
 from flask import Blueprint, Flask, Response, current_app, redirect, request, session, url_for
 
 from ..errors import ApiError, bad_request, not_found, validation_failed
+from ..http import validated_query
+from ..openapi import operation
 from ..redis import Keys, get_redis
 from ..settings import OAuthProvider
-from . import cookies, sessions, tokens, users
+from . import account, cookies, mfa, sessions, tokens, users
+from .schemas import NextPage, OAuthProviderPath, ProviderReturn
 
 bp = Blueprint("oauth", __name__, url_prefix="/auth/oauth")
 
@@ -86,10 +89,19 @@ def safe_next(value: str | None) -> str:
 
 
 @bp.get("/<provider>/login")
+@operation(
+    "Start an OAuth login: to the provider, with state and PKCE bound to this browser",
+    tags=["oauth"],
+    path=OAuthProviderPath,
+    query=NextPage,
+    responses={302: None},
+    errors=(404,),
+    headers={302: {"Location": "The provider's authorization URL."}},
+)
 def login(provider: str):
     """Start a login: fresh state, PKCE verifier and nonce in the state cookie, then off to the provider."""
     client = _client(provider)
-    next_path = safe_next(request.args.get("next"))
+    next_path = safe_next(validated_query(NextPage).next)
     redirect_uri = url_for(".callback", provider=provider, _external=True)
     authorization = client.create_authorization_url(redirect_uri)
     session.permanent = True  # Max-Age = STATE_LIFETIME
@@ -112,6 +124,15 @@ def _claim_state_once(state: str) -> bool:
 
 
 @bp.get("/<provider>/callback")
+@operation(
+    "Finish an OAuth login: session cookies set, then on to the landing page",
+    tags=["oauth"],
+    path=OAuthProviderPath,
+    query=ProviderReturn,
+    responses={302: None},
+    errors=(400, 404),
+    headers={302: {"Set-Cookie": "The session's access and refresh cookies."}},
+)
 def callback(provider: str):
     """Finish a login: state first, then the code exchange, the user, a session and its cookies."""
     client = _client(provider)
@@ -144,6 +165,12 @@ def _complete_login(provider: str, client, state_data: dict):
     except requests.RequestException:
         raise ApiError(503, "unavailable", "The provider could not be reached; try again.") from None
     user = find_or_create_user(provider, identity)
+    account.require_verified_email(user)
+    if mfa.is_enabled(user):
+        # The provider vouched for the first factor only: the page asks for the code. The token
+        # travels in the fragment, so it is not sent to any server or logged.
+        token = mfa.start_login(user, request.user_agent.string or f"{provider} login")
+        return redirect(f"/login-mfa#mfa_token={token}", 302)
     issued = sessions.start_session(user["id"], request.user_agent.string or f"{provider} login", request.remote_addr)
     access_token = tokens.issue_access_token(user["id"], user["role"], int(user["token_version"]), issued.session_id)
     # A Strict cookie set during a cross-site redirect chain is not sent within that chain, so land
@@ -157,9 +184,15 @@ def _complete_login(provider: str, client, state_data: dict):
 
 
 @bp.get("/landing")
+@operation(
+    "After an OAuth login: a same-site page that moves on to `next`",
+    tags=["oauth"],
+    query=NextPage,
+    responses={200: ("text/html", "A page that moves on")},
+)
 def landing():
     """A same-site page that moves on to `next`, so the new Strict cookies are sent."""
-    target = html.escape(safe_next(request.args.get("next")), quote=True)
+    target = html.escape(safe_next(validated_query(NextPage).next), quote=True)
     page = (
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'
         f'<meta http-equiv="refresh" content="0; url={target}"><title>Signed in</title></head>'
@@ -195,6 +228,10 @@ def find_or_create_user(provider: str, identity: Identity) -> dict:
     identity_key = Keys.user_by_identity(provider, identity.subject)
     user_id = client.get(identity_key)
     if user_id and (user := users.get_user(user_id)):
+        same_address = users.normalise_email(identity.email or "") == user["email"]
+        if identity.email_verified and same_address and user.get("email_verified") != "1":
+            client.hset(Keys.user(user_id), "email_verified", "1")
+            user["email_verified"] = "1"
         return user
     if not identity.email:
         raise validation_failed("The provider did not share an e-mail address.")
@@ -208,5 +245,7 @@ def find_or_create_user(provider: str, identity: Identity) -> dict:
                 "be linked. Log in with your password.",
             )
         client.set(identity_key, existing_id, nx=True)
+        client.hset(Keys.user(existing_id), "email_verified", "1")  # the provider vouches for the address
         return users.get_user(existing_id)
-    return users.create_user(identity.email, None, identities=(identity_key,))
+    # The account's address counts as verified only when the provider says it verified it.
+    return users.create_user(identity.email, None, identities=(identity_key,), email_verified=identity.email_verified)

@@ -132,7 +132,7 @@ def session_of_refresh_token(raw: str) -> tuple[str, str] | None:
 def verify_session(user_id: str, session_id: str, token_version: int, scripts=None) -> dict | None:
     """One round trip: the token's version is the user's current one and its session still exists.
 
-    Returns the user's public fields (id, email, role) when both hold, else None.
+    Returns the user's public fields (`U`) when both hold, else None.
     """
     version, session_ok, *user = (scripts or get_scripts()).verify_access(
         keys=[Keys.user(user_id), Keys.session(session_id)],
@@ -140,7 +140,8 @@ def verify_session(user_id: str, session_id: str, token_version: int, scripts=No
     )
     if not session_ok or version is None or int(version) != token_version:
         return None
-    return {"id": user_id, "email": user[0], "role": user[1]}
+    email, role, verified, mfa = user
+    return {"id": user_id, "email": email, "role": role, "email_verified": verified == "1", "mfa_enabled": mfa == 1}
 
 
 def session_is_valid(user_id: str, session_id: str, token_version: int, scripts=None) -> bool:

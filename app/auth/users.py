@@ -6,14 +6,18 @@ import re
 import time
 import uuid
 
+from flask import current_app
+
 from ..errors import ApiError, validation_failed
-from ..http import has_control_characters
-from ..redis import Keys, get_redis, get_scripts
+from ..http import has_control_characters, rfc3339
+from ..redis import END_SESSION_FUNCTION_LUA, Keys, get_redis, get_script, get_scripts
 from . import passwords
+from .sessions import sessions_ended
 
 EMAIL_PATTERN = re.compile(r"^[^@\s]{1,64}@[^@\s]+\.[^@\s]+$")
 PASSWORD_MIN, PASSWORD_MAX = 8, 1024
 ROLES = ("user", "admin")
+USER_ID = re.compile(r"[0-9a-f]{32}")
 
 
 def normalise_email(email: str) -> str:
@@ -36,7 +40,13 @@ def validate_password(password: str) -> str:
     return password
 
 
-def create_user(email: str, password: str | None, role: str = "user", identities: tuple[str, ...] = ()) -> dict:
+def create_user(
+    email: str,
+    password: str | None,
+    role: str = "user",
+    identities: tuple[str, ...] = (),
+    email_verified: bool = False,
+) -> dict:
     """Create a user (password hashed off the hub); 409 if the e-mail or an identity is taken."""
     email = validate_email(email)
     if role not in ROLES:
@@ -50,6 +60,7 @@ def create_user(email: str, password: str | None, role: str = "user", identities
         "password_hash": password_hash,
         "token_version": "0",
         "created_at": f"{time.time():.3f}",
+        "email_verified": "1" if email_verified else "0",
     }
     keys = [Keys.user_by_email(email), *identities, Keys.user(user["id"])]
     pairs = [item for pair in user.items() for item in pair]
@@ -72,7 +83,141 @@ def get_user(user_id: str) -> dict | None:
 
 def public_user(user: dict) -> dict:
     """U: the fields of a user that answers may show."""
-    return {"id": user["id"], "email": user["email"], "role": user["role"]}
+    return {
+        "id": user["id"],
+        "email": user["email"],
+        "role": user["role"],
+        "email_verified": user.get("email_verified") == "1",
+        "mfa_enabled": bool(user.get("totp_secret")),
+    }
+
+
+def admin_view(user: dict) -> dict:
+    """U with what administrators also see: when the account was created."""
+    return {**public_user(user), "created_at": rfc3339(user.get("created_at"))}
+
+
+def find_user(id_or_email: str) -> dict | None:
+    """A user by id or by e-mail address (for operators)."""
+    if "@" in id_or_email:
+        user_id = find_user_id_by_email(id_or_email)
+        return get_user(user_id) if user_id else None
+    return get_user(id_or_email) if USER_ID.fullmatch(id_or_email) else None
+
+
+def list_users(email: str | None = None, limit: int = 100, offset: int = 0) -> list[dict]:
+    """Users newest first, or the one with this e-mail address (records as stored)."""
+    client = get_redis()
+    if email is not None:
+        user_id = find_user_id_by_email(email)
+        user = get_user(user_id) if user_id else None
+        return [user] if user else []
+    if not client.exists(Keys.users_indexed()):
+        index_existing_users()
+    ids = client.zrevrange(Keys.users(), offset, offset + limit - 1)
+    pipe = client.pipeline(transaction=False)
+    for user_id in ids:
+        pipe.hgetall(Keys.user(user_id))
+    return [record for record in pipe.execute() if record]
+
+
+def index_existing_users() -> int:
+    """Add users created before the list existed (their e-mail index names them) to it, once.
+
+    New users are added as they are created; this runs the first time the list is read on a database
+    that predates it. Returns how many were added.
+    """
+    client = get_redis()
+    added = 0
+    for key in client.scan_iter(Keys.user_by_email("*"), count=1000):
+        user_id = client.get(key)
+        created_at = client.hget(Keys.user(user_id), "created_at") if user_id else None
+        if created_at is not None:
+            added += client.zadd(Keys.users(), {user_id: float(created_at)}, nx=True)
+    client.set(Keys.users_indexed(), "1")
+    return added
+
+
+# KEYS[1] user. ARGV: role. 1 when the user exists (and now has the role), 0 otherwise.
+SET_ROLE_LUA = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+local before = redis.call('HGET', KEYS[1], 'role')
+redis.call('HSET', KEYS[1], 'role', ARGV[1])
+if before == ARGV[1] then return 1 end
+return 2
+"""
+
+
+def set_role(user_id: str, role: str) -> dict | None:
+    """Change a user's role; it applies from the user's next request (checks read the stored role).
+
+    Live connections are closed so that they reconnect with the channels of the new role.
+    """
+    if role not in ROLES:
+        raise validation_failed(f"The role must be one of {', '.join(ROLES)}.")
+    changed = get_script(SET_ROLE_LUA)(keys=[Keys.user(user_id)], args=[role])
+    if not changed:
+        return None
+    if changed == 2:
+        # No session ends; the hub's message closes the user's connections and clients resume by cursor.
+        sessions_ended.send(current_app._get_current_object(), user_id=user_id, session_ids=[], whole_user=True)
+    return get_user(user_id)
+
+
+# KEYS[1] user, KEYS[2] the user's session set, then every further key of the user to delete.
+# ARGV: user id, now. Ends every session (deleting its refresh-token records too), deletes the keys and
+# the user. {1, {ended session ids}}, or nil for an unknown user.
+DELETE_USER_LUA = (
+    END_SESSION_FUNCTION_LUA
+    + """
+if redis.call('EXISTS', KEYS[1]) == 0 then return false end
+local ended = {}
+for _, sid in ipairs(redis.call('SMEMBERS', KEYS[2])) do
+  for _, h in ipairs(redis.call('SMEMBERS', 'session:' .. sid .. ':tokens')) do
+    redis.call('DEL', 'refresh:' .. h)
+  end
+  end_session(sid, ARGV[2])
+  table.insert(ended, sid)
+end
+for i = 3, #KEYS do redis.call('DEL', KEYS[i]) end
+redis.call('DEL', KEYS[1], KEYS[2])
+redis.call('ZREM', 'users', ARGV[1])
+return {1, ended}
+"""
+)
+
+
+def delete_user(user_id: str) -> bool:
+    """Delete a user and every record of theirs; their sessions and live connections end at once."""
+    from ..events.bus import user_channel
+    from . import mailtokens
+
+    client = get_redis()
+    user = get_user(user_id)
+    if user is None:
+        return False
+    keys = [
+        Keys.user_by_email(user["email"]),
+        Keys.user_recovery_codes(user_id),
+        Keys.connection_leases(user_id),
+        Keys.verification_resent(user_id),
+        Keys.stream(user_channel(user_id)),
+    ]
+    for purpose in (mailtokens.VERIFY, mailtokens.RESET):
+        pointer = Keys.user_mail_token(user_id, purpose)
+        current = client.get(pointer)
+        keys += [pointer] + ([Keys.mail_token(purpose, current)] if current else [])
+    # OAuth identities name the user only in their value.
+    keys += [key for key in client.scan_iter(Keys.user_by_identity("*", "*"), count=1000) if client.get(key) == user_id]
+    result = get_script(DELETE_USER_LUA)(
+        keys=[Keys.user(user_id), Keys.user_sessions(user_id), *keys], args=[user_id, f"{time.time():.3f}"]
+    )
+    if not result:
+        return False
+    sessions_ended.send(
+        current_app._get_current_object(), user_id=user_id, session_ids=list(result[1]), whole_user=True
+    )
+    return True
 
 
 def store_password_hash(user_id: str, password_hash: str) -> None:

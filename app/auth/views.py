@@ -2,22 +2,41 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 from flask import Blueprint, current_app, jsonify, make_response, request
 
-from ..errors import ApiError, bad_request, error_response, not_found, unauthorized, validation_failed
-from ..http import field, has_control_characters, json_body, plain_text
+from .. import mail
+from ..errors import ApiError, bad_request, error_response, not_found, unauthorized
+from ..http import has_control_characters, validated, validated_form
 from ..limits import rate_limited
 from ..metrics import LOGINS, REFRESHES
-from . import cookies, devices, passwords, sessions, tokens, users
+from ..openapi import operation
+from . import account, cookies, devices, mailtokens, mfa, passwords, sessions, tokens, users
 from .guards import api_key_required, authenticate, current_caller, login_required, sets_session_cookies
+from .schemas import (
+    Introspection,
+    IntrospectionAnswer,
+    Jwks,
+    Login,
+    Me,
+    MfaLogin,
+    PasswordChange,
+    RefreshTokenBody,
+    Registration,
+    SessionPath,
+    Sessions,
+    Tokens,
+    UserAnswer,
+)
 
 bp = Blueprint("auth", __name__, url_prefix="/auth")
 jwks_bp = Blueprint("jwks", __name__)
 
-TRANSPORTS = ("cookie", "body")
 SESSION_ID = re.compile(r"[0-9a-f]{32}")
+USER = ("bearer", "cookie")
+TOKEN_COOKIES = {"Set-Cookie": "With transport cookie: __Host-access and __Secure-refresh (HttpOnly, Secure, Strict)."}
 
 
 def _settings():
@@ -63,42 +82,54 @@ def _refused(error: ApiError, transport: str):
 
 
 @bp.post("/register")
+@operation("Create an account", tags=["accounts"], body=Registration, responses={201: UserAnswer}, errors=(409, 429))
 @sets_session_cookies
 @rate_limited("register", per=("address", "email"))
 def register():
     """Create an account with a password (201 with U)."""
-    body = json_body()
-    email, password = field(body, "email"), field(body, "password")
-    user = users.create_user(email, password)
+    registration = validated(Registration)
+    user = users.create_user(registration.email, registration.password)
+    mail.queue_mail(mail.VERIFY_EMAIL, user_id=user["id"])
     return jsonify({"user": users.public_user(user)}), 201
 
 
-def _device_name(body: dict) -> str | None:
-    """The name the client gives this device (422 with control characters), else its User-Agent."""
-    named = field(body, "device", required=False)
+def _device_name(named: str | None) -> str | None:
+    """The name the client gives this device, else its User-Agent (control characters as spaces)."""
     if named is not None:
-        return plain_text(named, "The device name")
+        return named
     agent = request.user_agent.string
     return "".join(" " if has_control_characters(c) else c for c in agent) if agent else None
 
 
 @bp.post("/login")
+@operation(
+    "Log in with a password: a session for this device",
+    tags=["sessions"],
+    body=Login,
+    responses={200: Tokens},
+    errors=(401, 403, 429),
+    headers={200: TOKEN_COOKIES},
+)
 @sets_session_cookies
 @rate_limited("login", per=("address", "email_or_device"))
 def login():
     """Check the password and start a session for this device; tokens by cookie or in the body."""
-    body = json_body()
-    email, password = field(body, "email"), field(body, "password")
-    transport = field(body, "transport", required=False, default="cookie")
-    device = _device_name(body)
-    if transport not in TRANSPORTS:
-        raise validation_failed("transport must be 'cookie' or 'body'.")
-    user_id = users.find_user_id_by_email(email)
+    credentials = validated(Login)
+    transport, device = credentials.transport, _device_name(credentials.device)
+    user_id = users.find_user_id_by_email(credentials.email)
     user = users.get_user(user_id) if user_id else None
-    if not users.password_matches(user, password):
+    if not users.password_matches(user, credentials.password):
         LOGINS.labels("failure").inc()
         raise unauthorized("Wrong e-mail or password.", "invalid_credentials")
+    account.require_verified_email(user)
+    if mfa.is_enabled(user):
+        return _mfa_required(user, device)
     LOGINS.labels("success").inc()
+    return _logged_in(user, device, transport)
+
+
+def _logged_in(user: dict, device: str | None, transport: str):
+    """Start a session for a user who has proved every factor; `T` in the chosen transport."""
     issued = sessions.start_session(user["id"], device, request.remote_addr)
     response = _token_response(
         user, issued.session_id, user["role"], int(user["token_version"]), issued.refresh_token, transport
@@ -108,13 +139,54 @@ def login():
     return response
 
 
+def _mfa_required(user: dict, device: str | None):
+    """401 mfa_required with the mfa_token that POST /auth/login/mfa must present."""
+    token = mfa.start_login(user, device)
+    response = error_response(401, "mfa_required", "Enter the code from your authenticator app.")
+    response.set_data(json.dumps({**response.get_json(), "mfa_token": token}))
+    response.headers["Cache-Control"] = "no-store"
+    return response
+
+
+@bp.post("/login/mfa")
+@operation(
+    "Finish a login with MFA: the mfa_token and a TOTP or recovery code",
+    tags=["mfa"],
+    body=MfaLogin,
+    responses={200: Tokens},
+    errors=(400, 401, 403, 429),
+    headers={200: TOKEN_COOKIES},
+)
+@sets_session_cookies
+@rate_limited("password", per=("address", "mfa_token", "mfa_account"))
+def login_mfa():
+    """The second step of a login with MFA: the mfa_token and a TOTP code or a recovery code."""
+    second = validated(MfaLogin)
+    if second.code is None and second.recovery_code is None:
+        raise bad_request("Field 'code' (or 'recovery_code') is required.")
+    user_id, first_device = mfa.finish_login(second.mfa_token, second.code, second.recovery_code)
+    user = users.get_user(user_id)
+    if user is None:
+        raise mfa.invalid_mfa_token()
+    LOGINS.labels("success").inc()
+    return _logged_in(user, second.device or first_device or _device_name(None), second.transport)
+
+
 @bp.post("/refresh")
+@operation(
+    "Rotate a refresh token (from the body or the refresh cookie)",
+    tags=["sessions"],
+    body=RefreshTokenBody,
+    body_required=False,
+    responses={200: Tokens},
+    errors=(401, 403, 429),
+    headers={200: TOKEN_COOKIES},
+)
 @sets_session_cookies
 @rate_limited("refresh", per=("address", "refresh_token"))
 def refresh():
     """Rotate a refresh token; a reused one ends its whole family."""
-    body = json_body(optional=True)
-    raw = field(body, "refresh_token", required=False)
+    raw = validated(RefreshTokenBody, optional=True).refresh_token
     transport = "body" if raw is not None else "cookie"
     if raw is None:
         raw = request.cookies.get(cookies.REFRESH_COOKIE)
@@ -138,8 +210,8 @@ def _session_to_end() -> str:
     try:
         return authenticate().session_id
     except ApiError:
-        body = json_body(optional=True)
-        raw = field(body, "refresh_token", required=False) or request.cookies.get(cookies.REFRESH_COOKIE)
+        presented = validated(RefreshTokenBody, optional=True).refresh_token
+        raw = presented or request.cookies.get(cookies.REFRESH_COOKIE)
         found = sessions.session_of_refresh_token(raw) if raw else None
         if found is None:
             raise
@@ -147,6 +219,14 @@ def _session_to_end() -> str:
 
 
 @bp.post("/logout")
+@operation(
+    "End this session (by access token, or by refresh token in the body or cookie)",
+    tags=["sessions"],
+    body=RefreshTokenBody,
+    body_required=False,
+    responses={204: None},
+    errors=(401, 403),
+)
 def logout():
     """End the current session (its refresh family) and clear the cookies."""
     try:
@@ -158,6 +238,7 @@ def logout():
 
 
 @bp.post("/logout-all")
+@operation("Log out of every device", tags=["sessions"], responses={204: None}, auth=USER)
 @login_required
 def logout_all():
     """Log out of every device: tokenVersion + 1, every session ended, live connections closed."""
@@ -166,6 +247,7 @@ def logout_all():
 
 
 @bp.get("/me")
+@operation("The caller and their session id", tags=["accounts"], responses={200: Me}, auth=USER)
 @login_required
 def me():
     """The caller and their session id."""
@@ -174,6 +256,7 @@ def me():
 
 
 @bp.get("/sessions")
+@operation("The caller's sessions, one per device", tags=["sessions"], responses={200: Sessions}, auth=USER)
 @login_required
 def list_sessions():
     """The caller's sessions, one per logged-in device."""
@@ -182,6 +265,7 @@ def list_sessions():
 
 
 @bp.delete("/sessions/<session_id>")
+@operation("End one of the caller's sessions", tags=["sessions"], path=SessionPath, responses={204: None}, auth=USER)
 @login_required
 def end_session(session_id: str):
     """End one of the caller's sessions (another device, or this one)."""
@@ -193,13 +277,20 @@ def end_session(session_id: str):
 
 
 @bp.post("/password")
+@operation(
+    "Change the password; every other session ends",
+    tags=["accounts"],
+    body=PasswordChange,
+    responses={204: None},
+    errors=(429,),
+    auth=USER,
+)
 @rate_limited("password", per=("address", "caller"))
 @login_required
 def change_password():
     """Change the password after checking the current one; every other session ends."""
-    body = json_body()
-    current, new = field(body, "current_password"), field(body, "new_password")
-    users.validate_password(new)
+    change = validated(PasswordChange)
+    current, new = change.current_password, users.validate_password(change.new_password)
     caller = current_caller()
     user = users.get_user(caller.user_id)
     if user is None:
@@ -207,6 +298,7 @@ def change_password():
     if not users.password_matches(user, current):
         raise unauthorized("The current password is wrong.", "invalid_credentials")
     users.store_password_hash(user["id"], passwords.hash_password(new))
+    mailtokens.forget_tokens(user["id"], mailtokens.RESET)  # a reset link asked for earlier is moot now
     sessions.end_other_sessions(user["id"], caller.session_id)
     return _no_content()
 
@@ -215,15 +307,17 @@ INACTIVE = {"active": False}
 
 
 @bp.post("/introspect")
+@operation(
+    "RFC 7662: is this access token active?",
+    tags=["credentials"],
+    form=Introspection,
+    responses={200: IntrospectionAnswer},
+    auth=("api_key",),
+)
 @api_key_required("tokens:introspect")
 def introspect():
     """RFC 7662: whether an access token is active now, by every rule the service applies itself."""
-    if request.mimetype != "application/x-www-form-urlencoded":
-        raise ApiError(415, "unsupported_media_type", "Send the token as a form: token=<access token>.")
-    token = request.form.get("token")
-    if not token:
-        raise bad_request("The form field 'token' is required.")
-    return jsonify(_introspection(token))
+    return jsonify(_introspection(validated_form(Introspection).token))
 
 
 def _introspection(token: str) -> dict:
@@ -251,6 +345,7 @@ def _introspection(token: str) -> dict:
 
 
 @jwks_bp.get("/.well-known/jwks.json")
+@operation("The public keys that verify access tokens", tags=["sessions"], responses={200: Jwks}, errors=(404,))
 def jwks():
     """The public key that verifies access tokens (asymmetric algorithms only)."""
     keys = current_app.extensions["token_keys"]

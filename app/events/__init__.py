@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 from flask import Flask
 
 from ..auth.sessions import sessions_ended
+from ..redis import connect_pubsub
 from . import sse, ws  # noqa: F401 - they add their routes to the events blueprint
 from .bus import Bus
 from .hub import Hub
@@ -22,7 +25,7 @@ def init_app(app: Flask) -> None:
     client = app.extensions["redis"]
     bus = Bus(client, app.extensions["redis_scripts"], settings.event_history_maxlen)
     app.extensions["event_bus"] = bus
-    app.extensions["event_hub"] = Hub(client)
+    app.extensions["event_hub"] = Hub(partial(connect_pubsub, settings.redis_url))
     app.extensions["connection_leases"] = ConnectionLeases(client, settings.max_connections_per_user)
     ws.init_app(app)
 

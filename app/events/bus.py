@@ -27,28 +27,40 @@ HISTORY_BATCH = 500
 CHANNEL_PATTERN = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 EVENT_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.:-]{1,100}$")
 
-# KEYS[1] the channel's stream. ARGV: wake-up channel, maxlen, event name, data (JSON), ts, channel.
-# XADD then PUBLISH in one atomic step: every subscriber sees events in stream order.
+# KEYS[1] the channel's stream, KEYS[2] the set of outgoing webhook endpoints, KEYS[3] their feed.
+# ARGV: wake-up channel, maxlen, event name, data (JSON), ts, channel.
+# XADD then PUBLISH in one atomic step: every subscriber sees events in stream order. While any
+# outgoing endpoint exists, the event is also appended to the dispatcher's feed in the same step, so
+# an event is either published and on its way to the endpoints, or not published at all.
 PUBLISH_LUA = """
 local id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[2], '*',
                       'event', ARGV[3], 'data', ARGV[4], 'ts', ARGV[5])
 local wire = {id = id, channel = ARGV[6], event = ARGV[3], data = ARGV[4], ts = ARGV[5]}
 redis.call('PUBLISH', ARGV[1], cjson.encode(wire))
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  redis.call('XADD', KEYS[3], '*', 'id', id, 'channel', ARGV[6], 'event', ARGV[3], 'data', ARGV[4], 'ts', ARGV[5])
+end
 return id
 """
 
-# KEYS: each event's stream. ARGV: maxlen, ts, then per event: wake-up channel, event name, data, channel.
-# Every event appended and announced in one atomic step: a batch is all there, or (refused before the
-# script runs) none of it.
+# KEYS: the set of outgoing webhook endpoints, their feed, then each event's stream. ARGV: maxlen, ts,
+# then per event: wake-up channel, event name, data, channel.
+# Every event appended and announced (and fed to outgoing webhooks, as in PUBLISH_LUA) in one atomic
+# step: a batch is all there, or (refused before the script runs) none of it.
 PUBLISH_MANY_LUA = """
 local ids = {}
-for i = 1, #KEYS do
-  local base = 2 + (i - 1) * 4
+local outgoing = redis.call('EXISTS', KEYS[1]) == 1
+for i = 3, #KEYS do
+  local base = 2 + (i - 3) * 4
   local id = redis.call('XADD', KEYS[i], 'MAXLEN', '~', ARGV[1], '*',
                         'event', ARGV[base + 2], 'data', ARGV[base + 3], 'ts', ARGV[2])
   local wire = {id = id, channel = ARGV[base + 4], event = ARGV[base + 2], data = ARGV[base + 3], ts = ARGV[2]}
   redis.call('PUBLISH', ARGV[base + 1], cjson.encode(wire))
-  ids[i] = id
+  if outgoing then
+    redis.call('XADD', KEYS[2], '*', 'id', id, 'channel', ARGV[base + 4], 'event', ARGV[base + 2],
+               'data', ARGV[base + 3], 'ts', ARGV[2])
+  end
+  ids[#ids + 1] = id
 end
 return ids
 """
@@ -156,7 +168,7 @@ class Bus:
         validate_names(channel, event)
         encoded, ts = encode_data(data), _now()
         stream_id = self._publish(
-            keys=[Keys.stream(channel)],
+            keys=[Keys.stream(channel), Keys.outgoing_endpoints(), Keys.outgoing_feed()],
             args=[WAKE_PREFIX + channel, self.history_maxlen, event, encoded, ts, channel],
         )
         EVENTS_PUBLISHED.inc()
@@ -170,7 +182,8 @@ class Bus:
         args = [self.history_maxlen, _now()]
         for (channel, event, _), data in zip(events, encoded, strict=True):
             args += [WAKE_PREFIX + channel, event, data, channel]
-        ids = self._publish_many(keys=[Keys.stream(channel) for channel, _, _ in events], args=args)
+        keys = [Keys.outgoing_endpoints(), Keys.outgoing_feed()] + [Keys.stream(channel) for channel, _, _ in events]
+        ids = self._publish_many(keys=keys, args=args)
         EVENTS_PUBLISHED.inc(len(ids))
         return list(ids)
 

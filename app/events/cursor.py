@@ -46,6 +46,12 @@ def decode_cursor(cursor: str, channels: list[str]) -> dict[str, str]:
 
     Positions for channels that are not the reader's are ignored, so a cursor can't widen access.
     """
+    positions = decode_positions(cursor)
+    return {channel: positions.get(channel, "0-0") for channel in channels}
+
+
+def decode_positions(cursor: str) -> dict[str, str]:
+    """Every position a cursor holds, by channel (400 if malformed)."""
     try:
         if len(cursor) > MAX_CURSOR_LENGTH:
             raise ValueError
@@ -55,4 +61,4 @@ def decode_cursor(cursor: str, channels: list[str]) -> dict[str, str]:
             raise ValueError
     except (ValueError, StrictJSONError):
         raise bad_request("The cursor is malformed.") from None
-    return {channel: positions.get(channel, "0-0") for channel in channels}
+    return positions

@@ -8,8 +8,11 @@ import time
 from flask import Response, current_app, request
 
 from ..auth.guards import login_required
+from ..http import validated_query
 from ..metrics import EVENTS_DELIVERED, OPEN_CONNECTIONS
+from ..openapi import operation
 from .follow import StreamEnded
+from .schemas import StreamPosition
 from .views import bp, follower_for_request
 
 RETRY_MILLISECONDS = 2000
@@ -35,11 +38,19 @@ def sse_frame(data: str, event: str | None = None, id: str | None = None) -> str
 
 
 @bp.get("/events/stream")
+@operation(
+    "Server-sent events: every event after the cursor (or Last-Event-ID), then live",
+    tags=["events"],
+    query=StreamPosition,
+    responses={200: ("text/event-stream", "Events as `event:`, `id:` (the cursor) and `data:` (E) lines")},
+    errors=(429,),
+    auth=("bearer", "cookie"),
+)
 @login_required
 def stream():
-    # Last-Event-ID first: a browser reconnecting by itself sends it, newer than the URL's ?cursor=.
     """Server-sent events: every event after the cursor, then live, with heartbeats."""
-    cursor = request.headers.get("Last-Event-ID") or request.args.get("cursor") or None
+    # Last-Event-ID first: a browser reconnecting by itself sends it, newer than the URL's ?cursor=.
+    cursor = request.headers.get("Last-Event-ID") or validated_query(StreamPosition).cursor or None
     # 400 for a bad cursor and 429 past the user's connection cap, both before streaming.
     follower = follower_for_request(live=True, cursor=cursor)
     heartbeat = current_app.config["SETTINGS"].sse_heartbeat_seconds

@@ -4,20 +4,20 @@ from __future__ import annotations
 
 import time
 
-from flask import Blueprint, Response, current_app, jsonify, request
+from flask import Blueprint, Response, current_app, jsonify
 
 from ..auth.guards import current_api_key, current_caller, login_required, user_or_api_key
-from ..errors import bad_request, forbidden, unauthorized, validation_failed
-from ..http import field, json_body, number_arg
+from ..errors import bad_request, forbidden, unauthorized
+from ..http import validated, validated_query
 from ..metrics import EVENTS_DELIVERED, OPEN_CONNECTIONS
+from ..openapi import operation
 from .bus import Bus, may_publish
 from .follow import Delivery, Follower, StreamEnded
 from .hub import Hub
 from .leases import ConnectionLeases
+from .schemas import Batch, Events, Position, Publication, Published, PublishedBatch, Wait
 
 bp = Blueprint("events", __name__)
-
-POLL_LIMIT_DEFAULT, POLL_LIMIT_MAX = 100, 1000
 
 
 def get_bus() -> Bus:
@@ -33,11 +33,6 @@ def get_hub() -> Hub:
 def get_leases() -> ConnectionLeases:
     """This worker's connection leases."""
     return current_app.extensions["connection_leases"]
-
-
-def cursor_arg() -> str | None:
-    """The `cursor` query parameter, if given."""
-    return request.args.get("cursor") or None
 
 
 def follower_for_request(live: bool, cursor: str | None = None, lease: str | None = None) -> Follower:
@@ -62,9 +57,6 @@ def events_answer(deliveries: list[Delivery], cursor: str, transport: str) -> Re
     return response
 
 
-BATCH_LIMIT = 100
-
-
 def _check_may_publish(channel: str) -> None:
     """403 unless the caller may publish there: users their own channel (admins any), keys their list."""
     key = current_api_key()
@@ -77,53 +69,84 @@ def _check_may_publish(channel: str) -> None:
         raise forbidden("You may publish only to your own channel.")
 
 
+PUBLISHERS = ("bearer", "cookie", "api_key")
+READERS = ("bearer", "cookie")
+CURSOR_HEADER = {"Event-Cursor": "The cursor to resume from."}
+
+
 @bp.post("/events")
+@operation(
+    "Publish an event",
+    tags=["events"],
+    body=Publication,
+    responses={201: Published},
+    auth=PUBLISHERS,
+)
 @user_or_api_key("events:publish")
 def publish():
     """Publish an event to a channel the caller may publish to."""
-    body = json_body()
-    channel, event = field(body, "channel"), field(body, "event")
-    _check_may_publish(channel)
-    published = get_bus().publish(channel, event, body.get("data"))
+    publication = validated(Publication)
+    _check_may_publish(publication.channel)
+    published = get_bus().publish(publication.channel, publication.event, publication.data)
     return jsonify({"id": published.id, "channel": published.channel}), 201
 
 
 @bp.post("/events/batch")
+@operation(
+    "Publish up to 100 events at once: all or none",
+    tags=["events"],
+    body=Batch,
+    responses={201: PublishedBatch},
+    auth=PUBLISHERS,
+)
 @user_or_api_key("events:publish")
 def publish_batch():
     """Publish up to 100 events in one atomic step: all of them, or (on any bad one) none."""
-    events = field(json_body(), "events", list)
-    if not 1 <= len(events) <= BATCH_LIMIT:
-        raise validation_failed(f"A batch holds 1 to {BATCH_LIMIT} events.")
-    triples = []
-    for number, item in enumerate(events):
-        if not isinstance(item, dict):
-            raise bad_request(f"Event {number} must be an object with channel, event and data.")
-        channel, event = field(item, "channel"), field(item, "event")
-        _check_may_publish(channel)
-        triples.append((channel, event, item.get("data")))
+    batch = validated(Batch)
+    for publication in batch.events:
+        _check_may_publish(publication.channel)
+    triples = [(publication.channel, publication.event, publication.data) for publication in batch.events]
     return jsonify({"ids": get_bus().publish_many(triples)}), 201
 
 
 @bp.get("/events")
+@operation(
+    "Polling: what is new after the cursor, at once",
+    tags=["events"],
+    query=Position,
+    responses={200: Events, 204: None},
+    headers={200: CURSOR_HEADER, 204: CURSOR_HEADER},
+    auth=READERS,
+)
 @login_required
 def poll():
     """Polling: whatever is new after the cursor, at once (204 when nothing is)."""
-    limit = number_arg("limit", POLL_LIMIT_DEFAULT, 1, POLL_LIMIT_MAX, int)
-    follower = follower_for_request(live=False, cursor=cursor_arg())
-    return events_answer(follower.take_ready(limit), follower.cursor, "poll")
+    position = validated_query(Position)
+    follower = follower_for_request(live=False, cursor=position.cursor or None)
+    return events_answer(follower.take_ready(position.limit), follower.cursor, "poll")
 
 
 @bp.get("/events/wait")
+@operation(
+    "Long polling: answers when something is new, or 204 after the time-out",
+    tags=["events"],
+    query=Wait,
+    responses={200: Events, 204: None},
+    headers={200: CURSOR_HEADER, 204: CURSOR_HEADER},
+    errors=(429,),
+    auth=READERS,
+)
 @login_required
 def wait():
     """Long polling: answer as soon as something is new, or 204 after the time-out."""
     settings = current_app.config["SETTINGS"]
-    timeout = number_arg("timeout", settings.long_poll_timeout, 0, settings.long_poll_max_timeout)
-    limit = number_arg("limit", POLL_LIMIT_DEFAULT, 1, POLL_LIMIT_MAX, int)
+    asked = validated_query(Wait)
+    timeout = settings.long_poll_timeout if asked.timeout is None else asked.timeout
+    if timeout > settings.long_poll_max_timeout:
+        raise bad_request(f"Query parameter 'timeout' must be at most {settings.long_poll_max_timeout}.")
     OPEN_CONNECTIONS.labels("long_poll").inc()
     try:
-        return _hold(follower_for_request(live=True, cursor=cursor_arg()), timeout, limit)
+        return _hold(follower_for_request(live=True, cursor=asked.cursor or None), timeout, asked.limit)
     finally:
         OPEN_CONNECTIONS.labels("long_poll").dec()
 

@@ -26,9 +26,11 @@ from ..auth.guards import authenticate, origin_allowed
 from ..errors import ApiError, bad_request
 from ..http import StrictJSONError, parse_json
 from ..metrics import EVENTS_DELIVERED, OPEN_CONNECTIONS
+from ..openapi import operation
 from .bus import channels_for, user_channel
 from .cursor import decode_cursor
 from .follow import Follower, StreamEnded
+from .schemas import StreamPosition
 from .views import bp, follower_for_request, get_leases
 
 sock = Sock()
@@ -136,6 +138,14 @@ def guard_websocket_handshake():
 
 
 @sock.route("/ws", bp=bp)
+@operation(
+    "WebSocket: events after the cursor, then live; publish and ping frames (Upgrade: websocket)",
+    tags=["events"],
+    query=StreamPosition,
+    responses={101: None},
+    errors=(429,),
+    auth=("bearer", "cookie"),
+)
 def websocket(ws):
     """The upgraded connection: nothing may escape from here, or Flask would write a 500 into it."""
     lease, follower = g.pop("connection_lease"), None

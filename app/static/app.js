@@ -34,6 +34,14 @@ function showSignedOut(message) {
   $("signed-in").hidden = true;
   $("signed-out").hidden = false;
   $("status").textContent = message;
+  showForm("login-form");
+}
+
+// The signed-out forms: one at a time.
+const SIGNED_OUT_FORMS = ["login-form", "mfa-form", "forgot-form", "reset-form"];
+function showForm(id) {
+  for (const form of SIGNED_OUT_FORMS) $(form).hidden = form !== id;
+  $(id).querySelector("input")?.focus();
 }
 
 async function showSignedIn(user) {
@@ -42,6 +50,7 @@ async function showSignedIn(user) {
   $("signed-out").hidden = true;
   $("signed-in").hidden = false;
   $("status").textContent = `Logged in as ${user.email}`;
+  showAccount(user);
   await loadSessions();
   clearInterval(sessionsTimer);
   sessionsTimer = setInterval(loadSessions, SESSIONS_REFRESH_MS);
@@ -132,8 +141,192 @@ async function logIn(event) {
     $("login-form").password.value = "";
     await showSignedIn(user);
   } catch (error) {
-    $("login-error").textContent = error.message;
+    $("login-form").password.value = "";
+    if (error.code === "mfa_required") askForSecondFactor(error.mfaToken);
+    else $("login-error").textContent = error.message;
   }
+}
+
+// The second step of a login with MFA (after the password, or after an OAuth provider).
+let mfaToken = null;
+let useRecoveryCode = false;
+
+function askForSecondFactor(token) {
+  mfaToken = token;
+  setRecoveryMode(false);
+  $("mfa-error").textContent = "";
+  showForm("mfa-form");
+  $("status").textContent = "Enter the code from your authenticator app to finish logging in.";
+}
+
+function setRecoveryMode(recovery) {
+  useRecoveryCode = recovery;
+  $("mfa-code-label").textContent = recovery ? "Recovery code" : "Code from your authenticator app";
+  $("mfa-code").inputMode = recovery ? "text" : "numeric";
+  $("mfa-recovery-button").textContent = recovery ? "Use the app's code instead" : "Use a recovery code instead";
+  $("mfa-code").value = "";
+}
+
+async function finishLogin(event) {
+  event.preventDefault();
+  $("mfa-error").textContent = "";
+  const value = $("mfa-code").value.trim();
+  try {
+    const factor = useRecoveryCode ? { recoveryCode: value } : { code: value };
+    const user = await client.loginMfa({ mfaToken, ...factor, device: deviceName() });
+    mfaToken = null;
+    $("mfa-code").value = "";
+    await showSignedIn(user);
+  } catch (error) {
+    $("mfa-code").value = "";
+    if (error.code === "invalid_token") {
+      showForm("login-form");
+      $("login-error").textContent = "That login attempt has expired. Log in again.";
+    } else {
+      $("mfa-error").textContent = error.message;
+    }
+  }
+}
+
+async function askForReset(event) {
+  event.preventDefault();
+  $("forgot-error").textContent = "";
+  try {
+    await client.forgotPassword($("forgot-email").value);
+    $("forgot-message").textContent =
+      "If an account has this address, a link to choose a new password is on its way. It works for 30 minutes.";
+  } catch (error) {
+    $("forgot-error").textContent = error.message;
+  }
+}
+
+let resetToken = null;
+
+async function resetPassword(event) {
+  event.preventDefault();
+  $("reset-error").textContent = "";
+  try {
+    await client.resetPassword(resetToken, $("reset-password").value);
+    resetToken = null;
+    $("reset-password").value = "";
+    showForm("login-form");
+    $("status").textContent = "Your password is changed, and every device was logged out. Log in with the new one.";
+  } catch (error) {
+    $("reset-error").textContent = error.message;
+  }
+}
+
+// The account panel: the address's verification and two-factor authentication.
+function showAccount(user) {
+  $("email-status").textContent = user.email_verified
+    ? `Your address ${user.email} is verified.`
+    : `Your address ${user.email} is not verified yet: open the link we mailed you.`;
+  $("resend-button").hidden = user.email_verified;
+  $("mfa-status").textContent = user.mfa_enabled
+    ? "Two-factor authentication is on."
+    : "Two-factor authentication is off.";
+  $("mfa-setup-button").hidden = user.mfa_enabled;
+  $("mfa-disable-form").hidden = !user.mfa_enabled;
+  $("mfa-setup-form").hidden = true;
+}
+
+async function resendVerification() {
+  try {
+    await client.resendVerification();
+    $("email-status").textContent = "A new link is on its way (the older one no longer works).";
+  } catch (error) {
+    $("email-status").textContent = error.message;
+  }
+}
+
+async function startMfaSetup() {
+  $("recovery").hidden = true;
+  try {
+    const setup = await client.setupTotp();
+    // The QR code is SVG the service drew (no script in it); parsed as SVG, never as HTML.
+    const svg = new DOMParser().parseFromString(
+      setup.qr_svg.replace("<svg ", '<svg xmlns="http://www.w3.org/2000/svg" '),
+      "image/svg+xml",
+    ).documentElement;
+    svg.setAttribute("role", "img");
+    svg.setAttribute("aria-label", "QR code for your authenticator app");
+    $("mfa-qr").replaceChildren(document.importNode(svg, true));
+    $("mfa-secret").textContent = setup.secret;
+    $("mfa-setup-form").hidden = false;
+    $("mfa-setup-button").hidden = true;
+    $("mfa-setup-code").focus();
+  } catch (error) {
+    $("mfa-status").textContent = error.message;
+  }
+}
+
+async function confirmMfaSetup(event) {
+  event.preventDefault();
+  $("mfa-setup-error").textContent = "";
+  try {
+    const codes = await client.confirmTotp($("mfa-setup-code").value.trim());
+    $("mfa-setup-code").value = "";
+    $("recovery-codes").replaceChildren(
+      ...codes.map((code) => {
+        const item = document.createElement("li");
+        item.append(part("code", "recovery-code", code));
+        return item;
+      }),
+    );
+    $("recovery").hidden = false;
+    me = { ...me, mfa_enabled: true };
+    showAccount(me);
+  } catch (error) {
+    $("mfa-setup-error").textContent = error.message;
+  }
+}
+
+async function disableMfa(event) {
+  event.preventDefault();
+  $("mfa-disable-error").textContent = "";
+  const form = $("mfa-disable-form");
+  const value = form.code.value.trim();
+  const proof = /^[0-9 ]+$/.test(value) ? { code: value } : { recoveryCode: value };
+  try {
+    await client.disableTotp({ password: form.password.value, ...proof });
+    form.password.value = "";
+    form.code.value = "";
+    $("recovery").hidden = true;
+    me = { ...me, mfa_enabled: false };
+    showAccount(me);
+  } catch (error) {
+    $("mfa-disable-error").textContent = error.message;
+  }
+}
+
+// Links in mails and the OAuth second step land on their own paths, with the token in the fragment
+// (never sent to a server). Take it, and clear it from the address bar and history.
+function tokenFromLink(name) {
+  const value = new URLSearchParams(location.hash.slice(1)).get(name);
+  history.replaceState(null, "", "/");
+  return value;
+}
+
+async function followLink() {
+  const path = location.pathname;
+  if (path === "/verify-email") {
+    const token = tokenFromLink("token");
+    try {
+      await client.verifyEmail(token ?? "");
+      return "Your e-mail address is verified. Thank you.";
+    } catch (error) {
+      return `This verification link does not work: ${error.message}`;
+    }
+  }
+  if (path === "/reset-password") {
+    resetToken = tokenFromLink("token");
+    return "reset";
+  }
+  if (path === "/login-mfa") {
+    const token = tokenFromLink("mfa_token");
+    return token ? { mfaToken: token } : null;
+  }
+  return null;
 }
 
 async function register() {
@@ -178,16 +371,41 @@ async function start() {
   if (!window.isSecureContext) return explainInsecureContext();
   $("login-form").addEventListener("submit", logIn);
   $("register-button").addEventListener("click", register);
+  $("forgot-button").addEventListener("click", () => {
+    $("forgot-email").value = $("login-email").value;
+    $("forgot-message").textContent = "";
+    showForm("forgot-form");
+  });
+  $("forgot-cancel-button").addEventListener("click", () => showForm("login-form"));
+  $("forgot-form").addEventListener("submit", askForReset);
+  $("reset-form").addEventListener("submit", resetPassword);
+  $("mfa-form").addEventListener("submit", finishLogin);
+  $("mfa-recovery-button").addEventListener("click", () => setRecoveryMode(!useRecoveryCode));
+  $("mfa-cancel-button").addEventListener("click", () => showSignedOut("You are logged out."));
+  $("resend-button").addEventListener("click", resendVerification);
+  $("mfa-setup-button").addEventListener("click", startMfaSetup);
+  $("mfa-setup-form").addEventListener("submit", confirmMfaSetup);
+  $("mfa-disable-form").addEventListener("submit", disableMfa);
   $("publish-form").addEventListener("submit", publish);
   $("logout-button").addEventListener("click", () => logOut(false));
   $("logout-all-button").addEventListener("click", () => logOut(true));
   $("transports").addEventListener("change", () => me && feed.start(selectedTransport()));
   addEventListener("online", () => me && feed.state === "offline" && feed.start(selectedTransport()));
 
+  const link = await followLink();
+  if (link === "reset") {
+    showSignedOut("Choose a new password for your account.");
+    return showForm("reset-form");
+  }
+  if (link?.mfaToken) {
+    showSignedOut("");
+    return askForSecondFactor(link.mfaToken);
+  }
   try {
     const user = await client.me();
     if (user) await showSignedIn(user);
-    else showSignedOut("You are logged out.");
+    else showSignedOut(typeof link === "string" ? link : "You are logged out.");
+    if (user && typeof link === "string") $("status").textContent = `${link} Logged in as ${user.email}`;
   } catch (error) {
     showSignedOut(`The service cannot check your session: ${error.message}`);
   }

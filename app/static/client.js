@@ -62,7 +62,12 @@ const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
  * @property {string} id
  * @property {string} email
  * @property {string} role `user` or `admin`
+ * @property {boolean} email_verified whether the address was confirmed (mailed link, or the OAuth provider)
+ * @property {boolean} mfa_enabled whether logging in needs a TOTP code too
  */
+
+// 401s that say a submitted secret was wrong, not that the session is gone: no refresh, no logout.
+const WRONG_SECRET_CODES = new Set(["invalid_credentials", "invalid_mfa_code", "mfa_required"]);
 
 /**
  * An error answer of the service.
@@ -73,13 +78,15 @@ export class ServiceError extends Error {
    * @param {string} code the error's `code`, e.g. `invalid_credentials`
    * @param {string} message the error's human text
    */
-  constructor(status, code, message) {
+  constructor(status, code, message, details = {}) {
     super(message);
     this.name = "ServiceError";
     /** @type {number} */
     this.status = status;
     /** @type {string} */
     this.code = code;
+    /** @type {string | undefined} with code `mfa_required`: pass it to {@link Client#loginMfa} */
+    this.mfaToken = details.mfa_token;
   }
 
   /**
@@ -89,8 +96,8 @@ export class ServiceError extends Error {
    */
   static async from(response) {
     try {
-      const { error } = await response.json();
-      return new ServiceError(response.status, error.code, error.message);
+      const body = await response.json();
+      return new ServiceError(response.status, body.error.code, body.error.message, body);
     } catch {
       return new ServiceError(response.status, "http_error", `The service answered ${response.status}.`);
     }
@@ -159,15 +166,15 @@ export class Client {
     }
     const url = this.url(path);
     let response = await fetch(url, init);
-    if (response.status === 401 && !path.startsWith("/auth/login")) {
+    if (response.status === 401 && !path.startsWith("/auth/login") && !(await wrongSecret(response))) {
       if (await this.refresh()) response = await fetch(url, init);
-      if (response.status === 401) this.loggedOut();
+      if (response.status === 401 && !(await wrongSecret(response))) this.loggedOut();
     }
     return response;
   }
 
   /**
-   * {@link Client#request} for a JSON answer: resolves with the parsed body (null for a 204), rejects
+   * {@link Client#request} for a JSON answer: resolves with the parsed body (null without one), rejects
    * with a {@link ServiceError} on any non-2xx answer.
    * @param {string} path
    * @param {RequestOptions} [options]
@@ -176,7 +183,8 @@ export class Client {
   async json(path, options) {
     const response = await this.request(path, options);
     if (!response.ok) throw await ServiceError.from(response);
-    return response.status === 204 ? null : response.json();
+    const text = await response.text(); // 204, and 202 (accepted), have no body
+    return text ? JSON.parse(text) : null;
   }
 
   /**
@@ -190,6 +198,85 @@ export class Client {
     const { user } = await this.json("/auth/login", { method: "POST", body });
     this.loggedIn();
     return user;
+  }
+
+  /**
+   * The second step of a login for an account with MFA: after {@link Client#login} rejected with
+   * `mfa_required`, present its `mfaToken` and a code from the authenticator app (or a recovery code).
+   * @param {{mfaToken: string, code?: string, recoveryCode?: string, device?: string}} second
+   * @returns {Promise<User>} rejects with a {@link ServiceError} (401 `invalid_mfa_code`; 400
+   *   `invalid_token` when the attempt expired, was used, or had five wrong codes: log in again)
+   */
+  async loginMfa({ mfaToken, code, recoveryCode, device }) {
+    const body = { mfa_token: mfaToken, transport: "cookie", ...(device ? { device } : {}) };
+    if (recoveryCode !== undefined) body.recovery_code = recoveryCode;
+    else body.code = code;
+    const { user } = await this.json("/auth/login/mfa", { method: "POST", body });
+    this.loggedIn();
+    return user;
+  }
+
+  /**
+   * Asks for a password-reset mail. Resolves alike whether or not an account has the address.
+   * @param {string} email
+   * @returns {Promise<void>}
+   */
+  async forgotPassword(email) {
+    await this.json("/auth/password/forgot", { method: "POST", body: { email } });
+  }
+
+  /**
+   * Sets a new password with the token from a reset mail; every session of the account ends.
+   * @param {string} token
+   * @param {string} newPassword
+   * @returns {Promise<void>} rejects with a {@link ServiceError} (400 `invalid_token`, 422 `validation_failed`)
+   */
+  async resetPassword(token, newPassword) {
+    await this.json("/auth/password/reset", { method: "POST", body: { token, new_password: newPassword } });
+  }
+
+  /**
+   * Confirms the account's address with the token from a verification mail.
+   * @param {string} token
+   * @returns {Promise<void>} rejects with a {@link ServiceError} (400 `invalid_token`)
+   */
+  async verifyEmail(token) {
+    await this.json("/auth/email/verify", { method: "POST", body: { token } });
+  }
+
+  /**
+   * Mails the logged-in user a new verification link.
+   * @returns {Promise<void>}
+   */
+  async resendVerification() {
+    await this.json("/auth/email/verify/resend", { method: "POST" });
+  }
+
+  /**
+   * Starts setting up TOTP: a secret for the authenticator app (text, otpauth:// URI and SVG QR code).
+   * @returns {Promise<{secret: string, otpauth_uri: string, qr_svg: string}>}
+   */
+  setupTotp() {
+    return this.json("/auth/mfa/totp/setup", { method: "POST" });
+  }
+
+  /**
+   * Turns TOTP on with a current code; resolves with the ten recovery codes, shown only this once.
+   * @param {string} code
+   * @returns {Promise<string[]>}
+   */
+  async confirmTotp(code) {
+    return (await this.json("/auth/mfa/totp/confirm", { method: "POST", body: { code } })).recovery_codes;
+  }
+
+  /**
+   * Turns TOTP off; needs the password and a current code (or a recovery code).
+   * @param {{password: string, code?: string, recoveryCode?: string}} proof
+   * @returns {Promise<void>}
+   */
+  async disableTotp({ password, code, recoveryCode }) {
+    const body = { password, ...(recoveryCode !== undefined ? { recovery_code: recoveryCode } : { code }) };
+    await this.json("/auth/mfa/totp", { method: "DELETE", body });
   }
 
   /**
@@ -320,6 +407,16 @@ class TabMutex {
         this.mine = null;
       }
     }
+  }
+}
+
+/** Whether a 401 says a submitted password or code was wrong (the session itself may be fine). */
+async function wrongSecret(response) {
+  try {
+    const { error } = await response.clone().json();
+    return WRONG_SECRET_CODES.has(error?.code);
+  } catch {
+    return false;
   }
 }
 

@@ -8,8 +8,10 @@ from flask import Blueprint, current_app, jsonify, request
 
 from ..auth.guards import csrf_exempt, current_caller, login_required
 from ..errors import bad_request, forbidden, not_found, unauthorized, validation_failed
-from ..http import StrictJSONError, number_arg, parse_json, plain_text, read_body, rfc3339
+from ..http import StrictJSONError, parse_json, plain_text, read_body, rfc3339, validated_query
+from ..openapi import operation
 from ..settings import WebhookProvider
+from .schemas import Deliveries, Received, Recent, WebhookProviderPath
 from .schemes import VERIFIERS, SignatureRejected
 from .store import DeliveryStore, user_at_path
 
@@ -31,6 +33,13 @@ def _store() -> DeliveryStore:
 
 
 @bp.post("/<name>")
+@operation(
+    "Receive a signed webhook from a configured provider (the body as the provider signed it)",
+    tags=["webhooks received"],
+    path=WebhookProviderPath,
+    responses={202: Received, 200: Received},
+    errors=(400, 401, 404, 413, 422),
+)
 @csrf_exempt
 def receive(name: str):
     """Verify, de-duplicate and record a delivery; answer at once and publish after."""
@@ -72,14 +81,21 @@ def _identify(provider: WebhookProvider, signed_id: str | None, payload) -> tupl
 
 
 @bp.get("/<name>/deliveries")
+@operation(
+    "A provider's recent deliveries (admins)",
+    tags=["webhooks received"],
+    path=WebhookProviderPath,
+    query=Recent,
+    responses={200: Deliveries},
+    auth=("bearer", "cookie"),
+)
 @login_required
 def deliveries(name: str):
     """Admins: a provider's recent deliveries."""
     provider = _provider(name)
     if not current_caller().is_admin:
         raise forbidden("Only administrators may list webhook deliveries.")
-    limit = number_arg("limit", 50, 1, 1000, int)
-    rows = _store().recent(provider.name, limit)
+    rows = _store().recent(provider.name, validated_query(Recent).limit)
     for row in rows:
         row["received_at"] = rfc3339(row["received_at"])
     return jsonify({"deliveries": rows})

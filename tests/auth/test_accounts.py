@@ -17,7 +17,8 @@ def test_register_returns_the_public_user_only(client):
     response = client.post("/auth/register", json={"email": email.upper(), "password": DEFAULT_PASSWORD})
     assert response.status_code == 201
     user = response.get_json()["user"]
-    assert set(user) == {"id", "email", "role"}
+    assert set(user) == {"id", "email", "role", "email_verified", "mfa_enabled"}
+    assert user["email_verified"] is False and user["mfa_enabled"] is False
     assert user["email"] == email and user["role"] == "user"
 
 

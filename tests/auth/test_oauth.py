@@ -6,10 +6,12 @@ import base64
 import http.cookiejar
 import os
 import re
+import time
 from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
 from urllib.parse import parse_qs, urljoin, urlparse
 
+import pyotp
 import pytest
 import requests
 from flask import Flask
@@ -270,3 +272,51 @@ def test_unknown_provider_is_404(oauth_setup):
     app, _ = oauth_setup
     assert browser().get(f"{app.url}/auth/oauth/nope/login", allow_redirects=False).status_code == 404
     assert browser().get(f"{app.url}/auth/oauth/nope/callback?state=x&code=y").status_code == 404
+
+
+def test_oauth_accounts_count_as_verified_only_when_the_provider_says_so(oauth_setup):
+    app, provider = oauth_setup
+    verified, unverified = browser(), browser()
+    email = random_email()
+    assert finish(verified, callback_url(verified, app, provider, email)).status_code == 302
+    assert verified.get(f"{app.url}/auth/me").json()["user"]["email_verified"] is True
+    other = random_email()
+    assert finish(unverified, callback_url(unverified, app, provider, f"unverified.{other}")).status_code == 302
+    assert unverified.get(f"{app.url}/auth/me").json()["user"]["email_verified"] is False
+
+
+def test_linking_a_verified_provider_address_verifies_the_local_account(oauth_setup):
+    app, provider = oauth_setup
+    email = random_email()
+    requests.post(f"{app.url}/auth/register", json={"email": email, "password": DEFAULT_PASSWORD})
+    login = requests.post(f"{app.url}/auth/login", json={"email": email, "password": DEFAULT_PASSWORD})
+    assert login.json()["user"]["email_verified"] is False
+    client = browser()
+    assert finish(client, callback_url(client, app, provider, email)).status_code == 302
+    assert client.get(f"{app.url}/auth/me").json()["user"]["email_verified"] is True
+
+
+def test_an_account_with_mfa_still_needs_its_code_after_an_oauth_login(oauth_setup):
+    app, provider = oauth_setup
+    email = random_email()
+    requests.post(f"{app.url}/auth/register", json={"email": email, "password": DEFAULT_PASSWORD})
+    tokens = requests.post(
+        f"{app.url}/auth/login", json={"email": email, "password": DEFAULT_PASSWORD, "transport": "body"}
+    ).json()
+    headers = {"Authorization": f"Bearer {tokens['access_token']}"}
+    secret = requests.post(f"{app.url}/auth/mfa/totp/setup", headers=headers).json()["secret"]
+    totp = pyotp.TOTP(secret)
+    confirmed = requests.post(f"{app.url}/auth/mfa/totp/confirm", json={"code": totp.now()}, headers=headers)
+    assert confirmed.status_code == 200
+
+    client = browser()
+    response = finish(client, callback_url(client, app, provider, email))
+    assert response.status_code == 302 and response.headers["Location"].startswith("/login-mfa#mfa_token=")
+    assert "__Host-access" not in set_cookies(response)  # no session before the second factor
+    assert client.get(f"{app.url}/auth/me").status_code == 401
+    mfa_token = response.headers["Location"].partition("#mfa_token=")[2]
+    done = client.post(
+        f"{app.url}/auth/login/mfa",
+        json={"mfa_token": mfa_token, "code": totp.at(time.time() + 30), "transport": "body"},
+    )
+    assert done.status_code == 200 and done.json()["user"]["email"] == email

@@ -37,8 +37,8 @@ def register(base: str) -> str:
 
 def log_in(page, base: str, email: str):
     page.goto(base + "/")
-    page.get_by_label("E-mail").fill(email)
-    page.get_by_label("Password").fill(DEFAULT_PASSWORD)
+    page.get_by_label("E-mail", exact=True).fill(email)
+    page.get_by_label("Password", exact=True).fill(DEFAULT_PASSWORD)
     page.get_by_role("button", name="Log in", exact=True).click()
     expect(page.locator("#status")).to_have_text(f"Logged in as {email}")
     expect(page.locator("#connection")).to_have_attribute("data-state", "live")
@@ -434,3 +434,19 @@ def test_offline_then_online_shows_the_state_and_loses_nothing(stack, new_contex
     expect(page.locator("#connection")).to_have_attribute("data-state", "live", timeout=10_000)
     expect(page.locator("#event-log li")).to_have_count(4, timeout=10_000)
     assert events_in(page)[::-1] == ['note: "before"'] + [f'note: "while offline {n}"' for n in range(3)]
+
+
+def test_the_api_reference_renders_every_operation_with_nothing_from_another_origin(stack, new_context):
+    page = new_context().new_page()
+    refused, foreign = [], []
+    page.on("console", lambda message: refused.append(message.text) if message.type == "error" else None)
+    page.on("request", lambda request: foreign.append(request.url) if not request.url.startswith(stack.url) else None)
+    page.goto(stack.url + "/docs")
+    expect(page.locator(".swagger-ui .title")).to_contain_text("auth-rt")
+    expect(page.locator(".opblock-summary-path[data-path='/events/batch']")).to_be_visible()
+    operations = page.locator(".opblock").count()
+    document = requests.get(stack.url + "/openapi.json").json()
+    assert operations == sum(len(methods) for methods in document["paths"].values())
+    page.locator(".opblock-summary-path[data-path='/auth/login']").click()  # opens: its body is drawn
+    expect(page.locator(".opblock.is-open")).to_contain_text("transport")
+    assert refused == [] and [url for url in foreign if not url.startswith("data:")] == []

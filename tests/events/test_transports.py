@@ -182,7 +182,13 @@ def test_websocket_welcome_event_ack_pong_and_errors(server):
     try:
         welcome = ws_json(ws)
         assert welcome["type"] == "welcome" and welcome["cursor"]
-        assert welcome["user"] == {"id": user.user_id, "email": user.email, "role": "user"}
+        assert welcome["user"] == {
+            "id": user.user_id,
+            "email": user.email,
+            "role": "user",
+            "email_verified": False,
+            "mfa_enabled": False,
+        }
         event_id = user.publish_ok({"via": "http"}, event="note")
         frame = ws_json(ws)
         assert frame["type"] == "event" and frame["id"] == event_id and frame["event"] == "note"

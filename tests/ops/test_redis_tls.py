@@ -3,51 +3,22 @@ app's Redis client and the rate limiter's storage both connect when the certific
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
 import subprocess
 
 import pytest
 import redis
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from app import create_app
 from tests.conftest import https_client
-from tests.servers import free_port, wait_until
+from tests.servers import free_port, make_certificate, wait_until
 from tests.utils import AuthActions
-
-
-def self_signed(directory) -> tuple[str, str]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "redis.internal")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
-        .sign(key, hashes.SHA256())
-    )
-    cert_path, key_path = directory / "redis.crt", directory / "redis.key"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(
-        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    )
-    return str(cert_path), str(key_path)
 
 
 @pytest.fixture(scope="module")
 def tls_redis(tmp_path_factory):
     """redis-server answering only TLS, with a self-signed certificate; yields its rediss:// URL."""
     directory = tmp_path_factory.mktemp("tls-redis")
-    cert, key = self_signed(directory)
+    cert, key = map(str, make_certificate(directory, "redis"))
     port = free_port()
     process = subprocess.Popen(
         ["redis-server", "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1", "--save", ""]

@@ -1,0 +1,221 @@
+"""What the account and session endpoints take and answer (`U`, `T`, `S` in docs/api.md)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from ..schemas import Answer, Body, PlainText, ProviderName
+from .users import PASSWORD_MAX, PASSWORD_MIN, ROLES
+
+Email = Annotated[str, Field(max_length=254, examples=["ada@example.com"])]
+NewPassword = Annotated[str, Field(min_length=PASSWORD_MIN, max_length=PASSWORD_MAX)]
+# Any length: a password longer than any stored one is simply wrong (401), and is never hashed.
+GivenPassword = Annotated[str, Field(description=f"Longer than {PASSWORD_MAX} characters: never matches.")]
+Transport = Literal["cookie", "body"]
+SessionId = Annotated[str, Field(pattern=r"^[0-9a-f]{32}$")]
+
+
+class Registration(Body):
+    """A new account's address and password."""
+
+    email: Email
+    password: NewPassword
+
+
+class Login(Body):
+    """Credentials, where the tokens should go, and a name for this device."""
+
+    email: Email
+    password: GivenPassword
+    transport: Transport = Field("cookie", description="cookie: HttpOnly cookies; body: tokens in the answer.")
+    device: Annotated[PlainText, Field(max_length=200)] | None = Field(
+        None, description="A name for this device (defaults to the User-Agent)."
+    )
+
+
+class RefreshTokenBody(Body):
+    """A refresh token in the body; without one, the refresh cookie is used."""
+
+    refresh_token: Annotated[str, Field(max_length=512)] | None = None
+
+
+class PasswordChange(Body):
+    """The current password and the new one."""
+
+    current_password: GivenPassword
+    new_password: NewPassword
+
+
+class Introspection(Body):
+    """RFC 7662: the token to check, as a form field."""
+
+    token: str
+    token_type_hint: str | None = None
+
+
+class SessionPath(Body):
+    """A session id (another shape is 404)."""
+
+    session_id: SessionId
+
+
+class User(Answer):
+    """`U`: a user as answers show them."""
+
+    id: str
+    email: str
+    role: Literal[ROLES]
+    email_verified: bool
+    mfa_enabled: bool
+
+
+class UserAnswer(Answer):
+    """One user."""
+
+    user: User
+
+
+class Tokens(Answer):
+    """`T`: a started or refreshed session; the tokens themselves only with transport `body`."""
+
+    access_token: str | None = None
+    refresh_token: str | None = None
+    token_type: Literal["Bearer"]
+    expires_in: int
+    refresh_expires_in: int
+    session_id: str
+    user: User
+
+
+class Me(Answer):
+    """The caller and their session."""
+
+    user: User
+    session_id: str
+
+
+class Session(Answer):
+    """`S`: one logged-in device."""
+
+    id: str
+    device: str | None
+    created_at: str | None
+    last_used_at: str | None
+    ip: str | None
+    current: bool
+
+
+class Sessions(Answer):
+    """The caller's sessions, most recently used first."""
+
+    sessions: list[Session]
+
+
+class IntrospectionAnswer(Answer):
+    """`{"active": false}`, or the active token's claims."""
+
+    active: bool
+    sub: str | None = None
+    role: str | None = None
+    sid: str | None = None
+    ver: int | None = None
+    exp: int | None = None
+    iat: int | None = None
+    iss: str | None = None
+    aud: str | None = None
+    token_type: str | None = None
+
+
+class Jwks(Answer):
+    """The public keys that verify access tokens."""
+
+    keys: list[dict]
+
+
+class OAuthProviderPath(Body):
+    """A configured OAuth provider (any other name is 404)."""
+
+    provider: ProviderName
+
+
+class NextPage(Body):
+    """Where the browser goes after logging in: a path on this site (anything else means `/`)."""
+
+    next: str | None = None
+
+
+class ProviderReturn(Body):
+    """What the provider's redirect back carries (read by the OAuth client, documented here)."""
+
+    state: str | None = None
+    code: str | None = None
+    error: str | None = None
+    error_description: str | None = None
+
+
+# Account lifecycle (verification, reset, MFA). Tokens are checked by the service, not by shape: any
+# string that is not a live token is 400 invalid_token, whatever its length.
+MailedToken = Annotated[str, Field(description="The token from the link in the mail (after #token=).")]
+TotpCode = Annotated[str, Field(description="Six digits from the authenticator app (spaces ignored).")]
+RecoveryCode = Annotated[str, Field(description="One of the ten recovery codes (dashes and case ignored).")]
+
+
+class EmailVerification(Body):
+    """The token of a verification mail."""
+
+    token: MailedToken
+
+
+class ForgottenPassword(Body):
+    """The address to send a reset link to (if an account has it)."""
+
+    email: Email
+
+
+class PasswordReset(Body):
+    """The token of a reset mail and the new password."""
+
+    token: MailedToken
+    new_password: NewPassword
+
+
+class TotpConfirmation(Body):
+    """A current code from the secret being set up."""
+
+    code: TotpCode
+
+
+class TotpRemoval(Body):
+    """The password and a second factor: a current code, or else a recovery code."""
+
+    password: GivenPassword
+    code: TotpCode | None = None
+    recovery_code: RecoveryCode | None = None
+
+
+class MfaLogin(Body):
+    """The second step of a login: the mfa_token from the first, and a code or a recovery code."""
+
+    mfa_token: Annotated[str, Field(description="From the 401 mfa_required answer of POST /auth/login.")]
+    code: TotpCode | None = None
+    recovery_code: RecoveryCode | None = None
+    transport: Transport = Field("cookie", description="cookie: HttpOnly cookies; body: tokens in the answer.")
+    device: Annotated[PlainText, Field(max_length=200)] | None = Field(
+        None, description="A name for this device (defaults to the one given at the first step)."
+    )
+
+
+class TotpSetup(Answer):
+    """A new secret, pending until confirmed: for the app, as text, URI and QR code."""
+
+    secret: str = Field(description="Base32, for typing into the app.")
+    otpauth_uri: str = Field(description="otpauth://totp/... (what the QR code holds).")
+    qr_svg: str = Field(description="The URI as an inline SVG QR code.")
+
+
+class RecoveryCodes(Answer):
+    """Ten single-use codes, shown this once."""
+
+    recovery_codes: list[str]

@@ -1,0 +1,105 @@
+"""Where mail goes: an SMTP server (STARTTLS or implicit TLS, certificate verified), or the log.
+
+Both raise `TransientMailError` for what may work later (the server is down, says 4xx, the connection
+breaks) and `PermanentMailError` for what never will (5xx for this message); the queue retries only the
+first. Sockets are gevent's in the workers, so a slow server blocks nobody but the sending greenlet.
+"""
+
+from __future__ import annotations
+
+import logging
+import smtplib
+import ssl
+from email.message import EmailMessage
+from email.utils import parseaddr
+from urllib.parse import unquote, urlsplit
+
+log = logging.getLogger(__name__)
+
+
+class TransientMailError(Exception):
+    """Sending failed in a way that may succeed later: retry."""
+
+
+class PermanentMailError(Exception):
+    """The server refused this message for good: do not retry."""
+
+
+class SmtpBackend:
+    """SMTP: `smtp://` upgrades with STARTTLS (required), `smtps://` speaks TLS from the start."""
+
+    def __init__(self, url: str, mail_from: str, timeout: float):
+        parts = urlsplit(url)
+        self.implicit_tls = parts.scheme == "smtps"
+        self.host = parts.hostname or "localhost"
+        self.port = parts.port or (465 if self.implicit_tls else 587)
+        self.username = unquote(parts.username) if parts.username else None
+        self.password = unquote(parts.password or "")
+        self.timeout = timeout
+        self.local_hostname = parseaddr(mail_from)[1].rpartition("@")[2] or "localhost"
+
+    def describe(self) -> str:
+        """Where mail goes, without credentials (for the log)."""
+        return f"{'smtps' if self.implicit_tls else 'smtp'}://{self.host}:{self.port}"
+
+    def send(self, message: EmailMessage) -> None:
+        """Hand one message to the server; raise Transient/PermanentMailError when it is not taken."""
+        # Certificates are verified against the system's CAs (SSL_CERT_FILE names another bundle).
+        context = ssl.create_default_context()
+        try:
+            if self.implicit_tls:
+                smtp = smtplib.SMTP_SSL(
+                    self.host, self.port, local_hostname=self.local_hostname, timeout=self.timeout, context=context
+                )
+            else:
+                smtp = smtplib.SMTP(self.host, self.port, local_hostname=self.local_hostname, timeout=self.timeout)
+        except (OSError, smtplib.SMTPException) as error:
+            raise TransientMailError(f"cannot connect to {self.describe()}: {type(error).__name__}") from None
+        try:
+            if not self.implicit_tls:
+                smtp.ehlo()
+                if not smtp.has_extn("starttls"):
+                    # Never fall back to plain text: the message carries a login link.
+                    raise TransientMailError(f"{self.describe()} does not offer STARTTLS")
+                smtp.starttls(context=context)
+                smtp.ehlo()
+            if self.username:
+                smtp.login(self.username, self.password)
+            smtp.send_message(message)
+        except smtplib.SMTPRecipientsRefused as error:
+            codes = [code for code, _ in error.recipients.values()]
+            kind = TransientMailError if all(400 <= code < 500 for code in codes) else PermanentMailError
+            raise kind(f"recipient refused ({', '.join(map(str, codes))})") from None
+        except smtplib.SMTPAuthenticationError as error:
+            # A configuration problem, not this message's: keep it until the credentials are fixed.
+            raise TransientMailError(f"authentication refused ({error.smtp_code})") from None
+        except smtplib.SMTPResponseException as error:
+            kind = TransientMailError if 400 <= error.smtp_code < 500 else PermanentMailError
+            raise kind(f"the server answered {error.smtp_code}") from None
+        except (OSError, smtplib.SMTPException) as error:  # includes ssl.SSLError and time-outs
+            raise TransientMailError(f"{type(error).__name__} talking to {self.describe()}") from None
+        finally:
+            try:
+                smtp.quit()
+            except (OSError, smtplib.SMTPException):
+                smtp.close()
+
+
+class LogBackend:
+    """No SMTP server configured: write mail to the log (whole in development, headers only in production)."""
+
+    def __init__(self, include_body: bool):
+        self.include_body = include_body
+
+    def describe(self) -> str:
+        """Where mail goes (for the log)."""
+        return "the log" if self.include_body else "nowhere (SMTP_URL is not set)"
+
+    def send(self, message: EmailMessage) -> None:
+        """Log the message; in production without SMTP only that it was not sent (links hold tokens)."""
+        if self.include_body:
+            body = message.get_body(("plain",))
+            text = body.get_content() if body is not None else ""
+            log.info("mail to %s: %s\n%s", message["To"], message["Subject"], text)
+        else:
+            log.warning("mail %r not sent: SMTP_URL is not set", message["Subject"])

@@ -1,0 +1,66 @@
+"""The mails the service sends: built from templates (plain text and HTML) when a job is sent.
+
+A job names a kind and a recipient; building it issues the token its link carries, so the token
+exists only in the message. A job whose recipient no longer needs it (account deleted, address
+already verified, no account with that address) builds nothing.
+"""
+
+from __future__ import annotations
+
+from email.message import EmailMessage
+from email.utils import formatdate, parseaddr
+
+from flask import current_app, render_template
+
+from ..auth import mailtokens, users
+
+VERIFY_EMAIL, PASSWORD_RESET = "verify_email", "password_reset"
+#: How long a job of each kind is worth retrying: a reset nobody received within half an hour has
+#: usually been asked for again; a verification link is useful for a day.
+GIVE_UP_AFTER = {VERIFY_EMAIL: 24 * 3600, PASSWORD_RESET: 30 * 60}
+SUBJECTS = {VERIFY_EMAIL: "Confirm your e-mail address", PASSWORD_RESET: "Reset your password"}
+PAGES = {VERIFY_EMAIL: "verify-email", PASSWORD_RESET: "reset-password"}
+
+
+def build(job: dict) -> EmailMessage | None:
+    """The message for a job, with a fresh token in its link, or None when there is nothing to send."""
+    kind = job["kind"]
+    if kind == VERIFY_EMAIL:
+        user = users.get_user(job.get("user_id", ""))
+        if not user or user.get("email_verified") == "1":
+            return None
+        token = mailtokens.issue_token(user["id"], user["email"], mailtokens.VERIFY)
+    elif kind == PASSWORD_RESET:
+        user_id = users.find_user_id_by_email(job.get("email", ""))
+        user = users.get_user(user_id) if user_id else None
+        if not user:
+            return None  # forgot answers alike for unknown addresses, and mails only known ones
+        token = mailtokens.issue_token(user["id"], user["email"], mailtokens.RESET)
+    else:
+        raise ValueError(f"unknown mail kind {kind!r}")
+    # The token travels in the fragment: browsers never send it to a server, so it stays out of
+    # access logs, and the page posts it itself.
+    link = f"{job['base_url']}/{PAGES[kind]}#token={token}"
+    context = {
+        "email": user["email"],
+        "link": link,
+        "hours": mailtokens.LIFETIMES[mailtokens.VERIFY] // 3600,
+        "minutes": mailtokens.LIFETIMES[mailtokens.RESET] // 60,
+    }
+    return compose(job["id"], user["email"], SUBJECTS[kind], f"mail/{kind}", context)
+
+
+def compose(job_id: str, to: str, subject: str, template: str, context: dict) -> EmailMessage:
+    """A multipart/alternative message: the text template first, the HTML one as the alternative."""
+    mail_from = current_app.config["SETTINGS"].mail.mail_from
+    domain = parseaddr(mail_from)[1].rpartition("@")[2] or "localhost"
+    message = EmailMessage()
+    message["From"] = mail_from
+    message["To"] = to
+    message["Subject"] = subject
+    message["Date"] = formatdate(usegmt=True)
+    message["Message-ID"] = f"<{job_id}@{domain}>"  # the same for every attempt at this job
+    message["Auto-Submitted"] = "auto-generated"
+    message.set_content(render_template(f"{template}.txt", **context))
+    message.add_alternative(render_template(f"{template}.html", **context), subtype="html")
+    return message

@@ -1,0 +1,387 @@
+"""The delivery process (`worker:` in the Procfile, `python worker.py`): dispatch, attempts, retries.
+
+Greenlets of one process, each a loop that outlives Redis outages:
+
+- dispatch: reads the feed of published events (a consumer group), matches each event against the
+  endpoints and turns every match into a message in that endpoint's queue, acknowledging the feed
+  entry in the same Lua step;
+- read: takes entries from the queues of endpoints that have a free slot (at most
+  WEBHOOK_OUT_ENDPOINT_CONCURRENCY attempts in flight per endpoint), so a slow endpoint only ever
+  occupies its own slots and never the reader;
+- schedule: moves retries whose time has come from the retry set back into their queues;
+- claim: takes over entries left pending by a delivery process that died (its heartbeat expired) or
+  that no one has touched for much longer than an attempt can take;
+- heartbeat, and a pub/sub listener that wakes the reader when something is queued.
+
+Every entry read stays in the consumer group's pending list until the Lua step that records its
+attempt acknowledges it, so a process killed mid-attempt loses nothing: another one (or its
+successor) claims the entry and sends the message again with the same `webhook-id`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import signal
+import socket
+import time
+from collections import defaultdict
+
+import gevent
+import gevent.event
+import redis
+from flask import Flask
+
+from ..events.bus import Event
+from ..metrics import WEBHOOK_ATTEMPT_SECONDS, WEBHOOK_ATTEMPTS, WEBHOOK_MESSAGES
+from ..redis import Keys
+from .sender import Sender
+from .signing import signature_headers
+from .store import DELIVER_GROUP, DISPATCH_GROUP, WAKE_CHANNEL, Endpoint, OutgoingStore
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_INTERVAL, HEARTBEAT_TTL = 1.0, 5  # a process silent for 5 s is taken for dead
+CLAIM_INTERVAL = 1.0
+CLAIM_MIN_IDLE_MS = 1000
+DISPATCH_BATCH = 100
+READ_REFRESH = 0.1  # the reader looks for new endpoints (new queues) at most this often
+IDLE_WAIT = 1.0  # the longest a reader waits without a wake-up before looking at the queues again
+SCHEDULE_WAIT = 0.5  # the longest the scheduler sleeps; a due retry waits at most this long
+RECORD_PATIENCE = 60.0  # how long an attempt's outcome is kept trying to be written while Redis is away
+BACKOFF_START, BACKOFF_CAP = 0.1, 5.0
+REDIS_DOWN = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+
+
+class DeliveryWorker:
+    """One delivery process's loops (see the module docstring)."""
+
+    def __init__(self, app: Flask):
+        self.settings = app.config["SETTINGS"].outgoing_webhooks
+        self.client: redis.Redis = app.extensions["redis"]
+        self.store: OutgoingStore = app.extensions["outgoing_store"]
+        self.sender = Sender(self.settings, self.settings.endpoint_concurrency)
+        self.name = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+        self.bound = self.settings.endpoint_concurrency
+        # The stalest an entry can be while an attempt on it is still running; past it, whoever holds it
+        # (even a live process, e.g. one whose outcome could not be written) is taken not to.
+        self.stale_ms = int((2 * self.settings.timeout_seconds + RECORD_PATIENCE + 30) * 1000)
+        self.endpoints: dict[str, Endpoint] = {}
+        self.version: str | None = None
+        self.refreshed = 0.0  # when the reader last looked for new endpoints
+        self.active: dict[str, int] = defaultdict(int)
+        self.in_flight: set[tuple[str, str]] = set()
+        self.wake = gevent.event.Event()
+        # Read this consumer's own pending entries first (after a start or an outage): a reply lost on
+        # the way still left the entries pending for this consumer.
+        self.recover_feed = self.recover_queues = True
+        self.stopping = False
+        self._greenlets: list[gevent.Greenlet] = []
+
+    # Life cycle
+
+    def run(self) -> None:
+        """Run every loop until SIGTERM or SIGINT, then let attempts in flight finish (bounded)."""
+        gevent.signal_handler(signal.SIGTERM, self.stop)
+        gevent.signal_handler(signal.SIGINT, self.stop)
+        self.start()
+        log.info("outgoing webhooks: delivery process %s started", self.name)
+        while not self.stopping:
+            gevent.sleep(0.2)
+        deadline = time.monotonic() + self.settings.timeout_seconds + 5
+        while self.in_flight and time.monotonic() < deadline:
+            gevent.sleep(0.05)
+        gevent.killall(self._greenlets, timeout=2)
+        log.info("outgoing webhooks: delivery process %s stopped", self.name)
+
+    def start(self) -> None:
+        """Start the loops in greenlets (also used by tests that run a worker in-process)."""
+        for loop in (self._heartbeat, self._listen, self._dispatch, self._schedule, self._read, self._claim):
+            self._greenlets.append(gevent.spawn(self._forever, loop))
+
+    def stop(self) -> None:
+        """Stop taking work; attempts in flight finish and are recorded."""
+        self.stopping = True
+        self.wake.set()
+
+    def _forever(self, loop) -> None:
+        """Run one loop step after another; a Redis outage means back-off, never the loop's end."""
+        backoff = BACKOFF_START
+        while not self.stopping:
+            try:
+                loop()
+                backoff = BACKOFF_START
+            except REDIS_DOWN as error:
+                self.recover_feed = self.recover_queues = True
+                log.warning(
+                    "outgoing webhooks: %s: Redis unavailable (%s); again in %.1f s",
+                    loop.__name__,
+                    type(error).__name__,
+                    backoff,
+                )
+                gevent.sleep(backoff)
+                backoff = min(backoff * 2, BACKOFF_CAP)
+            except Exception:  # a bug in one step must not end delivery for good
+                log.exception("outgoing webhooks: %s failed; again in %.1f s", loop.__name__, backoff)
+                gevent.sleep(backoff)
+                backoff = min(backoff * 2, BACKOFF_CAP)
+
+    # Endpoints
+
+    def _refresh_endpoints(self, version: str | None = None) -> None:
+        """Reload the endpoints when any changed (every change bumps the version)."""
+        version = version or self.store.endpoints_version()
+        if version != self.version:
+            self.endpoints = {endpoint.id: endpoint for endpoint in self.store.load_endpoints()}
+            self.version = version
+            self.sender.forget(set(self.endpoints))
+
+    # Loops (each function is one step; _forever repeats it)
+
+    def _heartbeat(self) -> None:
+        self.client.set(Keys.outgoing_consumer(self.name), "1", ex=HEARTBEAT_TTL)
+        gevent.sleep(HEARTBEAT_INTERVAL)
+
+    def _listen(self) -> None:
+        """Wake the reader whenever any process queues something."""
+        pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+        try:
+            pubsub.subscribe(WAKE_CHANNEL)
+            self.wake.set()  # something may have been queued while not listening
+            while not self.stopping:
+                if pubsub.get_message(timeout=IDLE_WAIT) is not None:
+                    self.wake.set()
+        finally:
+            pubsub.close()
+
+    def _dispatch(self) -> None:
+        """Match a batch of published events against the endpoints; each becomes its endpoints' messages."""
+        feed = Keys.outgoing_feed()
+        try:
+            position = "0" if self.recover_feed else ">"
+            batches = self.client.xreadgroup(
+                DISPATCH_GROUP,
+                self.name,
+                {feed: position},
+                count=DISPATCH_BATCH,
+                block=None if position == "0" else 1000,
+            )
+        except redis.exceptions.ResponseError as error:
+            if "NOGROUP" not in str(error):
+                raise
+            self._create_group(feed, DISPATCH_GROUP)
+            return
+        entries = batches[0][1] if batches else []
+        if position == "0" and not entries:
+            self.recover_feed = False
+        if entries:
+            self._dispatch_entries(entries)
+
+    def _dispatch_entries(self, entries) -> None:
+        self._refresh_endpoints()  # after the read: an endpoint made before an event was published is seen
+        pipe = self.client.pipeline(transaction=False)
+        for entry_id, fields in entries:
+            if not fields:  # deleted while pending: only acknowledge it
+                self.store.enqueue([], force=False, feed_entry=entry_id, pipe=pipe)
+                continue
+            event = Event(fields["id"], fields["channel"], fields["event"], fields["data"], fields["ts"])
+            body = event.as_json()
+            items = [
+                (endpoint.id, event.id, event.channel, event.event, body)
+                for endpoint in self.endpoints.values()
+                if not endpoint.disabled and endpoint.wants(event.channel, event.event)
+            ]
+            self.store.enqueue(items, force=False, feed_entry=entry_id, pipe=pipe)
+        created = sum(pipe.execute())
+        if created:
+            WEBHOOK_MESSAGES.labels("created").inc(created)
+
+    def _schedule(self) -> None:
+        """Move due retries into their queues; sleep until the next is due (at most SCHEDULE_WAIT)."""
+        now = time.time()
+        if self.store.release_due_retries(now):
+            return
+        due = self.store.next_retry_due()
+        gevent.sleep(SCHEDULE_WAIT if due is None else min(max(due - now, 0.01), SCHEDULE_WAIT))
+
+    def _read(self) -> None:
+        """Start attempts for queued entries of endpoints with a free slot; wait for a wake-up when idle."""
+        self.wake.clear()
+        if time.monotonic() - self.refreshed > READ_REFRESH:
+            self._refresh_endpoints()
+            self.refreshed = time.monotonic()
+        own = self.recover_queues
+        ready = [ep for ep in self.endpoints if self.active[ep] < self.bound]
+        started = 0
+        for start in range(0, len(ready), 500):
+            chunk = ready[start : start + 500]
+            free = min(self.bound - self.active[ep] for ep in chunk)
+            streams = {Keys.outgoing_queue(ep): "0" if own else ">" for ep in chunk}
+            try:
+                found = self.client.xreadgroup(DELIVER_GROUP, self.name, streams, count=None if own else free)
+            except redis.exceptions.ResponseError as error:
+                if "NOGROUP" not in str(error):
+                    raise
+                for endpoint_id in chunk:  # a queue lost its group (deleted endpoint, restored Redis)
+                    self.store.ensure_group(endpoint_id)
+                self.version = None
+                return
+            for stream, entries in found or []:
+                endpoint_id = stream.split("{", 1)[1].split("}", 1)[0]
+                for entry_id, fields in entries:
+                    if self._start_attempt(endpoint_id, entry_id, fields):
+                        started += 1
+        if own:
+            self.recover_queues = False
+        if not started and not self.stopping:
+            self.wake.wait(IDLE_WAIT)
+
+    def _claim(self) -> None:
+        """Take over entries of dead processes (no heartbeat), and entries stale far beyond any attempt."""
+        gevent.sleep(CLAIM_INTERVAL)
+        self._refresh_endpoints()
+        queues = [(Keys.outgoing_queue(ep), DELIVER_GROUP, ep) for ep in self.endpoints]
+        queues.append((Keys.outgoing_feed(), DISPATCH_GROUP, None))
+        pipe = self.client.pipeline(transaction=False)
+        for stream, group, _ in queues:
+            pipe.xinfo_consumers(stream, group)
+        answers = pipe.execute(raise_on_error=False)
+        others = {
+            consumer["name"]
+            for answer in answers
+            if not isinstance(answer, Exception)
+            for consumer in answer
+            if consumer["name"] != self.name
+        }
+        others = sorted(others)
+        alive = (
+            dict(zip(others, self.client.mget([Keys.outgoing_consumer(n) for n in others]), strict=True))
+            if others
+            else {}
+        )
+        for (stream, group, endpoint_id), answer in zip(queues, answers, strict=True):
+            if isinstance(answer, Exception):
+                continue
+            for consumer in answer:
+                name = consumer["name"]
+                if name == self.name or alive.get(name):
+                    continue
+                if consumer["pending"]:
+                    self._take_over(stream, group, endpoint_id, name)
+                else:
+                    self.client.xgroup_delconsumer(stream, group, name)  # dead and owning nothing: tidy up
+            self._take_stale(stream, group, endpoint_id)
+
+    # Claiming
+
+    def _take_over(self, stream: str, group: str, endpoint_id: str | None, dead: str) -> None:
+        pending = self.client.xpending_range(stream, group, "-", "+", 100, consumername=dead)
+        ids = [item["message_id"] for item in pending]
+        if not ids:
+            return
+        # An idle time of at least a second: when two processes see the same dead one, the first claim
+        # makes the entries fresh again and the second one's claim takes nothing.
+        claimed = self.client.xclaim(stream, group, self.name, CLAIM_MIN_IDLE_MS, ids)
+        log.warning("outgoing webhooks: took over %d entries of %s from %s (no heartbeat)", len(ids), stream, dead)
+        self._handle_claimed(endpoint_id, claimed, stream, group)
+
+    def _take_stale(self, stream: str, group: str, endpoint_id: str | None) -> None:
+        _, claimed, *_ = self.client.xautoclaim(stream, group, self.name, self.stale_ms, "0-0", count=100)
+        claimed = [(entry_id, fields) for entry_id, fields in claimed if (endpoint_id, entry_id) not in self.in_flight]
+        if claimed:
+            log.warning("outgoing webhooks: took over %d stale entries of %s", len(claimed), stream)
+            self._handle_claimed(endpoint_id, claimed, stream, group)
+
+    def _handle_claimed(self, endpoint_id: str | None, claimed, stream: str, group: str) -> None:
+        if endpoint_id is None:
+            self._dispatch_entries(claimed)
+            return
+        for entry_id, fields in claimed:
+            if fields:
+                self._start_attempt(endpoint_id, entry_id, fields)
+            else:  # the entry itself was deleted (its endpoint went): only acknowledge it
+                self.client.xack(stream, group, entry_id)
+
+    # Attempts
+
+    def _start_attempt(self, endpoint_id: str, entry_id: str, fields: dict) -> bool:
+        key = (endpoint_id, entry_id)
+        if key in self.in_flight:
+            return False
+        self.in_flight.add(key)
+        self.active[endpoint_id] += 1
+        gevent.spawn(self._attempt, endpoint_id, entry_id, fields.get("m", ""))
+        return True
+
+    def _attempt(self, endpoint_id: str, entry_id: str, msg_id: str) -> None:
+        try:
+            self._attempt_once(endpoint_id, entry_id, msg_id)
+        except REDIS_DOWN as error:
+            # The entry stays pending for this consumer and is read again once Redis answers.
+            log.warning(
+                "outgoing webhooks: attempt for %s not completed: Redis unavailable (%s)", msg_id, type(error).__name__
+            )
+            self.recover_queues = True
+        except Exception:
+            # Not Redis: the same entry would fail the same way again, so it is not read again.
+            log.exception("outgoing webhooks: attempt for %s failed unexpectedly; marked failed", msg_id)
+            try:
+                self.store.give_up(endpoint_id, msg_id, entry_id)
+            except redis.exceptions.RedisError:
+                self.recover_queues = True
+        finally:
+            self.in_flight.discard((endpoint_id, entry_id))
+            self.active[endpoint_id] -= 1
+            self.wake.set()
+
+    def _attempt_once(self, endpoint_id: str, entry_id: str, msg_id: str) -> None:
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hgetall(Keys.outgoing_message(endpoint_id, msg_id))
+        pipe.get(Keys.outgoing_endpoints_version())
+        record, version = pipe.execute()
+        # The endpoint as it is now: the version read with the message says whether the copy is current,
+        # so a PATCH or DELETE applies to messages already queued.
+        self._refresh_endpoints(version or "0")
+        endpoint = self.endpoints.get(endpoint_id)
+        if not record or endpoint is None or endpoint.disabled:
+            self.store.give_up(endpoint_id, msg_id, entry_id)
+            if record:
+                WEBHOOK_MESSAGES.labels("failed").inc()
+            return
+        now = time.time()
+        headers = signature_headers(msg_id, record["body"], endpoint.signing_secrets(now), now)
+        headers["Content-Type"] = "application/json"
+        result = self.sender.send(endpoint_id, endpoint.url, record["body"].encode(), headers)
+        WEBHOOK_ATTEMPTS.labels(result.kind).inc()
+        WEBHOOK_ATTEMPT_SECONDS.observe(result.duration_ms / 1000)
+        outcome = self._record(endpoint_id, msg_id, entry_id, result.as_record(now), result.succeeded)
+        if outcome.startswith("delivered"):
+            WEBHOOK_MESSAGES.labels("delivered").inc()
+        elif outcome.startswith("failed"):
+            WEBHOOK_MESSAGES.labels("failed").inc()
+        if outcome.endswith(":disabled"):
+            log.warning(
+                "outgoing webhooks: endpoint %s disabled: it has only failed for %d s",
+                endpoint_id,
+                self.settings.disable_after_seconds,
+            )
+
+    def _record(self, endpoint_id: str, msg_id: str, entry_id: str, attempt: dict, succeeded: bool) -> str:
+        """Write the outcome; while Redis is away keep trying for a while, so a restart costs no resend."""
+        deadline, backoff = time.monotonic() + RECORD_PATIENCE, BACKOFF_START
+        while True:
+            try:
+                return self.store.record_attempt(endpoint_id, msg_id, entry_id, attempt, succeeded)
+            except REDIS_DOWN:
+                if time.monotonic() > deadline or self.stopping:
+                    raise
+                gevent.sleep(backoff)
+                backoff = min(backoff * 2, BACKOFF_CAP)
+
+    def _create_group(self, stream: str, group: str) -> None:
+        try:
+            self.client.xgroup_create(stream, group, id="0", mkstream=True)
+        except redis.exceptions.ResponseError as error:
+            if "BUSYGROUP" not in str(error):
+                raise

@@ -1,0 +1,153 @@
+"""One attempt: POST the signed message to the endpoint, within bounded time, reading at most 1 KiB back.
+
+urllib3 does the HTTP; this module decides where it may connect. The host is resolved here, every
+address is checked (app/outgoing/ssrf.py), and urllib3 is told to connect to the checked address while
+naming the original host in `Host`, in TLS's SNI and in the certificate check (its documented
+`server_hostname` / `assert_hostname` pool options). Redirects are never followed: a 3xx is a failure.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import gevent
+import urllib3
+from urllib3.exceptions import HTTPError, SSLError
+
+from .ssrf import TargetRefused, parse_url, resolve
+
+log = logging.getLogger(__name__)
+
+RESPONSE_READ_LIMIT = 1024  # of a receiver's answer only the status counts; a few bytes are read, no more
+USER_AGENT = "auth-rt-webhooks/1"
+
+
+@dataclass(frozen=True)
+class AttemptResult:
+    """What one attempt came to (docs/api.md, the attempts of M)."""
+
+    succeeded: bool
+    status_code: int | None
+    duration_ms: int
+    error: str | None
+    kind: str  # success | http_error | redirect | timeout | refused | connection_error
+
+    def as_record(self, at: float) -> dict:
+        """The attempt as stored with its message."""
+        return {
+            "at": round(at, 3),
+            "status_code": self.status_code,
+            "duration_ms": self.duration_ms,
+            "error": self.error,
+        }
+
+
+class Sender:
+    """Keep-alive connections per endpoint, shared by that endpoint's attempts in this process."""
+
+    def __init__(self, settings, pool_size: int):
+        self.settings = settings  # OutgoingWebhooks
+        self.pool_size = pool_size
+        # Per endpoint, so endpoints on one host neither share nor crowd out each other's connections;
+        # inside, one pool per checked address and host name. As many kept connections as the endpoint
+        # may have attempts in flight; the bound itself is enforced before an attempt starts.
+        self.managers: dict[str, urllib3.PoolManager] = {}
+
+    def forget(self, endpoint_ids: set[str]) -> None:
+        """Close the connections of endpoints that are gone."""
+        for endpoint_id in set(self.managers) - endpoint_ids:
+            self.managers.pop(endpoint_id).clear()
+
+    def send(self, endpoint_id: str, url: str, body: bytes, headers: dict[str, str]) -> AttemptResult:
+        """POST once; every failure (refusal, time-out, redirect, non-2xx) is a result, never an exception."""
+        started = time.monotonic()
+        timeout = self.settings.timeout_seconds
+        manager = self.managers.get(endpoint_id)
+        if manager is None:
+            manager = self.managers[endpoint_id] = urllib3.PoolManager(
+                num_pools=8, maxsize=self.pool_size, block=False, retries=False
+            )
+        try:
+            # The whole attempt, resolving and reading included, ends at the time-out: a receiver that
+            # trickles its answer a byte at a time cannot hold an attempt longer.
+            with gevent.Timeout(timeout):
+                return self._send(manager, url, body, headers, started)
+        except gevent.Timeout:
+            return self._result(False, None, started, f"no answer within {timeout:g} s", "timeout")
+
+    def _send(self, manager, url: str, body: bytes, headers: dict[str, str], started: float) -> AttemptResult:
+        try:
+            target = parse_url(url, self.settings.allow_http)
+            addresses = resolve(target, self.settings.allow_private)
+        except TargetRefused as refusal:
+            return self._result(False, None, started, str(refusal), "refused")
+        connect = min(self.settings.connect_timeout_seconds, self.settings.timeout_seconds)
+        error = "no address to connect to"
+        for address in addresses:
+            pool_kwargs = {}
+            if target.scheme == "https":
+                pool_kwargs = {"server_hostname": target.host, "assert_hostname": target.host}
+            pool = manager.connection_from_host(str(address), target.port, target.scheme, pool_kwargs)
+            try:
+                response = pool.urlopen(
+                    "POST",
+                    target.path,
+                    body=body,
+                    headers={**headers, "Host": target.host_header, "User-Agent": USER_AGENT},
+                    redirect=False,
+                    retries=False,
+                    assert_same_host=False,
+                    preload_content=False,
+                    decode_content=False,
+                    timeout=urllib3.Timeout(connect=connect, read=self.settings.timeout_seconds),
+                )
+            except urllib3.exceptions.NewConnectionError as failure:  # (a subclass of the time-out below)
+                error = f"could not connect: {_reason(failure)}"
+                continue  # another address of the host may answer
+            except urllib3.exceptions.ConnectTimeoutError:
+                error = f"could not connect within {connect:g} s"
+                continue
+            except urllib3.exceptions.ReadTimeoutError:
+                return self._result(
+                    False, None, started, f"no answer within {self.settings.timeout_seconds:g} s", "timeout"
+                )
+            except SSLError as failure:
+                return self._result(False, None, started, f"TLS failed: {_reason(failure)}", "connection_error")
+            except (HTTPError, OSError) as failure:
+                return self._result(False, None, started, f"connection failed: {_reason(failure)}", "connection_error")
+            return self._answer(response, started)
+        kind = "timeout" if "within" in error else "connection_error"
+        return self._result(False, None, started, error, kind)
+
+    def _answer(self, response, started: float) -> AttemptResult:
+        status = response.status
+        try:
+            response.read(RESPONSE_READ_LIMIT, decode_content=False)
+        except (HTTPError, OSError):
+            pass  # the status is what counts; a broken body does not change it
+        finally:
+            if response.length_remaining == 0:
+                response.release_conn()  # fully read: the connection can serve the next attempt
+            else:
+                response.close()  # more than we read (or unknown): not reusable
+                response.release_conn()
+        if 200 <= status < 300:
+            return self._result(True, status, started, None, "success")
+        if 300 <= status < 400:
+            return self._result(False, status, started, f"redirect ({status}) not followed", "redirect")
+        return self._result(False, status, started, f"HTTP {status}", "http_error")
+
+    @staticmethod
+    def _result(succeeded: bool, status: int | None, started: float, error: str | None, kind: str) -> AttemptResult:
+        return AttemptResult(succeeded, status, int((time.monotonic() - started) * 1000), error, kind)
+
+
+def _reason(failure: Exception) -> str:
+    """A short reason for an attempt's error, without the URL (it may hold a token in its query)."""
+    text = str(getattr(failure, "reason", None) or failure)
+    for marker in ("Errno", "] "):
+        if marker in text:
+            text = text[text.index(marker) :]
+    return text[:200]

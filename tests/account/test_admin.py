@@ -1,0 +1,135 @@
+"""Administration of users over HTTP and the CLI: find, change a role, end sessions, delete."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.auth.users import create_user
+from tests.test_settings_and_cli import flask_cli
+from tests.utils import DEFAULT_PASSWORD, bearer, random_email, redis_snapshot
+
+
+@pytest.fixture
+def admin(app, client, auth):
+    email = random_email()
+    with app.app_context():
+        create_user(email, DEFAULT_PASSWORD, role="admin", email_verified=True)
+    return {**auth.login_body(email), "email": email}
+
+
+def test_only_admins_may_manage_users(client, auth):
+    user = auth.new_user_tokens()
+    for method, path in (("get", "/admin/users"), ("patch", f"/admin/users/{user['user']['id']}")):
+        answer = getattr(client, method)(path, headers=bearer(user["access_token"]), json={"role": "admin"})
+        assert answer.status_code == 403
+    assert client.get("/admin/users").status_code == 401
+
+
+def test_list_and_find_users(client, auth, admin):
+    users = [auth.register() for _ in range(3)]
+    listed = client.get("/admin/users", headers=bearer(admin["access_token"]))
+    assert listed.status_code == 200 and listed.headers["Cache-Control"] == "no-store"
+    emails = [u["email"] for u in listed.get_json()["users"]]
+    assert emails[:3] == [u["email"] for u in reversed(users)]  # newest first
+    first = listed.get_json()["users"][0]
+    assert set(first) == {"id", "email", "role", "email_verified", "mfa_enabled", "created_at"}
+    page = client.get("/admin/users?limit=2&offset=1", headers=bearer(admin["access_token"])).get_json()["users"]
+    assert [u["email"] for u in page] == emails[1:3]
+    found = client.get(f"/admin/users?email={users[1]['email'].upper()}", headers=bearer(admin["access_token"]))
+    assert [u["id"] for u in found.get_json()["users"]] == [users[1]["id"]]
+    none = client.get("/admin/users?email=nobody@example.com", headers=bearer(admin["access_token"]))
+    assert none.get_json() == {"users": []}
+    for bad in ("limit=0", "limit=1001", "limit=x", "offset=-1"):
+        assert client.get(f"/admin/users?{bad}", headers=bearer(admin["access_token"])).status_code == 400
+
+
+def test_a_role_change_applies_on_the_users_next_request(client, auth, admin):
+    user = auth.new_user_tokens()
+    headers = bearer(user["access_token"])
+    assert client.get("/admin/users", headers=headers).status_code == 403
+    promoted = client.patch(
+        f"/admin/users/{user['user']['id']}", json={"role": "admin"}, headers=bearer(admin["access_token"])
+    )
+    assert promoted.status_code == 200 and promoted.get_json()["user"]["role"] == "admin"
+    assert client.get("/admin/users", headers=headers).status_code == 200  # same token, next request
+    client.patch(f"/admin/users/{user['user']['id']}", json={"role": "user"}, headers=bearer(admin["access_token"]))
+    assert client.get("/admin/users", headers=headers).status_code == 403
+
+
+def test_bad_role_changes_change_nothing(client, auth, admin, rdb):
+    user = auth.register()
+    path, headers = f"/admin/users/{user['id']}", bearer(admin["access_token"])
+    before = redis_snapshot(rdb)
+    assert client.patch(path, json={"role": "root"}, headers=headers).status_code == 422
+    assert client.patch(path, json={"role": 1}, headers=headers).status_code == 400
+    assert client.patch(path, json={}, headers=headers).status_code == 400
+    assert client.patch("/admin/users/" + "0" * 32, json={"role": "admin"}, headers=headers).status_code == 404
+    assert client.patch("/admin/users/not-an-id", json={"role": "admin"}, headers=headers).status_code == 404
+    own = client.patch(f"/admin/users/{admin['user']['id']}", json={"role": "user"}, headers=headers)
+    assert own.status_code == 403  # no locking oneself out by accident
+    assert redis_snapshot(rdb) == before
+
+
+def test_revoking_sessions_logs_the_user_out_everywhere(client, auth, admin):
+    user = auth.new_user_tokens()
+    again = auth.login_body(user["email"])
+    answer = client.delete(f"/admin/users/{user['user']['id']}/sessions", headers=bearer(admin["access_token"]))
+    assert answer.status_code == 204
+    for tokens in (user, again):
+        assert client.get("/auth/me", headers=bearer(tokens["access_token"])).status_code == 401
+        assert client.post("/auth/refresh", json={"refresh_token": tokens["refresh_token"]}).status_code == 401
+    assert auth.login(user["email"]).status_code == 200
+
+
+def test_deleting_a_user_removes_every_record_and_ends_sessions(client, auth, admin, rdb):
+    keep = auth.new_user_tokens()
+    before = set(redis_snapshot(rdb))
+    user = auth.new_user_tokens()
+    client.post("/auth/refresh", json={"refresh_token": user["refresh_token"]})
+    client.post(
+        "/events",
+        json={"channel": f"user:{user['user']['id']}", "event": "n", "data": 1},
+        headers=bearer(user["access_token"]),
+    )
+    client.post("/auth/password/forgot", json={"email": user["email"]})
+    answer = client.delete(f"/admin/users/{user['user']['id']}", headers=bearer(admin["access_token"]))
+    assert answer.status_code == 204
+    assert client.get("/auth/me", headers=bearer(user["access_token"])).status_code == 401
+    assert auth.login(user["email"]).get_json()["error"]["code"] == "invalid_credentials"
+    left = {key for key in set(redis_snapshot(rdb)) - before if not key.startswith("mail:")}
+    assert not any(user["user"]["id"] in key or user["email"] in str(rdb.dump(key)) for key in left), left
+    assert client.get("/auth/me", headers=bearer(keep["access_token"])).status_code == 200
+    assert client.delete(f"/admin/users/{user['user']['id']}", headers=bearer(admin["access_token"])).status_code == 404
+    assert (
+        client.delete(f"/admin/users/{admin['user']['id']}", headers=bearer(admin["access_token"])).status_code == 403
+    )
+
+
+def test_the_cli_lists_changes_roles_revokes_and_deletes(base_env, rdb, auth, client):
+    user = auth.new_user_tokens()
+    listed = flask_cli(base_env, "users", "list")
+    assert listed.returncode == 0 and user["email"] in listed.stdout and "unverified" in listed.stdout
+    found = flask_cli(base_env, "users", "list", "--email", user["email"])
+    assert found.stdout.count("\n") == 1
+
+    assert flask_cli(base_env, "users", "set-role", user["email"], "admin").returncode == 0
+    assert client.get("/admin/users", headers=bearer(user["access_token"])).status_code == 200
+    assert flask_cli(base_env, "users", "set-role", "nobody@example.com", "admin").returncode != 0
+
+    assert flask_cli(base_env, "users", "revoke-sessions", user["user"]["id"]).returncode == 0
+    assert client.get("/auth/me", headers=bearer(user["access_token"])).status_code == 401
+
+    deleted = flask_cli(base_env, "users", "delete", user["email"], "--yes")
+    assert deleted.returncode == 0, deleted.stderr
+    assert auth.login(user["email"]).status_code == 401
+    missing = flask_cli(base_env, "users", "delete", user["email"], "--yes")
+    assert missing.returncode != 0 and "no user" in missing.stderr and "Traceback" not in missing.stderr
+
+
+def test_users_created_before_the_list_existed_are_listed(client, auth, admin, rdb):
+    old = auth.register()
+    rdb.zrem("users", old["id"])  # as a database from before the list would be
+    rdb.delete("users:indexed")
+    emails = [u["email"] for u in client.get("/admin/users", headers=bearer(admin["access_token"])).get_json()["users"]]
+    assert old["email"] in emails and len(emails) == len(set(emails))
+    assert rdb.exists("users:indexed")

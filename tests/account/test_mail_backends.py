@@ -1,0 +1,140 @@
+"""The SMTP back-end against real servers that misbehave, the log back-end, and the mail settings."""
+
+from __future__ import annotations
+
+import logging
+from email.message import EmailMessage
+
+import pytest
+
+from app.mail.backends import LogBackend, PermanentMailError, SmtpBackend, TransientMailError
+from app.settings import SettingsError, load_settings
+from tests.mailserver import SMTP_PASSWORD, SMTP_USER, SmtpServer
+
+STRONG = "s" * 32
+
+
+def message(to: str = "someone@example.com") -> EmailMessage:
+    mail = EmailMessage()
+    mail["From"], mail["To"], mail["Subject"] = "a@example.test", to, "Hello"
+    mail.set_content("https://auth.example.test/reset-password#token=secret-token")
+    return mail
+
+
+@pytest.fixture
+def trusted(monkeypatch, smtp_certificate):
+    monkeypatch.setenv("SSL_CERT_FILE", str(smtp_certificate[0]))
+
+
+def backend(server: SmtpServer, url: str | None = None) -> SmtpBackend:
+    return SmtpBackend(url or server.url(), "a@example.test", timeout=5)
+
+
+def test_starttls_with_auth_delivers(smtp_certificate, trusted):
+    server = SmtpServer(smtp_certificate).start()
+    try:
+        backend(server).send(message())
+        assert server.wait_for("someone@example.com")[0].message["Subject"] == "Hello"
+        assert server.logins == [SMTP_USER]
+    finally:
+        server.stop()
+
+
+def test_a_server_without_starttls_gets_nothing_in_plain_text(smtp_certificate, trusted):
+    server = SmtpServer(smtp_certificate, mode="plain", auth=False).start()
+    try:
+        with pytest.raises(TransientMailError, match="STARTTLS"):
+            backend(server, f"smtp://127.0.0.1:{server.port}").send(message())
+        assert server.received == []
+    finally:
+        server.stop()
+
+
+def test_an_untrusted_certificate_is_refused(smtp_certificate, monkeypatch, tmp_path):
+    monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "no-such-bundle.pem"))
+    server = SmtpServer(smtp_certificate).start()
+    try:
+        with pytest.raises(TransientMailError):
+            backend(server).send(message())
+        assert server.received == [] and server.logins == []  # the password never left
+    finally:
+        server.stop()
+
+
+def test_wrong_credentials_are_kept_for_retry(smtp_certificate, trusted):
+    server = SmtpServer(smtp_certificate).start()
+    try:
+        url = server.url().replace(SMTP_PASSWORD, "wrong-password")
+        with pytest.raises(TransientMailError):  # refused (535), or cut off after it: kept for retry
+            backend(server, url).send(message())
+        assert server.received == []
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize(
+    ("answer", "kind"), [("550 no such mailbox", PermanentMailError), ("451 try later", TransientMailError)]
+)
+def test_refused_recipients_are_permanent_or_transient_by_code(smtp_certificate, trusted, answer, kind):
+    server = SmtpServer(smtp_certificate)
+    server.refuse_recipients = answer
+    server.start()
+    try:
+        with pytest.raises(kind):
+            backend(server).send(message())
+    finally:
+        server.stop()
+
+
+def test_nothing_listening_is_transient():
+    closed = SmtpBackend("smtp://127.0.0.1:9", "a@example.test", timeout=2)
+    with pytest.raises(TransientMailError, match="cannot connect"):
+        closed.send(message())
+
+
+def test_the_log_backend_writes_whole_mails_only_outside_production(caplog):
+    with caplog.at_level(logging.INFO, logger="app.mail.backends"):
+        LogBackend(include_body=True).send(message())
+    assert "#token=secret-token" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="app.mail.backends"):
+        LogBackend(include_body=False).send(message())
+    assert "not sent" in caplog.text and "secret-token" not in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({"SMTP_URL": "smtps://h", "APP_ENV": "production"}, "PUBLIC_BASE_URL"),
+        ({"MAIL_FROM": "no address here"}, "MAIL_FROM"),
+        ({"MAIL_FROM": "a@b.example\r\nBcc: x@y.example"}, "MAIL_FROM"),
+        ({"PUBLIC_BASE_URL": "ftp://x"}, "PUBLIC_BASE_URL"),
+        ({"MAIL_RETRY_SCHEDULE": "0,5"}, "MAIL_RETRY_SCHEDULE"),
+        ({"SMTP_TIMEOUT_SECONDS": "0"}, "SMTP_TIMEOUT_SECONDS"),
+        ({"REQUIRE_VERIFIED_EMAIL": "maybe"}, "REQUIRE_VERIFIED_EMAIL"),
+    ],
+)
+def test_mail_settings_are_checked_at_start(tmp_path, env, named):
+    base = {"SECRET_KEY": STRONG, "JWT_SECRET": STRONG, "DATA_DIR": str(tmp_path)}
+    with pytest.raises(SettingsError, match=named):
+        load_settings({**base, **env})
+
+
+def test_mail_settings_defaults(tmp_path):
+    settings = load_settings({"SECRET_KEY": STRONG, "JWT_SECRET": STRONG, "DATA_DIR": str(tmp_path)})
+    assert settings.mail.smtp_url is None and settings.require_verified_email is False
+    assert settings.mail.retry_schedule == (5, 30, 120, 300, 600) and settings.rate_limit_mail == "5/hour"
+    production = load_settings(
+        {
+            "APP_ENV": "production",
+            "SECRET_KEY": STRONG,
+            "JWT_SECRET": STRONG,
+            "SMTP_URL": "smtp://user:pa%40ss@mail.example.test:587",
+            "PUBLIC_BASE_URL": "https://auth.example.test/",
+        }
+    )
+    assert production.mail.public_base_url == "https://auth.example.test"
+    assert "pa%40ss" not in repr(production)
+    smtp = SmtpBackend(str(production.mail.smtp_url), "a@example.test", 5)
+    assert (smtp.host, smtp.port, smtp.username, smtp.password) == ("mail.example.test", 587, "user", "pa@ss")
+    assert "pa" not in smtp.describe()

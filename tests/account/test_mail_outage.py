@@ -1,0 +1,62 @@
+"""An SMTP server that is down for a while: requests still answer at once, mail waits in Redis and is
+retried, and when the server is back every message arrives exactly once. Implicit TLS (smtps) here."""
+
+from __future__ import annotations
+
+import pytest
+import requests
+
+from tests.account.conftest import mail_env
+from tests.mailserver import SmtpServer
+from tests.servers import LiveServer, wait_until
+from tests.utils import random_email
+
+
+@pytest.fixture(scope="module")
+def down_smtp(smtp_certificate):
+    """An smtps server on a port where nothing listens yet (the test starts it)."""
+    server = SmtpServer(smtp_certificate, mode="smtps", auth=False)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def outage_server(base_env, down_smtp, smtp_certificate, tmp_path_factory):
+    live = LiveServer(
+        {**base_env, **mail_env(down_smtp, smtp_certificate, MAIL_RETRY_SCHEDULE="1")},
+        workers=2,
+        log_path=tmp_path_factory.mktemp("logs") / "gunicorn.log",
+    )
+    live.start()
+    yield live
+    live.stop()
+
+
+def attempts(redis_client) -> list[int]:
+    return [int(redis_client.hget(key, "attempts") or 0) for key in redis_client.scan_iter("mail:job:*")]
+
+
+def test_mail_queued_while_smtp_is_down_arrives_once_when_it_is_back(outage_server, down_smtp, redis_client):
+    base = outage_server.url
+    addresses = [random_email() for _ in range(3)]
+    for address in addresses:
+        answer = requests.post(f"{base}/auth/register", json={"email": address, "password": "correct horse battery"})
+        assert answer.status_code == 201  # the answer does not wait for mail
+    assert requests.post(f"{base}/auth/password/forgot", json={"email": addresses[0]}).status_code == 202
+
+    # Every job is tried, fails (connection refused) and is kept for another attempt.
+    wait_until(lambda: len(attempts(redis_client)) == 4 and min(attempts(redis_client)) >= 2, timeout=15)
+    assert down_smtp.received == []
+
+    down_smtp.start()
+    for address in addresses:
+        down_smtp.wait_for(address)
+    wait_until(lambda: redis_client.zcard("mail:queue") == 0, message="the queue to empty")
+    assert list(redis_client.scan_iter("mail:job:*")) == []  # nothing left to send, so nothing more will come
+    for address in addresses:
+        subjects = sorted(m.message["Subject"] for m in down_smtp.to(address))
+        expected = ["Confirm your e-mail address"] + (["Reset your password"] if address == addresses[0] else [])
+        assert subjects == sorted(expected), address  # each exactly once
+    reset_mail = next(m for m in down_smtp.to(addresses[0]) if m.message["Subject"] == "Reset your password")
+    answer = requests.post(f"{base}/auth/password/reset", json={"token": reset_mail.token(), "new_password": "x" * 12})
+    assert answer.status_code == 204  # the link made at the successful attempt works

@@ -1,0 +1,145 @@
+"""The page's account flows in real Chromium behind nginx: forgot password, the reset form the mailed
+link lands on, e-mail verification, MFA setup with its QR code and recovery codes, and the second step."""
+
+from __future__ import annotations
+
+import time
+
+import pyotp
+import pytest
+import requests
+from playwright.sync_api import expect
+
+from tests.account.conftest import mail_env
+from tests.browser.conftest import ARTIFACTS, Stack
+from tests.mailserver import SmtpServer
+from tests.servers import make_certificate
+from tests.utils import DEFAULT_PASSWORD, random_email
+
+NEW_PASSWORD = "a new browser passphrase"
+
+
+@pytest.fixture(scope="module")
+def smtp(tmp_path_factory):
+    certificate = make_certificate(tmp_path_factory.mktemp("smtp-tls"))
+    server = SmtpServer(certificate, mode="starttls", auth=True).start()
+    server.certificate = certificate
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def mail_stack(base_env, tmp_path_factory, smtp):
+    stack = Stack(base_env, tmp_path_factory.mktemp("mail-stack"), **mail_env(smtp, smtp.certificate))
+    stack.app.env["PUBLIC_BASE_URL"] = stack.url  # links in mails land on this page, through nginx
+    stack.start()
+    yield stack
+    stack.stop()
+
+
+def register(base: str) -> str:
+    email = random_email()
+    assert requests.post(f"{base}/auth/register", json={"email": email, "password": DEFAULT_PASSWORD}).ok
+    return email
+
+
+def fill_login(page, base: str, email: str, password: str = DEFAULT_PASSWORD) -> None:
+    page.goto(base + "/")
+    page.get_by_label("E-mail", exact=True).fill(email)
+    page.get_by_label("Password", exact=True).fill(password)
+    page.get_by_role("button", name="Log in", exact=True).click()
+
+
+def logged_in(page, email: str) -> None:
+    expect(page.locator("#status")).to_have_text(f"Logged in as {email}")
+
+
+def test_forgotten_password_reset_through_the_mailed_link(mail_stack, smtp, new_context):
+    base = mail_stack.url
+    email = register(base)
+    phone, laptop = new_context().new_page(), new_context().new_page()
+    fill_login(phone, base, email)
+    logged_in(phone, email)
+    expect(phone.locator("#email-status")).to_contain_text("not verified")
+
+    # The verification link verifies the address, on whatever browser opens it.
+    verification = smtp.wait_for(email)[0]
+    laptop.goto(verification.link())
+    expect(laptop.locator("#status")).to_have_text("Your e-mail address is verified. Thank you.")
+    assert "#token=" not in laptop.url  # the token is cleared from the address bar
+
+    laptop.get_by_role("button", name="Forgot your password?").click()
+    laptop.get_by_label("E-mail of your account").fill(email)
+    laptop.get_by_role("button", name="Mail me a link").click()
+    expect(laptop.locator("#forgot-message")).to_contain_text("If an account has this address")
+
+    reset = smtp.wait_for(email, count=2)[1]
+    assert reset.link().startswith(f"{base}/reset-password#token=")
+    laptop.goto(reset.link())
+    laptop.get_by_label("New password").fill(NEW_PASSWORD)
+    laptop.get_by_role("button", name="Set the new password").click()
+    expect(laptop.locator("#status")).to_contain_text("Your password is changed")
+    expect(phone.locator("#status")).to_contain_text("logged out", timeout=5000)  # every device, live
+
+    fill_login(laptop, base, email, NEW_PASSWORD)
+    logged_in(laptop, email)
+    expect(laptop.locator("#email-status")).to_contain_text("is verified")
+
+    laptop.goto(reset.link())  # the link again: used
+    laptop.get_by_label("New password").fill("yet another passphrase")
+    laptop.get_by_role("button", name="Set the new password").click()
+    expect(laptop.locator("#reset-error")).to_contain_text("not valid")
+
+
+def settle() -> None:
+    left = 30 - time.time() % 30
+    if left < 5:
+        time.sleep(left + 0.05)
+
+
+def test_mfa_setup_recovery_codes_and_the_second_login_step(mail_stack, new_context):
+    base = mail_stack.url
+    email = register(base)
+    page = new_context().new_page()
+    errors = []
+    page.on("pageerror", lambda error: errors.append(error))
+    fill_login(page, base, email)
+    logged_in(page, email)
+
+    settle()
+    page.get_by_role("button", name="Set up two-factor authentication").click()
+    qr = page.locator("#mfa-qr svg")
+    expect(qr).to_be_visible()
+    assert qr.bounding_box()["width"] >= 100  # drawn, not an empty element
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "mfa-setup-qr-code.png"), full_page=True)
+    secret = page.locator("#mfa-secret").text_content()
+    totp = pyotp.TOTP(secret)
+    page.get_by_label("Code from the app", exact=True).fill(totp.now())
+    page.get_by_role("button", name="Turn on").click()
+    expect(page.locator("#recovery-codes li")).to_have_count(10)
+    expect(page.locator("#mfa-status")).to_have_text("Two-factor authentication is on.")
+    recovery_codes = page.locator("#recovery-codes li").all_text_contents()
+
+    page.get_by_role("button", name="Log out", exact=True).click()
+    fill_login(page, base, email)
+    expect(page.get_by_label("Code from your authenticator app")).to_be_visible()
+    page.get_by_label("Code from your authenticator app").fill("000000")
+    page.get_by_role("button", name="Continue").click()
+    expect(page.locator("#mfa-error")).to_have_text("The code is not valid.")
+    page.get_by_label("Code from your authenticator app").fill(totp.at(time.time() + 30))
+    page.get_by_role("button", name="Continue").click()
+    logged_in(page, email)
+
+    page.get_by_role("button", name="Log out", exact=True).click()
+    fill_login(page, base, email)
+    page.get_by_role("button", name="Use a recovery code instead").click()
+    page.get_by_label("Recovery code", exact=True).fill(recovery_codes[0])
+    page.get_by_role("button", name="Continue").click()
+    logged_in(page, email)
+
+    page.get_by_label("Your password").fill(DEFAULT_PASSWORD)
+    page.get_by_label("Code from the app (or a recovery code)").fill(recovery_codes[1])
+    page.get_by_role("button", name="Turn off two-factor authentication").click()
+    expect(page.locator("#mfa-status")).to_have_text("Two-factor authentication is off.")
+    assert errors == []

@@ -1,0 +1,252 @@
+"""Per-channel subscriptions: a worker subscribes to a channel's wake-ups only while it has a reader of it,
+counts its readers, and never lets an event fall between subscribing and reading history, through churn
+and a Redis restart."""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+
+import pytest
+import requests
+
+from app.events.cursor import decode_cursor, is_after
+from tests.events.clients import SSE, Api
+from tests.servers import RedisServer, wait_until
+
+
+@pytest.fixture
+def own_redis(tmp_path):
+    """A Redis of this test's own (persistent, so a restart keeps users and streams)."""
+    server = RedisServer(tmp_path / "redis", persistent=True)
+    server.directory.mkdir()
+    server.start()
+    yield server
+    server.stop()
+
+
+def subscribers(client, channel: str) -> int:
+    """How many pub/sub connections Redis holds subscribed to the channel's wake-ups."""
+    return client.pubsub_numsub(f"wake:{channel}")[0][1]
+
+
+def hub_of(client, live) -> dict:
+    """The one worker's event hub connection as Redis lists it (it names itself auth-rt-hub:<pid>)."""
+    (pid,) = live.worker_pids()
+    (hub,) = [c for c in client.client_list() if c["name"] == f"auth-rt-hub:{pid}"]
+    return hub
+
+
+def open_sse_streams(base: str) -> int:
+    for line in requests.get(f"{base}/metrics", timeout=5).text.splitlines():
+        if line.startswith('rt_open_connections{transport="sse"}'):
+            return int(float(line.split()[-1]))
+    return 0
+
+
+def connected(stream: SSE) -> SSE:
+    """Wait for the stream's first frame: the server sends it after subscribing and reading history."""
+    assert stream.status == 200
+    stream.next(skip_comments=False)
+    return stream
+
+
+def test_a_worker_without_a_reader_of_a_channel_is_not_sent_its_events(start_server, own_redis):
+    a = start_server(workers=1, REDIS_URL=own_redis.url)
+    b = start_server(workers=1, REDIS_URL=own_redis.url)
+    redis_client = own_redis.client()
+    alice, bob = Api(a.url), Api(b.url)
+    alice_stream, bob_stream = connected(SSE(a.url, alice.auth)), connected(SSE(b.url, bob.auth))
+    try:
+        # The path delivers: A's worker is subscribed to Alice's channel, and an event published
+        # through B reaches her reader on A.
+        alice.base = b.url
+        event_id = alice.publish_ok({"to": "alice"})
+        assert alice_stream.next_event()["data"]["id"] == event_id
+        assert subscribers(redis_client, alice.channel) == 1
+        hub_a, hub_b = hub_of(redis_client, a), hub_of(redis_client, b)
+        # Each hub holds control, broadcast and its own reader's channel, and no pattern. So B's worker,
+        # where nobody reads Alice's channel, is not among its subscribers: Redis sends it none of her events.
+        assert (hub_a["sub"], hub_a["psub"]) == ("3", "0")
+        assert (hub_b["sub"], hub_b["psub"]) == ("3", "0")
+        assert subscribers(redis_client, bob.channel) == 1
+        assert subscribers(redis_client, "broadcast") == 2
+        assert redis_client.pubsub_numpat() == 0
+    finally:
+        alice_stream.close()
+        bob_stream.close()
+
+
+def test_readers_are_counted_the_last_to_leave_unsubscribes(start_server, own_redis):
+    live = start_server(workers=1, REDIS_URL=own_redis.url)
+    redis_client = own_redis.client()
+    user = Api(live.url)
+    first, second = connected(SSE(live.url, user.auth)), connected(SSE(live.url, user.auth))
+    assert subscribers(redis_client, user.channel) == 1  # one subscription per worker, however many readers
+    first.close()
+    wait_until(lambda: open_sse_streams(live.url) == 1, message="the server noticing the first reader left")
+    assert subscribers(redis_client, user.channel) == 1
+    event_id = user.publish_ok({"n": 1})
+    assert second.next_event()["data"]["id"] == event_id
+
+    second.close()
+    wait_until(lambda: subscribers(redis_client, user.channel) == 0, message="unsubscribed after the last reader")
+    assert subscribers(redis_client, "broadcast") == 0
+    assert hub_of(redis_client, live)["sub"] == "1"  # the control channel stays
+
+    third = connected(SSE(live.url, user.auth))  # and a new reader subscribes again
+    try:
+        assert subscribers(redis_client, user.channel) == 1
+        event_id = user.publish_ok({"n": 2})
+        assert third.next_event()["data"]["id"] == event_id
+    finally:
+        third.close()
+
+
+def ids_after(published: list[str], cursor: str, channel: str) -> list[str]:
+    position = decode_cursor(cursor, [channel])[channel]
+    return [event_id for event_id in published if is_after(event_id, position)]
+
+
+def test_readers_joining_and_leaving_one_channel_while_events_flow_miss_nothing(start_server, own_redis):
+    """Readers come and go on one channel of one worker, so its subscription is dropped and taken again
+    (UNSUBSCRIBE and SUBSCRIBE in flight together) while events are published. Every reader gets every
+    event after its cursor, once, in order, for as long as it stays; readers that stay to the end get all."""
+    live = start_server(workers=1, REDIS_URL=own_redis.url, MAX_CONNECTIONS_PER_USER="100")
+    user = Api(live.url)
+    publisher = Api(live.url, email=user.email, device="publisher")
+    total = 600
+    published: list[str] = []
+    finished = threading.Event()
+    sessions: list[tuple[str, list[str]]] = []  # (cursor, ids received) of every reader, in any order
+    errors: list[BaseException] = []
+    churning: list[int] = []
+
+    def read(api: Api, count: int | None) -> None:
+        cursor = api.current_cursor()
+        stream = SSE(live.url, api.auth, cursor=cursor)
+        ids: list[str] = []
+        try:
+            assert stream.status == 200
+            last = None
+            while (len(ids) < count) if count is not None else last != total - 1:
+                try:
+                    frame = stream.next_event(timeout=10)
+                except TimeoutError:
+                    if count is None or not finished.is_set():  # events were still flowing: left unsubscribed?
+                        raise AssertionError(f"reader for {count} events stuck after {len(ids)}") from None
+                    break  # the publisher is done
+                if frame["data"]["channel"] == user.channel:
+                    ids.append(frame["data"]["id"])
+                    last = frame["data"]["data"]["n"]
+        finally:
+            stream.close()
+            sessions.append((cursor, ids))
+
+    def guarded(target, *args):
+        try:
+            target(*args)
+        except BaseException as error:  # noqa: BLE001 - reported by the test below
+            errors.append(error)
+
+    def churn(index: int) -> None:
+        api = Api(live.url, email=user.email, device=f"churn-{index}")
+        churning.append(index)
+        while not finished.is_set():
+            read(api, random.choice([0, 0, 1, 3]))
+
+    def stay(after: int) -> None:
+        api = Api(live.url, email=user.email, device=f"stay-{after}")
+        wait_until(lambda: len(published) >= after or finished.is_set(), timeout=60, message="publishing")
+        read(api, None)
+
+    # Three churners alone for most of the run, so the channel's reader count often falls to zero; then
+    # two readers join that stay to the end.
+    threads = [threading.Thread(target=guarded, args=(churn, i)) for i in range(3)]
+    threads += [threading.Thread(target=guarded, args=(stay, after)) for after in (450, 480)]
+    for thread in threads:
+        thread.start()
+    wait_until(lambda: len(churning) == 3, timeout=60, message="churners logged in")
+    for n in range(total):
+        published.append(publisher.publish_ok({"n": n}))
+    finished.set()
+    for thread in threads:
+        thread.join(60)
+    assert not errors, errors
+
+    redis_stats = own_redis.client().info("commandstats")
+    assert redis_stats["cmdstat_unsubscribe"]["calls"] >= 10  # the channel really was dropped and taken again
+    assert len(sessions) >= 30
+    for cursor, ids in sessions:  # every reader, for as long as it stayed
+        assert ids == ids_after(published, cursor, user.channel)[: len(ids)]
+    to_the_end = [(cursor, ids) for cursor, ids in sessions if ids and ids[-1] == published[-1]]
+    assert len(to_the_end) >= 2  # the two that stayed (and maybe churners that happened to be there)
+    for cursor, ids in to_the_end:
+        assert ids == ids_after(published, cursor, user.channel)
+
+
+def _publish_or_none(user: Api, data) -> str | None:
+    response = user.publish(data)
+    return response.json()["id"] if response.status_code == 201 else None
+
+
+def test_after_a_redis_restart_readers_channels_are_subscribed_again_and_nothing_is_lost(start_server, own_redis):
+    live = start_server(workers=1, REDIS_URL=own_redis.url)
+    redis_client = own_redis.client()
+    alice, bob, carol = Api(live.url), Api(live.url), Api(live.url)
+    streams = {user: connected(SSE(live.url, user.auth)) for user in (alice, bob)}
+    gone = connected(SSE(live.url, carol.auth))
+    gone.close()
+    wait_until(lambda: subscribers(redis_client, carol.channel) == 0, message="carol's reader gone")
+    published = {user: [user.publish_ok({"n": 0})] for user in (alice, bob)}
+
+    own_redis.stop()
+    own_redis.start()
+    # Published as soon as Redis takes them, while the hub may still be reconnecting.
+    for n in range(1, 11):
+        for user in (alice, bob):
+            published[user].append(wait_until(lambda u=user, n=n: _publish_or_none(u, {"n": n}), message="publish"))
+    try:
+        for user, stream in streams.items():
+            frames = stream.events(len(published[user]), timeout=20)
+            assert [f["data"]["id"] for f in frames] == published[user]
+        assert subscribers(redis_client, alice.channel) == 1
+        assert subscribers(redis_client, bob.channel) == 1
+        assert subscribers(redis_client, carol.channel) == 0  # nobody reads it here any more
+        assert hub_of(redis_client, live)["sub"] == "4"  # control, broadcast, Alice's and Bob's
+        later = alice.publish_ok({"n": "later"})
+        assert streams[alice].next_event()["data"]["id"] == later
+    finally:
+        for stream in streams.values():
+            stream.close()
+
+
+def test_a_subscription_redis_cannot_confirm_is_a_503_in_bounded_time(start_server, own_redis):
+    """Redis at its client limit after the hub's connection dropped: the worker's pooled connections still
+    work, but the hub cannot subscribe. A new stream gets a 503 after the hub's time-out, never a hang,
+    and streams work again once the hub can reconnect."""
+    live = start_server(workers=1, REDIS_URL=own_redis.url)
+    redis_client = own_redis.client()
+    user = Api(live.url)
+    connected(SSE(live.url, user.auth)).close()  # the hub is up; the worker's pool has connections
+    wait_until(lambda: subscribers(redis_client, user.channel) == 0, message="the first stream gone")
+    # Room for every connection but the hub's, which is then closed.
+    redis_client.config_set("maxclients", redis_client.info("clients")["connected_clients"] - 1)
+    try:
+        redis_client.client_kill_filter(_type="pubsub")
+        assert user.poll().status_code == 204  # Redis itself still answers this worker (no events yet)
+        started = time.monotonic()
+        refused = SSE(live.url, user.auth)
+        waited = time.monotonic() - started
+        assert refused.status == 503 and json.loads(refused.body)["error"]["code"] == "unavailable"
+        assert 4 < waited < 15  # the hub's 5 s bound, not a quick failure elsewhere and not a hang
+    finally:
+        redis_client.config_set("maxclients", 10000)
+    stream = wait_until(lambda: (s := SSE(live.url, user.auth)).status == 200 and s, message="hub back")
+    try:
+        event_id = user.publish_ok({"n": "back"})
+        assert connected(stream).next_event()["data"]["id"] == event_id
+    finally:
+        stream.close()

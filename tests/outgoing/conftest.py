@@ -1,0 +1,150 @@
+"""Outgoing webhooks against real processes: gunicorn, the delivery process (`worker.py`), redis-server,
+and HTTP receivers in the test process. Processes are shared per module; each test uses its own
+channels and endpoints, so tests do not see each other's messages."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+import pytest
+import requests
+
+from app import create_app
+from app.apikeys.store import create_key
+from app.auth.users import create_user
+from tests.outgoing.receivers import DeliveryProcess, Receiver
+from tests.servers import LiveServer, wait_until
+from tests.utils import DEFAULT_PASSWORD, bearer, random_email
+
+# Seconds-scale: a failure is retried after 1 s, then 2 s, then the message has failed.
+FAST = {
+    "WEBHOOK_OUT_ALLOW_PRIVATE": "true",  # the receivers are on loopback
+    "WEBHOOK_OUT_ALLOW_HTTP": "true",
+    "WEBHOOK_OUT_RETRY_SCHEDULE": "1,2",
+    "WEBHOOK_OUT_TIMEOUT_SECONDS": "2",
+    "WEBHOOK_OUT_CONNECT_TIMEOUT_SECONDS": "1",
+    "WEBHOOK_OUT_ENDPOINT_CONCURRENCY": "2",
+    "WEBHOOK_OUT_SECRET_OVERLAP_SECONDS": "3",
+}
+
+
+@dataclass
+class Api:
+    """The service's HTTP API as an administrator (or an API key) sees it."""
+
+    url: str
+    token: str
+
+    def call(self, method: str, path: str, **kwargs) -> requests.Response:
+        headers = {**bearer(self.token), **kwargs.pop("headers", {})}
+        return requests.request(method, self.url + path, headers=headers, timeout=10, **kwargs)
+
+    def create_endpoint(self, url: str, channels: list[str], **fields) -> dict:
+        response = self.call("POST", "/admin/webhook-endpoints", json={"url": url, "channels": channels, **fields})
+        assert response.status_code == 201, response.text
+        return response.json()
+
+    def publish(self, channel: str, event: str = "order.paid", data=None) -> str:
+        body = {"channel": channel, "event": event, "data": data if data is not None else {"n": 1}}
+        response = self.call("POST", "/events", json=body)
+        assert response.status_code == 201, response.text
+        return response.json()["id"]
+
+    def messages(self, endpoint_id: str, status: str | None = None) -> list[dict]:
+        params = {"status": status} if status else {}
+        response = self.call("GET", f"/admin/webhook-endpoints/{endpoint_id}/messages", params=params)
+        assert response.status_code == 200, response.text
+        return response.json()["messages"]
+
+    def message_with(self, endpoint_id: str, predicate, timeout: float = 15.0) -> dict:
+        """Wait until the endpoint has exactly one message and it satisfies `predicate`."""
+
+        def check():
+            found = self.messages(endpoint_id)
+            return found[0] if len(found) == 1 and predicate(found[0]) else None
+
+        return wait_until(check, timeout=timeout, interval=0.1, message="message state")
+
+
+def channel() -> str:
+    """A channel of this test's own."""
+    return f"orders-{uuid.uuid4().hex[:10]}"
+
+
+def make_admin_and_key(env: dict) -> tuple[str, str]:
+    """An administrator's e-mail and an API key with scope webhooks:manage, made in-process."""
+    app = create_app(env)
+    email = random_email()
+    with app.app_context():
+        create_user(email, DEFAULT_PASSWORD, role="admin")
+        key, _ = create_key("webhooks test", ["webhooks:manage", "events:publish"], ["*"])
+    return email, key
+
+
+def login(server_url: str, email: str) -> str:
+    response = requests.post(
+        server_url + "/auth/login", json={"email": email, "password": DEFAULT_PASSWORD, "transport": "body"}, timeout=10
+    )
+    assert response.status_code == 200, response.text
+    return response.json()["access_token"]
+
+
+@dataclass
+class Service:
+    """One running service: web server, delivery process(es), receiver, and the API as admin and as key."""
+
+    web: LiveServer
+    workers: list[DeliveryProcess]
+    receiver: Receiver
+    admin: Api
+    key: Api
+    env: dict
+    email: str
+
+
+@pytest.fixture(scope="module")
+def receiver():
+    started = Receiver().start()
+    yield started
+    started.stop()
+
+
+@pytest.fixture(scope="module")
+def make_service(base_env, redis_server, tmp_path_factory, receiver):
+    """Start a service with extra settings (web and delivery processes alike); stopped after the module."""
+    started: list[Service] = []
+
+    def make(workers: int = 1, worker_env: dict | None = None, **env) -> Service:
+        """One service at a time: an earlier one's delivery processes would share the work (and the bound)."""
+        while started:
+            stop(started.pop())
+        logs = tmp_path_factory.mktemp("outgoing")
+        full = {**base_env, **FAST, "PROMETHEUS_MULTIPROC_DIR": str(logs / "metrics"), **env}
+        if full["REDIS_URL"] == redis_server.url:
+            redis_server.client().flushall()  # endpoints other modules left must not receive this one's events
+        (logs / "metrics").mkdir()
+        web = LiveServer(full, workers=2, log_path=logs / "gunicorn.log")
+        web.start()
+        delivery = [
+            DeliveryProcess({**full, **(worker_env or {})}, logs / f"worker-{n}.log").start() for n in range(workers)
+        ]
+        email, key = make_admin_and_key(full)
+        service = Service(web, delivery, receiver, Api(web.url, login(web.url, email)), Api(web.url, key), full, email)
+        started.append(service)
+        return service
+
+    def stop(service: Service) -> None:
+        for worker in service.workers:
+            if worker.process.poll() is None:
+                worker.kill()  # quicker than waiting for held attempts; SIGTERM is tested in test_ssrf.py
+        service.web.stop()
+
+    yield make
+    for service in started:
+        stop(service)
+
+
+@pytest.fixture(scope="module")
+def service(make_service) -> Service:
+    return make_service()

@@ -1,0 +1,109 @@
+"""/openapi.json comes from the routes and the models the views validate with; /docs shows it."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from app.auth.users import create_user
+from app.http import validated
+from app.openapi import build_document, operation, undeclared_routes
+from app.schemas import Answer, Body
+from tests.utils import DEFAULT_PASSWORD, bearer, random_email
+
+
+def test_every_route_is_in_the_document(app):
+    assert undeclared_routes(app) == []
+    documented = build_document(app)["paths"]
+    for rule in app.url_map.iter_rules():
+        if rule.endpoint != "static":
+            path = rule.rule.replace("<", "{").replace(">", "}")
+            methods = {method.lower() for method in rule.methods - {"HEAD", "OPTIONS"}}
+            assert methods <= set(documented[path]), rule.rule
+
+
+def test_a_route_that_declares_nothing_is_caught(make_app):
+    app = make_app()
+    app.add_url_rule("/forgotten", "forgotten", lambda: "")
+    assert undeclared_routes(app) == ["['GET'] /forgotten"]
+
+
+def test_the_served_document_is_the_one_built_from_the_views(app, client):
+    response = client.get("/openapi.json")
+    assert response.status_code == 200 and response.mimetype == "application/json"
+    served = response.get_json()
+    assert served == build_document(app)
+    assert served["openapi"] == "3.1.0"
+
+
+def test_the_document_carries_the_constraints_the_views_enforce(app, client, auth):
+    document = build_document(app)
+    schemas = document["components"]["schemas"]
+    login = document["paths"]["/auth/login"]["post"]
+    assert login["requestBody"]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/Login"}
+    assert schemas["Login"]["required"] == ["email", "password"]
+    assert schemas["Login"]["properties"]["transport"]["enum"] == ["cookie", "body"]
+    batch = schemas["Batch"]["properties"]["events"]
+    assert (batch["minItems"], batch["maxItems"]) == (1, 100)
+    assert schemas["Publication"]["properties"]["channel"]["pattern"] == "^[A-Za-z0-9_.:-]{1,128}$"
+    # ... and the service refuses exactly what the document forbids, with the statuses it lists.
+    email = random_email()
+    with app.app_context():
+        create_user(email, DEFAULT_PASSWORD, role="admin")
+    headers = bearer(auth.login_body(email)["access_token"])
+    too_many = {"events": [{"channel": "broadcast", "event": "e"}] * 101}
+    assert client.post("/events/batch", json=too_many, headers=headers).status_code == 422
+    assert "422" in document["paths"]["/events/batch"]["post"]["responses"]
+    bad_channel = {"channel": "no spaces", "event": "e"}
+    refused = client.post("/events", json=bad_channel, headers=headers)
+    assert refused.status_code == 422 and refused.get_json()["error"]["code"] == "validation_failed"
+    wrong_type = client.post("/auth/login", json={"email": "a@example.com", "password": 5})
+    assert wrong_type.status_code == 400
+    assert wrong_type.get_json()["error"]["message"] == "Field 'password' must be of type string."
+
+
+def test_every_error_has_the_one_error_shape(app):
+    document = build_document(app)
+    error = {"$ref": "#/components/schemas/ErrorAnswer"}
+    for path, operations in document["paths"].items():
+        for method, described in operations.items():
+            for status, response in described["responses"].items():
+                if int(status) >= 400 and status != "414":  # gunicorn's own page, before the service
+                    assert response["content"]["application/json"]["schema"] == error, (method, path, status)
+            if "requestBody" in described:
+                assert {"400", "413", "415", "422"} <= set(described["responses"]), (method, path)
+            if "security" in described:
+                assert {"401", "403"} <= set(described["responses"]), (method, path)
+
+
+def test_validation_errors_never_echo_the_input(make_app):
+    class Secretive(Body):
+        """A body with one constrained field."""
+
+        code: str = Field(max_length=3)
+
+    app = make_app()
+
+    @app.post("/secretive")
+    @operation("test", tags=["test"], body=Secretive, responses={204: Answer})
+    def secretive():
+        validated(Secretive)
+        return "", 204
+
+    client = app.test_client()
+    response = client.post("/secretive", json={"code": "hunter2-secret"})
+    assert response.status_code == 422
+    assert "hunter2" not in response.get_data(as_text=True)
+    assert client.post("/secretive", json={"code": "ok"}).status_code == 204
+
+
+def test_the_reference_page_is_served_from_the_package_under_a_strict_policy(client):
+    page = client.get("/docs")
+    assert page.status_code == 200 and page.mimetype == "text/html"
+    policy = page.headers["Content-Security-Policy"]
+    assert "script-src 'self';" in policy and "unsafe-inline" not in policy and "unsafe-eval" not in policy
+    assert "<script>" not in page.get_data(as_text=True)  # no inline script
+    for name in ("swagger-ui-bundle.js", "swagger-ui.css"):
+        asset = client.get(f"/docs/assets/{name}")
+        assert asset.status_code == 200 and len(asset.get_data()) > 10_000
+    assert client.get("/docs/assets/..%2Fapp.py").status_code == 404
+    assert client.get("/docs/assets/oauth2-redirect.html").status_code == 404  # only what the page uses

@@ -1,0 +1,23 @@
+"""The outgoing-webhook delivery process: `python worker.py` (the Procfile's `worker:` line).
+
+gevent patches the standard library first, so every attempt's socket and DNS lookup yields instead of
+blocking. Logging is gunicorn.conf.py's (one JSON object per line, LOG_LEVEL), so both processes' lines
+read alike. Then the app is built exactly as for the web process (wsgi.py: the same settings, the same
+$DATA_DIR/.env beneath the environment, the same metrics directory).
+"""
+
+from gevent import monkey
+
+monkey.patch_all()
+
+import logging.config  # noqa: E402 - everything after patching
+import runpy  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+logging.config.dictConfig(runpy.run_path(str(Path(__file__).with_name("gunicorn.conf.py")))["logconfig_dict"])
+
+from app.outgoing.delivery import DeliveryWorker  # noqa: E402
+from wsgi import app  # noqa: E402
+
+if __name__ == "__main__":
+    DeliveryWorker(app).run()
