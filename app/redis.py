@@ -7,10 +7,12 @@ they follow the same patterns as `Keys` below, which is the one place to change 
 from __future__ import annotations
 
 import os
+from urllib.parse import urlsplit
 
 import redis
 from flask import Flask, current_app
 from redis.backoff import NoBackoff
+from redis.cluster import ClusterNode
 from redis.retry import Retry
 
 
@@ -352,18 +354,52 @@ class Scripts:
         self.logout_all = client.register_script(LOGOUT_ALL)
 
 
-def connect(url: str, max_connections: int) -> redis.Redis:
-    """A client whose pool is bounded, so thousands of greenlets share a few connections."""
-    pool = redis.BlockingConnectionPool.from_url(
-        url,
-        max_connections=max_connections,
-        timeout=5,
-        decode_responses=True,
-        socket_connect_timeout=3,
-        socket_keepalive=True,
-        health_check_interval=30,
-    )
+def connect(url: str, max_connections: int, mode: str = "standalone") -> redis.Redis:
+    """A client whose pool is bounded, so thousands of greenlets share a few connections.
+
+    In `cluster` mode `url` is one or more comma-separated seed nodes and the client is redis-py's
+    cluster client, which routes each command to the node serving its hash slot (a bounded blocking
+    pool per node).
+    """
+    options = {
+        "decode_responses": True,
+        "socket_connect_timeout": 3,
+        "socket_keepalive": True,
+        "health_check_interval": 30,
+    }
+    if mode == "cluster":
+        seeds = [seed.strip() for seed in url.split(",") if seed.strip()]
+        first = redis.connection.parse_url(seeds[0])
+        nodes = [ClusterNode(*_host_port(seed)) for seed in seeds]
+        extra = {k: v for k, v in first.items() if k in {"username", "password", "ssl", "ssl_cert_reqs"}}
+        if urlsplit(seeds[0]).scheme == "rediss":
+            extra["ssl"] = True
+        return redis.RedisCluster(
+            startup_nodes=nodes,
+            connection_pool_class=_NodePool,
+            max_connections=max_connections,
+            **extra,
+            **options,
+        )
+    pool = redis.BlockingConnectionPool.from_url(url, max_connections=max_connections, timeout=5, **options)
     return redis.Redis(connection_pool=pool)
+
+
+class _NodePool(redis.BlockingConnectionPool):
+    """A cluster node's pool: bounded, and a greenlet waits at most 5 s for a free connection."""
+
+    def __init__(self, **kwargs):
+        super().__init__(timeout=5, **kwargs)
+
+
+def is_cluster(client) -> bool:
+    """Whether `client` talks to a Redis Cluster."""
+    return isinstance(client, redis.RedisCluster)
+
+
+def _host_port(url: str) -> tuple[str, int]:
+    parts = urlsplit(url)
+    return parts.hostname or "127.0.0.1", parts.port or 6379
 
 
 def connect_pubsub(url: str) -> redis.Redis:
@@ -390,7 +426,7 @@ def connect_pubsub(url: str) -> redis.Redis:
 def init_app(app: Flask) -> None:
     """Connect to Redis with a bounded pool and register the Lua scripts."""
     settings = app.config["SETTINGS"]
-    client = connect(settings.redis_url, settings.redis_max_connections)
+    client = connect(settings.redis_url, settings.redis_max_connections, settings.redis_mode)
     app.extensions["redis"] = client
     app.extensions["redis_scripts"] = Scripts(client)
 

@@ -6,6 +6,7 @@ import contextlib
 import datetime
 import ipaddress
 import os
+import random
 import shutil
 import signal
 import socket
@@ -46,6 +47,19 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def free_cluster_port() -> int:
+    """A free port whose cluster bus port (+10000) is free too (free_port may give one above 55535)."""
+    while True:
+        port = random.randint(20000, 40000)
+        with socket.socket() as data, socket.socket() as bus:
+            try:
+                data.bind(("127.0.0.1", port))
+                bus.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+            return port
 
 
 def wait_until(predicate, timeout: float = 10.0, interval: float = 0.02, message: str = "condition"):
@@ -92,6 +106,103 @@ class RedisServer:
         if self.process and self.process.poll() is None:
             self.process.terminate()
             self.process.wait(10)
+
+
+class RedisClusterServer:
+    """A local Redis Cluster: 3 primaries and 3 replicas on loopback ports, each node a redis-server.
+
+    Nodes time out after `node_timeout` ms, so a killed primary's replica takes over within seconds.
+    `url` names every node (the app's `REDIS_URL` in cluster mode takes comma-separated seeds).
+    """
+
+    def __init__(self, directory: Path, primaries: int = 3, replicas_each: int = 1, node_timeout: int = 1000):
+        self.directory = directory
+        self.count = primaries * (1 + replicas_each)
+        self.replicas_each = replicas_each
+        self.node_timeout = node_timeout
+        self.ports = [free_cluster_port() for _ in range(self.count)]
+        self.processes: dict[int, subprocess.Popen] = {}
+
+    @property
+    def url(self) -> str:
+        return ",".join(f"redis://127.0.0.1:{port}/0" for port in self.ports)
+
+    def client(self) -> redis.RedisCluster:
+        nodes = [redis.cluster.ClusterNode("127.0.0.1", port) for port in self.ports if port in self.processes]
+        return redis.RedisCluster(startup_nodes=nodes, decode_responses=True)
+
+    def start(self) -> None:
+        for port in self.ports:
+            self.start_node(port)
+        addresses = [f"127.0.0.1:{port}" for port in self.ports]
+        subprocess.run(
+            ["redis-cli", "--cluster", "create", *addresses, "--cluster-replicas", str(self.replicas_each)]
+            + ["--cluster-yes"],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+        wait_until(self.ready, timeout=30, message="redis cluster")
+        wait_until(self.replicas_in_sync, timeout=30, message="redis cluster replicas")
+
+    def start_node(self, port: int) -> None:
+        """Start (or restart, keeping its nodes.conf) the node on this port."""
+        node_dir = self.directory / str(port)
+        node_dir.mkdir(parents=True, exist_ok=True)
+        self.processes[port] = subprocess.Popen(
+            ["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", ""]
+            + ["--appendonly", "no", "--dir", str(node_dir), "--cluster-enabled", "yes"]
+            + ["--cluster-config-file", "nodes.conf", "--cluster-node-timeout", str(self.node_timeout)]
+            + ["--cluster-replica-validity-factor", "0"],
+            stdout=subprocess.DEVNULL,
+        )
+        wait_until(lambda: redis.Redis("127.0.0.1", port).ping(), message=f"redis node {port}")
+
+    def kill_node(self, port: int) -> None:
+        """SIGKILL one node (a crash: no goodbye to the cluster)."""
+        process = self.processes.pop(port)
+        process.kill()
+        process.wait(10)
+
+    def wait_for_failover(self, dead_port: int, timeout: float = 30) -> None:
+        """Wait until a replica serves the dead primary's slots and the cluster is whole again."""
+        wait_until(lambda: dead_port not in self.primaries() and self.ready(), timeout=timeout, message="failover")
+
+    def replicas_in_sync(self) -> bool:
+        """Every replica connected to its primary (until then it cannot take over)."""
+        for port in self.processes:
+            info = redis.Redis("127.0.0.1", port, decode_responses=True).info("replication")
+            if info["role"] == "slave" and info.get("master_link_status") != "up":
+                return False
+        return True
+
+    def ready(self) -> bool:
+        """Every slot served and every node agreeing that the cluster is ok."""
+        for port in self.processes:
+            info = redis.Redis("127.0.0.1", port, decode_responses=True).cluster("info")
+            if info.get("cluster_state") != "ok" or int(info.get("cluster_slots_ok", 0)) != 16384:
+                return False
+        return True
+
+    def primaries(self) -> list[int]:
+        """Ports of the nodes serving slots now."""
+        any_port = next(iter(self.processes))
+        slots = redis.Redis("127.0.0.1", any_port, decode_responses=True).execute_command("CLUSTER", "SLOTS")
+        return sorted({int(entry[2][1]) for entry in slots})
+
+    def primary_of(self, key: str) -> int:
+        """The port of the primary that serves `key`'s hash slot."""
+        return self.client().get_node_from_key(key).port
+
+    def flushall(self) -> None:
+        for port in self.primaries():
+            redis.Redis("127.0.0.1", port).flushall()
+
+    def stop(self) -> None:
+        for port in list(self.processes):
+            process = self.processes.pop(port)
+            process.terminate()
+            process.wait(10)
 
 
 class LiveServer:
