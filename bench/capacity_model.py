@@ -1,10 +1,10 @@
 """Inputs of the capacity model (docs/capacity.md), measured at small scale, and the model checked on a cluster.
 
-`python -m bench.capacity` first measures, on one Redis and one instance (2 workers), what one open
+`python -m bench.capacity_model` first measures, on one Redis and one instance (2 workers), what one open
 connection and one published event cost: server memory and CPU, Redis commands, CPU and output bytes.
 It then runs several instances (1 worker each) on a local 3-primary Redis Cluster under a known load,
 predicts from the unit figures what that load should cost, and prints the prediction beside the
-measurement. Results go to `bench/results/capacity.json`.
+measurement. Results go to `bench/results/capacity_model.json`; `make bench` runs it too.
 
 Load shape: `users` users, each with `per_user` SSE streams; events published with an API key,
 round-robin over the users' channels (so each event is read by `per_user` streams).
@@ -19,6 +19,7 @@ import itertools
 import json
 import multiprocessing
 import os
+import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -32,7 +33,7 @@ from bench.streams import Target, count_tokens, open_stream, raise_fd_limit
 from tests.events.clients import Api
 from tests.servers import LiveServer, RedisClusterServer, RedisServer
 
-RESULTS = Path(__file__).parent / "results" / "capacity.json"
+RESULTS = Path(__file__).parent / "results" / "capacity_model.json"
 TICKS = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -160,10 +161,17 @@ def make_users(bases: list[str], count: int) -> list[tuple[str, Api]]:
     return [(bases[i % len(bases)], user) for i, user in enumerate(users)]
 
 
-def publish_round_robin(bases: list[str], key: str, channels: list[str], events: int, rate: float, token: str) -> float:
-    """Publish `events` events at about `rate`/s, channel after channel; the seconds it took."""
+def publisher(key: str) -> requests.Session:
+    """An HTTP session that publishes with the API key, with a connection for each of 16 threads."""
     session = requests.Session()
     session.headers["Authorization"] = f"Bearer {key}"
+    session.mount("http://", requests.adapters.HTTPAdapter(pool_maxsize=16))
+    return session
+
+
+def publish_round_robin(bases: list[str], key: str, channels: list[str], events: int, rate: float, token: str) -> float:
+    """Publish `events` events at about `rate`/s, channel after channel; the seconds it took."""
+    session = publisher(key)
     targets = itertools.cycle(bases)
     started = time.perf_counter()
 
@@ -183,8 +191,7 @@ def publish_round_robin(bases: list[str], key: str, channels: list[str], events:
 
 def publish_batches(base: str, key: str, channel: str, events: int, token: str, size: int = 100) -> float:
     """Publish `events` events to one channel through /events/batch, `size` at a time; the seconds it took."""
-    session = requests.Session()
-    session.headers["Authorization"] = f"Bearer {key}"
+    session = publisher(key)
     started = time.perf_counter()
 
     def one(first: int) -> None:
@@ -276,7 +283,7 @@ def _unit_figures(server, client, env, users, per_user, events, rate, idle_secon
         ),
         "server_cpu_ms_per_publish": round(publish_cpu * 1000, 3),
         "batch_rate": round(events / batched, 1),
-        "server_cpu_ms_per_batched_event": round((batched_end[1] - alone_end[1]) / events * 1000, 3),
+        "server_cpu_us_per_batched_event": round((batched_end[1] - alone_end[1]) / events * 1e6, 1),
         "redis_cpu_us_per_batched_event": round(batch_redis["cpu"] / events * 1e6, 1),
         "server_cpu_us_per_delivery": round(max(0.0, event_cpu - publish_cpu) * events / deliveries * 1e6, 2),
         "redis_commands_per_publish": round(publish_redis["commands"] / events, 2),
@@ -304,7 +311,7 @@ def model(
     fds = limits.get("fds_per_worker", 20_000) * cores
     utilisation = limits.get("utilisation", 0.6)  # headroom for bursts and a lost instance
     deliveries = events_per_second * readers_per_event
-    publish_ms = unit["server_cpu_ms_per_batched_event" if batched else "server_cpu_ms_per_publish"]
+    publish_ms = unit["server_cpu_us_per_batched_event"] / 1000 if batched else unit["server_cpu_ms_per_publish"]
     redis_publish_us = unit["redis_cpu_us_per_batched_event" if batched else "redis_cpu_us_per_publish"]
     server_cpu = (
         events_per_second * publish_ms / 1000
@@ -406,32 +413,97 @@ def _cluster_check(unit, cluster, servers, env, users, per_user, events, rate) -
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--users", type=int, default=200)
-    parser.add_argument("--per-user", type=int, default=5)
-    parser.add_argument("--events", type=int, default=2000)
-    parser.add_argument("--rate", type=float, default=200)
-    parser.add_argument("--idle", type=float, default=25, help="seconds of idle connections measured")
-    parser.add_argument("--instances", type=int, default=3)
-    parser.add_argument("--no-cluster", action="store_true")
-    args = parser.parse_args()
-    unit = unit_figures(args.users, args.per_user, args.events, args.rate, args.idle)
-    print(json.dumps(unit, indent=2))
-    results = {"machine": machine(), "command": "python -m bench.capacity", "unit": unit}
+def run(
+    users: int = 200,
+    per_user: int = 5,
+    events: int = 4000,
+    rate: float = 2000,
+    idle: float = 25,
+    instances: int = 3,
+    cluster: bool = True,
+) -> dict:
+    """Unit figures, the model for 1,000,000 connections and 50,000 events/s, and the check on a cluster."""
+    unit = unit_figures(users, per_user, events, rate, idle)
+    results = {"machine": machine(), "unit": unit}
     results["model"] = [
         model(unit, 1_000_000, 50_000, readers, batched)
         for batched in (False, True)
         for readers in (1, 2, 10)  # one device; a user's two devices; a room of ten
     ]
-    print(json.dumps(results["model"], indent=2))
-    if not args.no_cluster:
-        results["cluster_check"] = cluster_check(
-            unit, args.instances, args.users, args.per_user, args.events, args.rate
+    if cluster:
+        results["cluster_check"] = cluster_check(unit, instances, users, per_user, events, rate)
+    return results
+
+
+def table(results: dict) -> str:
+    """The figures as markdown tables."""
+    u = results["unit"]
+    lines = [
+        f"Unit figures: {u['connections']:,} SSE streams of {u['users']} users on one instance (2 workers), "
+        f"{u['events']:,} events at {u['rate_achieved']}/s ({u['deliveries']:,} of {u['deliveries_expected']:,} "
+        "deliveries).",
+        "",
+        "| per | figure |",
+        "|---|---|",
+        f"| open connection | {u['rss_per_connection_kb']} KB server memory, "
+        f"{u['server_cpu_ms_per_connection_open']} ms server CPU to open, "
+        f"{u['redis_commands_per_connection_open']} Redis commands to open |",
+        f"| open connection, per second | {u['server_cpu_us_per_idle_connection_second']} us server CPU, "
+        f"{u['redis_commands_per_connection_second']} Redis commands |",
+        f"| event, one POST /events | {u['server_cpu_ms_per_publish']} ms server CPU, "
+        f"{u['redis_commands_per_publish']} Redis commands, {u['redis_cpu_us_per_publish']} us Redis CPU |",
+        f"| event, in batches of 100 | {u['server_cpu_us_per_batched_event']} us server CPU, "
+        f"{u['redis_cpu_us_per_batched_event']} us Redis CPU |",
+        f"| event read on an instance | {u['redis_out_bytes_per_read_event']} bytes from Redis, "
+        f"{u['redis_cpu_us_per_read_event']} us Redis CPU |",
+        f"| delivery to one stream | {u['server_cpu_us_per_delivery']} us server CPU |",
+        f"| event kept in history | {u['redis_bytes_per_history_entry']} bytes of Redis memory |",
+        "",
+        "| 1,000,000 connections, 50,000 events/s | readers per event | server cores | instances "
+        "(CPU / memory / descriptors) | Redis cores | primaries |",
+        "|---|---|---|---|---|---|",
+    ]
+    for m in results["model"]:
+        i = m["instances"]
+        lines.append(
+            f"| {'batches of 100' if m['batched'] else 'one request per event'} | {m['readers_per_event']} | "
+            f"{m['server_cores']} | {m['instances_needed']:.0f} ({i['by_cpu']} / {i['by_memory']} / "
+            f"{i['by_descriptors']}) | {m['redis_cores']} | {m['primaries_needed']} |"
         )
-        print(json.dumps(results["cluster_check"], indent=2))
+    check = results.get("cluster_check")
+    if check:
+        p, m = check["predicted"], check["measured"]
+        lines += [
+            "",
+            f"Check: {check['instances']} instances (1 worker each) on {check['primaries']} primaries, "
+            f"{check['connections']:,} streams, {check['events']:,} events at {check['rate_achieved']}/s "
+            f"({check['deliveries']:,} of {check['deliveries_expected']:,} deliveries).",
+            "",
+            "| | predicted | measured |",
+            "|---|---|---|",
+            f"| server cores | {p['server_cores']} | {m['server_cores']} |",
+            f"| Redis cores (all primaries) | {p['redis_cores']} | {m['redis_cores']} |",
+            f"| Redis commands/s | {p['redis_commands_per_second']:,} | {m['redis_commands_per_second']:,} "
+            f"(per primary: {', '.join(f'{c:,}' for c in m['commands_per_primary'])} in all) |",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--users", type=int, default=200)
+    parser.add_argument("--per-user", type=int, default=5)
+    parser.add_argument("--events", type=int, default=4000)
+    parser.add_argument("--rate", type=float, default=2000, help="asked publish rate (the service's limit if lower)")
+    parser.add_argument("--idle", type=float, default=25, help="seconds of idle connections measured")
+    parser.add_argument("--instances", type=int, default=3)
+    parser.add_argument("--no-cluster", action="store_true")
+    args = parser.parse_args()
+    results = run(args.users, args.per_user, args.events, args.rate, args.idle, args.instances, not args.no_cluster)
+    results["command"] = "python -m bench.capacity_model " + " ".join(sys.argv[1:])
     RESULTS.parent.mkdir(exist_ok=True)
     RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    print(table(results))
 
 
 if __name__ == "__main__":
