@@ -21,7 +21,7 @@ from pathlib import Path
 
 import requests
 
-from bench import publish_credentials, pubsub_traffic, single_client, webhooks_out
+from bench import capacity_model, publish_credentials, pubsub_traffic, single_client, webhooks_out
 from bench.common import PASSWORD, machine, summary_ms
 from bench.streams import StreamFleet, single_latency
 from bench.targets import FlaskSse, Nchan, Service, fd_count, rss_bytes, shared_redis
@@ -360,6 +360,9 @@ def tables(results: dict) -> str:
     ]
     if "outgoing_webhooks" in results:
         lines += ["", "Outgoing webhooks (one delivery process):", "", webhooks_out.table(results["outgoing_webhooks"])]
+    if "capacity_model" in results:
+        lines += ["", "Capacity model (`bench/capacity_model.py`, docs/capacity.md):", ""]
+        lines.append(capacity_model.table(results["capacity_model"]).rstrip("\n"))
     if "pubsub_traffic" in results:
         lines += ["", "Redis output per published event, one reader on one instance:", ""]
         lines.append(pubsub_traffic.table(results["pubsub_traffic"]).rstrip("\n"))
@@ -470,6 +473,8 @@ def main() -> None:
             results["sustained"] += sustained(peer, peer.target(), 1000, rate_steps)
             results["single_client"].append(single(peer, peer.target(), single_count))
     results["outgoing_webhooks"] = webhooks_out.run()  # its own Redis, service and delivery process
+    quick_model = {"users": 40, "events": 400, "idle": 5} if args.quick else {}
+    results["capacity_model"] = capacity_model.run(**quick_model)  # its own Redis, then a local cluster
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "latest.json").write_text(json.dumps(results, indent=2))
     (RESULTS / "latest.md").write_text(tables(results))
