@@ -29,7 +29,7 @@ import redis
 import requests
 
 from bench.common import machine, publisher_key, service_env
-from bench.streams import Target, count_tokens, open_stream, raise_fd_limit
+from bench.streams import Target, open_stream, raise_fd_limit, read_tags, tag
 from tests.events.clients import Api
 from tests.servers import LiveServer, RedisClusterServer, RedisServer
 
@@ -110,13 +110,13 @@ def _stream_process(targets: list[Target], token: bytes, expected: int, timeout:
         connections = await asyncio.gather(*(one(t) for t in targets))
         ready.put(len(connections))
         arrivals = [[] for _ in connections]
-        readers = [count_tokens(r, token, expected, a) for (r, _), a in zip(connections, arrivals, strict=True)]
+        readers = [read_tags(s, token, expected, a, []) for s, a in zip(connections, arrivals, strict=True)]
         reading = asyncio.gather(*readers)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(reading, timeout)
         results.put(sum(len(a) for a in arrivals))
-        for _, writer in connections:
-            writer.close()
+        for stream in connections:
+            stream.writer.close()
 
     asyncio.run(main())
 
@@ -180,7 +180,7 @@ def publish_round_robin(bases: list[str], key: str, channels: list[str], events:
         delay = due - time.perf_counter()
         if delay > 0:
             time.sleep(delay)
-        body = {"channel": channels[n % len(channels)], "event": "capacity", "data": {"t": token, "n": n}}
+        body = {"channel": channels[n % len(channels)], "event": "capacity", "data": tag(token, n)}
         answer = session.post(f"{next(targets)}/events", json=body, timeout=30)
         answer.raise_for_status()
 
@@ -196,7 +196,7 @@ def publish_batches(base: str, key: str, channel: str, events: int, token: str, 
 
     def one(first: int) -> None:
         batch = [
-            {"channel": channel, "event": "capacity", "data": {"t": token, "n": n}}
+            {"channel": channel, "event": "capacity", "data": tag(token, n)}
             for n in range(first, min(events, first + size))
         ]
         session.post(f"{base}/events/batch", json={"events": batch}, timeout=30).raise_for_status()

@@ -8,6 +8,7 @@ Run: .venv/bin/python -m bench.run [--quick]   (--quick: smaller connection coun
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import re
@@ -23,11 +24,14 @@ import requests
 
 from bench import capacity_model, publish_credentials, pubsub_traffic, single_client, webhooks_out
 from bench.common import PASSWORD, machine, summary_ms
-from bench.streams import StreamFleet, single_latency
+from bench.streams import StreamFleet, single_latency, tag
 from bench.targets import FlaskSse, Nchan, Service, fd_count, rss_bytes, shared_redis
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
+
+
+PUBLISHERS = 16  # publishing threads; each publishes its own events in order
 
 
 def fleet_processes(count: int) -> int:
@@ -57,16 +61,26 @@ def capacity(system, target, count: int, pids, wait_ready=None) -> dict:
         "redis_connections": system.redis_connections(),
     }
     published = time.time()
-    system.publish(token)
+    system.publish(tag(token, 0))
     arrivals, cpu = fleet.collect()
     latencies = [a[0] - published for a in arrivals if a]
     result["broadcast"] = summary_ms(latencies) | {
         "last_client_ms": round(max(latencies) * 1000, 1),
         "missing": count - len(latencies),
+        "duplicates": sum(v["duplicates"] for v in fleet.verdicts),
     }
     result["client_cpu_seconds"] = round(cpu, 2)
     print(json.dumps(result), flush=True)
     return result
+
+
+def publish_paced(system, token: str, events: int, rate: float, first: float, number: int) -> None:
+    """Publisher `number`: events number, number + PUBLISHERS, ... each when due and after the previous one."""
+    for n in range(number, events, PUBLISHERS):
+        delay = first + n / rate - time.time()
+        if delay > 0:
+            time.sleep(delay)
+        system.publish(tag(token, n))
 
 
 def sustained(system, target, count: int, rates: list[int], seconds: float = 2.0, wait_ready=None) -> list[dict]:
@@ -83,24 +97,20 @@ def sustained(system, target, count: int, rates: list[int], seconds: float = 2.0
             expected=events,
             processes=fleet_processes(count),
             timeout=seconds * 10 + 15,
+            publishers=PUBLISHERS,
         )
         fleet.open()
         if wait_ready:
             wait_ready(count)
         time.sleep(0.5)
         first = time.time()
-        with ThreadPoolExecutor(16) as pool:
-            futures = []
-            for n in range(events):
-                delay = first + n / rate - time.time()
-                if delay > 0:
-                    time.sleep(delay)
-                futures.append(pool.submit(system.publish, token))
-            for future in futures:
-                future.result()
+        with ThreadPoolExecutor(PUBLISHERS) as pool:
+            paced = functools.partial(publish_paced, system, token, events, rate, first)
+            list(pool.map(paced, range(PUBLISHERS)))
         last_published = time.time()
         arrivals, cpu = fleet.collect()
-        complete = [a for a in arrivals if len(a) == events]
+        exact = [not any(v.values()) for v in fleet.verdicts]
+        complete = [a for a, ok in zip(arrivals, exact, strict=True) if ok]
         finished = max((a[-1] for a in complete), default=float("nan"))
         step = {
             "system": target.name,
@@ -110,6 +120,9 @@ def sustained(system, target, count: int, rates: list[int], seconds: float = 2.0
             "deliveries_per_second": round(len(complete) * events / (finished - first), 0) if complete else 0,
             "lag_after_last_publish_ms": round((finished - last_published) * 1000, 1),
             "incomplete_clients": count - len(complete),
+            "missing": sum(v["missing"] for v in fleet.verdicts),
+            "duplicates": sum(v["duplicates"] for v in fleet.verdicts),
+            "out_of_order": sum(v["out_of_order"] for v in fleet.verdicts),
             "client_cpu_seconds": round(cpu, 2),
         }
         print(json.dumps(step), flush=True)
@@ -203,9 +216,9 @@ def hub_stalls(service: Service, streams: int = 200, events: int = 50, logins: i
             process.start()
         time.sleep(1.0 if storm else 0)  # let the storm fill the hashing queue
         published = []
-        for _ in range(events):
+        for n in range(events):
             published.append(time.time())
-            service.publish(token)
+            service.publish(tag(token, n))
             time.sleep(0.05)
         arrivals, _ = fleet.collect()
         stop.set()
@@ -319,13 +332,15 @@ def tables(results: dict) -> str:
         )
     lines += [
         "",
-        "| system | streams | target rate/s | achieved | deliveries/s | lag after last publish | incomplete |",
+        "| system | streams | target rate/s | achieved | deliveries/s | lag after last publish | incomplete "
+        "| missing / twice / out of order |",
         "|---|---|---|---|---|---|---|",
     ]
     for r in results["sustained"]:
         lines.append(
             f"| {r['system']} | {r['streams']} | {r['rate_per_second']} | {r['achieved_publish_rate']} | "
-            f"{r['deliveries_per_second']:,.0f} | {r['lag_after_last_publish_ms']} ms | {r['incomplete_clients']} |"
+            f"{r['deliveries_per_second']:,.0f} | {r['lag_after_last_publish_ms']} ms | {r['incomplete_clients']} "
+            f"| {r.get('missing', '-')} / {r.get('duplicates', '-')} / {r.get('out_of_order', '-')} |"
         )
     lines += ["", "| publishing (8 client processes) | requests/s | events/s | p50 | p99 |", "|---|---|---|---|---|"]
     for r in results.get("publishing", []):

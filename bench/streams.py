@@ -1,8 +1,9 @@
 """The load generator: many idle streams from several client processes, and what reaches them.
 
-Each client process runs asyncio on raw sockets (no HTTP library in the hot path) and only counts
-occurrences of a per-run token in what it reads, so it stays cheap next to the server. Processes
-report their own CPU time, so the report can show the generator was not the bottleneck.
+Each client process runs asyncio on raw sockets (no HTTP library in the hot path). It decodes the
+framing (chunked transfer coding, WebSocket frames), finds the numbered tags of the run's events in the
+decoded body (`tag(token, n)`) and checks each stream exactly: every event once, in each publisher's
+order. Processes report their own CPU time, so the report can show the generator was not the bottleneck.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ import base64
 import contextlib
 import multiprocessing
 import os
+import re
 import resource
+import struct
 import time
 from dataclasses import dataclass, field
 
@@ -37,7 +40,123 @@ def raise_fd_limit() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
-async def open_stream(target: Target):
+class Chunked:
+    """Transfer-Encoding: chunked, decoded as bytes arrive: a chunk header may fall anywhere, even inside
+    an event, so counting in the raw bytes would miss events split by one."""
+
+    def __init__(self):
+        self.buffer = b""
+        self.remaining = 0  # bytes of the current chunk still to come
+        self.crlf_due = False  # the CRLF that ends a chunk's data
+        self.ended = False  # the last (empty) chunk came: the response is complete
+
+    def feed(self, data: bytes) -> bytes:
+        if self.ended:
+            return b""
+        self.buffer += data
+        out = []
+        while True:
+            if self.remaining:
+                piece = self.buffer[: self.remaining]
+                out.append(piece)
+                self.remaining -= len(piece)
+                self.buffer = self.buffer[len(piece) :]
+                if self.remaining:
+                    break
+                self.crlf_due = True
+            if self.crlf_due:
+                if len(self.buffer) < 2:
+                    break
+                self.buffer, self.crlf_due = self.buffer[2:], False
+            line_end = self.buffer.find(b"\r\n")
+            if line_end < 0:
+                break
+            size = int(self.buffer[:line_end].split(b";")[0], 16)
+            self.buffer = self.buffer[line_end + 2 :]
+            if size == 0:
+                self.ended = True
+                break
+            self.remaining = size
+        return b"".join(out)
+
+
+class WebSocketFrames:
+    """Server-to-client WebSocket frames (unmasked), decoded to their payloads, one per line."""
+
+    def __init__(self):
+        self.buffer = b""
+
+    def feed(self, data: bytes) -> bytes:
+        self.buffer += data
+        out = []
+        while len(self.buffer) >= 2:
+            length, header = self.buffer[1] & 0x7F, 2
+            if length == 126:
+                if len(self.buffer) < 4:
+                    break
+                length, header = struct.unpack("!H", self.buffer[2:4])[0], 4
+            elif length == 127:
+                if len(self.buffer) < 10:
+                    break
+                length, header = struct.unpack("!Q", self.buffer[2:10])[0], 10
+            if len(self.buffer) < header + length:
+                break
+            if self.buffer[0] & 0x0F in (0, 1, 2):  # continuation, text, binary
+                out.append(self.buffer[header : header + length] + b"\n")
+            self.buffer = self.buffer[header + length :]
+        return b"".join(out)
+
+
+class Deferred:
+    """For a server that sends its response head only with the first event: the head, then its framing."""
+
+    def __init__(self):
+        self.head = b""
+        self.decoder: Chunked | Plain | None = None
+
+    def feed(self, data: bytes) -> bytes:
+        if self.decoder is not None:
+            return self.decoder.feed(data)
+        self.head += data
+        if b"\r\n\r\n" not in self.head:
+            return b""
+        head, body = self.head.split(b"\r\n\r\n", 1)
+        self.decoder = Chunked() if b"transfer-encoding: chunked" in head.lower() else Plain()
+        return self.decoder.feed(body)
+
+
+class Plain:
+    """A body sent as it is (no chunked framing)."""
+
+    @staticmethod
+    def feed(data: bytes) -> bytes:
+        return data
+
+
+@dataclass
+class Stream:
+    """An open stream: its socket, the decoder of its framing, and decoded bytes not yet examined."""
+
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+    decoder: Chunked | WebSocketFrames | Deferred | Plain
+    pending: bytes = b""
+
+    async def read(self) -> bytes:
+        """The next decoded bytes ("" once the server closed)."""
+        if self.pending:
+            data, self.pending = self.pending, b""
+            return data
+        while True:
+            chunk = await self.reader.read(65536)
+            if not chunk:
+                return b""
+            data = self.decoder.feed(chunk)
+            if data:
+                return data
+
+
+async def open_stream(target: Target) -> Stream:
     reader, writer = await asyncio.open_connection(target.host, target.port, limit=2**20)
     lines = [f"GET {target.path} HTTP/1.1", f"Host: {target.host}:{target.port}"]
     if target.transport == "ws":
@@ -48,32 +167,78 @@ async def open_stream(target: Target):
     lines += [f"{k}: {v}" for k, v in target.headers.items()]
     writer.write(("\r\n".join(lines) + "\r\n\r\n").encode())
     await writer.drain()
-    if target.headers_first:
-        head = await reader.readuntil(b"\r\n\r\n")
-        status = head.split(b"\r\n", 1)[0]
-        if b" 200 " not in status and b" 101 " not in status:
-            raise RuntimeError(status.decode())
-        if target.opened_when != b"\r\n\r\n":
-            await reader.readuntil(target.opened_when)
-    return reader, writer
+    if not target.headers_first:
+        return Stream(reader, writer, Deferred())
+    head = await reader.readuntil(b"\r\n\r\n")
+    status = head.split(b"\r\n", 1)[0]
+    if b" 200 " not in status and b" 101 " not in status:
+        raise RuntimeError(status.decode())
+    if target.transport == "ws":
+        decoder = WebSocketFrames()
+    elif b"transfer-encoding: chunked" in head.lower():
+        decoder = Chunked()
+    else:
+        decoder = Plain()
+    stream = Stream(reader, writer, decoder)
+    if target.opened_when != b"\r\n\r\n":
+        seen = b""
+        while target.opened_when not in seen:
+            data = await stream.read()
+            if not data:
+                raise RuntimeError("closed before it opened")
+            seen += data
+        stream.pending = seen[seen.index(target.opened_when) + len(target.opened_when) :]
+    return stream
 
 
-async def count_tokens(reader, token: bytes, expected: int, arrivals: list) -> None:
-    """Read until `expected` tokens were seen; note the wall time of each."""
-    seen, tail = 0, b""
-    while seen < expected:
-        chunk = await reader.read(65536)
-        if not chunk:
+def tag(token: str, n: int) -> str:
+    """What event number `n` of a run carries: the run's token, the number and a terminator."""
+    return f"{token}:{n};"
+
+
+async def read_tags(stream: Stream, token: bytes, expected: int, arrivals: list, seen: list) -> None:
+    """Read until `expected` different event numbers of this run arrived; note each number and its time."""
+    pattern = re.compile(re.escape(token) + rb":(\d+);")
+    keep = len(token) + 24  # the longest partial tag that may continue in the next read
+    window, unique = b"", set()
+    while len(unique) < expected:
+        data = await stream.read()
+        if not data:
             return
-        window = tail + chunk
-        found = window.count(token) - tail.count(token)
-        now = time.time()
-        arrivals.extend([now] * min(found, expected - seen))
-        seen += found
-        tail = window[-(len(token) - 1) :] if len(token) > 1 else b""
+        window += data
+        now, last_end = time.time(), 0
+        for match in pattern.finditer(window):
+            n = int(match.group(1))
+            seen.append(n)
+            arrivals.append(now)
+            unique.add(n)
+            last_end = match.end()
+        window = window[last_end:][-keep:]
 
 
-def _client_process(target: Target, count: int, token: bytes, expected: int, timeout: float, ready, results) -> None:
+def verdict(seen: list[int], expected: int, publishers: int) -> dict:
+    """Exactness of one stream: events missing, delivered twice, or out of order.
+
+    Event n is published by publisher n % `publishers`, each publishing its own numbers in increasing
+    order one after the other, so within one publisher the order of arrival must be the order of n.
+    """
+    unique = set(seen)
+    last: dict[int, int] = {}
+    out_of_order = 0
+    for n in seen:
+        if last.get(n % publishers, -1) > n:
+            out_of_order += 1
+        last[n % publishers] = max(n, last.get(n % publishers, -1))
+    return {
+        "missing": len(set(range(expected)) - unique),
+        "duplicates": len(seen) - len(unique),
+        "out_of_order": out_of_order,
+    }
+
+
+def _client_process(
+    target: Target, count: int, token: bytes, expected: int, publishers: int, timeout: float, ready, results
+) -> None:
     raise_fd_limit()
 
     async def main():
@@ -84,21 +249,23 @@ def _client_process(target: Target, count: int, token: bytes, expected: int, tim
             async with gate:
                 return await open_stream(target)
 
-        connections = await asyncio.gather(*(one() for _ in range(count)))
+        streams = await asyncio.gather(*(one() for _ in range(count)))
         ready.put((count, time.perf_counter() - started))
-        per_connection = [[] for _ in connections]
+        per_connection = [[] for _ in streams]
+        numbers = [[] for _ in streams]
         readers = [
-            count_tokens(r, token, expected, arrivals)
-            for (r, _), arrivals in zip(connections, per_connection, strict=True)
+            read_tags(stream, token, expected, arrivals, seen)
+            for stream, arrivals, seen in zip(streams, per_connection, numbers, strict=True)
         ]
         cpu_before = os.times()
         with contextlib.suppress(TimeoutError):  # what has not arrived by then is reported as missing
             await asyncio.wait_for(asyncio.gather(*readers), timeout)
         cpu_after = os.times()
-        for _, writer in connections:
-            writer.close()
+        for stream in streams:
+            stream.writer.close()
         cpu = (cpu_after.user - cpu_before.user) + (cpu_after.system - cpu_before.system)
-        results.put({"arrivals": per_connection, "cpu_seconds": cpu})
+        verdicts = [verdict(seen, expected, publishers) for seen in numbers]
+        results.put({"arrivals": per_connection, "verdicts": verdicts, "cpu_seconds": cpu})
 
     asyncio.run(main())
 
@@ -122,6 +289,7 @@ class StreamFleet:
         expected: int = 1,
         processes: int = 2,
         timeout: float = READ_TIMEOUT,
+        publishers: int = 1,
     ):
         self.target, self.count, self.token, self.expected = target, count, token.encode(), expected
         self.timeout = timeout
@@ -131,7 +299,8 @@ class StreamFleet:
         shares = [count // self.processes + (1 if i < count % self.processes else 0) for i in range(self.processes)]
         self.workers = [
             context.Process(
-                target=_client_process, args=(target, n, self.token, expected, timeout, self.ready, self.results)
+                target=_client_process,
+                args=(target, n, self.token, expected, publishers, timeout, self.ready, self.results),
             )
             for n in shares
         ]
@@ -145,10 +314,16 @@ class StreamFleet:
         return time.perf_counter() - started
 
     def collect(self) -> tuple[list[list[float]], float]:
+        """Per stream the arrival time of each event, and the client processes' CPU seconds.
+
+        `self.verdicts` then holds per stream what was missing, delivered twice or out of order.
+        """
         arrivals, cpu = [], 0.0
+        self.verdicts: list[dict] = []
         for _ in self.workers:
             result = self.results.get(timeout=self.timeout + 30)
             arrivals += result["arrivals"]
+            self.verdicts += result["verdicts"]
             cpu += result["cpu_seconds"]
         for worker in self.workers:
             worker.join(10)
@@ -159,17 +334,17 @@ async def _single_latency(target: Target, publish, count: int) -> list[float]:
     """One stream: publish, wait for that event, repeat. Publish-to-receive seconds per event."""
     if not target.headers_first:
         raise ValueError("needs a target that answers before its first event")
-    reader, writer = await open_stream(target)
+    stream = await open_stream(target)
     latencies, loop = [], asyncio.get_running_loop()
     for n in range(count):
-        token = f"single-{n}-{os.getpid()}-".encode()
+        token = f"single-{n}-{os.getpid()}"
         arrivals: list[float] = []
-        waiter = asyncio.ensure_future(count_tokens(reader, token, 1, arrivals))
+        waiter = asyncio.ensure_future(read_tags(stream, token.encode(), 1, arrivals, []))
         started = time.time()
-        await loop.run_in_executor(None, publish, token.decode())
+        await loop.run_in_executor(None, publish, tag(token, 0))
         await asyncio.wait_for(waiter, 10)
         latencies.append(arrivals[0] - started)
-    writer.close()
+    stream.writer.close()
     return latencies
 
 
