@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import multiprocessing
 import os
 import re
@@ -196,15 +195,18 @@ def tag(token: str, n: int) -> str:
     return f"{token}:{n};"
 
 
-async def read_tags(stream: Stream, token: bytes, expected: int, arrivals: list, seen: list) -> None:
-    """Read until `expected` different event numbers of this run arrived; note each number and its time."""
+async def read_tags(stream: Stream, token: bytes, expected: int, arrivals: list, seen: list) -> bool:
+    """Read until `expected` different event numbers of this run arrived; note each number and its time.
+
+    False if the server closed the stream first.
+    """
     pattern = re.compile(re.escape(token) + rb":(\d+);")
     keep = len(token) + 24  # the longest partial tag that may continue in the next read
     window, unique = b"", set()
     while len(unique) < expected:
         data = await stream.read()
         if not data:
-            return
+            return False
         window += data
         now, last_end = time.time(), 0
         for match in pattern.finditer(window):
@@ -214,6 +216,7 @@ async def read_tags(stream: Stream, token: bytes, expected: int, arrivals: list,
             unique.add(n)
             last_end = match.end()
         window = window[last_end:][-keep:]
+    return True
 
 
 def verdict(seen: list[int], expected: int, publishers: int) -> dict:
@@ -258,13 +261,16 @@ def _client_process(
             for stream, arrivals, seen in zip(streams, per_connection, numbers, strict=True)
         ]
         cpu_before = os.times()
-        with contextlib.suppress(TimeoutError):  # what has not arrived by then is reported as missing
-            await asyncio.wait_for(asyncio.gather(*readers), timeout)
+        tasks = [asyncio.ensure_future(r) for r in readers]
+        await asyncio.wait(tasks, timeout=timeout)  # what has not arrived by then is reported as missing
         cpu_after = os.times()
         for stream in streams:
             stream.writer.close()
         cpu = (cpu_after.user - cpu_before.user) + (cpu_after.system - cpu_before.system)
         verdicts = [verdict(seen, expected, publishers) for seen in numbers]
+        for task, each in zip(tasks, verdicts, strict=True):
+            each["closed_by_server"] = task.done() and not task.cancelled() and task.result() is False
+            task.cancel()
         results.put({"arrivals": per_connection, "verdicts": verdicts, "cpu_seconds": cpu})
 
     asyncio.run(main())
