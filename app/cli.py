@@ -159,7 +159,12 @@ def _one_line_errors(command):
             return command(*args, **kwargs)
         except ApiError as error:
             raise click.ClickException(error.message) from None
-        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as error:
+        except (
+            redis.exceptions.ConnectionError,
+            redis.exceptions.TimeoutError,
+            redis.exceptions.ClusterDownError,
+            redis.exceptions.RedisClusterException,
+        ) as error:
             url = _without_password(current_app.config["SETTINGS"].redis_url)
             raise click.ClickException(
                 f"cannot reach Redis at {url} ({_first_line(error)}): start it (`make run` starts one and "
@@ -170,6 +175,9 @@ def _one_line_errors(command):
 
 
 def _without_password(url: str) -> str:
+    """The URL with any password masked; each seed of a cluster's comma-separated list alike."""
+    if "," in url:
+        return ",".join(_without_password(seed.strip()) for seed in url.split(","))
     parts = urlsplit(url)
     if parts.password is None:
         return url
