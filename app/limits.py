@@ -9,7 +9,7 @@ counted per device instead (see `auth/devices.py`), so guesses cannot lock the o
 from __future__ import annotations
 
 import hashlib
-from urllib.parse import parse_qsl, quote, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from flask import Flask, request
 from flask_limiter import Limiter
@@ -93,24 +93,25 @@ def rate_limited(name: str, per: tuple[str, ...]):
 def limiter_storage(redis_url: str, mode: str) -> tuple[str, dict]:
     """The `limits` storage URI and options for the app's Redis.
 
-    On a cluster, `limits` wants `redis+cluster://[user:password@]host:port,host:port`; the app's seeds
-    are comma-separated `redis://` (or `rediss://`) URLs, whose credentials and TLS are the first seed's.
+    On a cluster, `limits` wants `redis+cluster://host:port,host:port`; the app's seeds are
+    comma-separated `redis://` (or `rediss://`) URLs, whose credentials and TLS are the first seed's
+    (passed as options: `limits` would not decode a percent-encoded password in the URI).
     """
     options: dict = {"socket_connect_timeout": 3}
     if mode != "cluster":
         return redis_url, options
     seeds = [urlsplit(seed.strip()) for seed in redis_url.split(",") if seed.strip()]
     first = seeds[0]
-    hosts = ",".join(f"{seed.hostname}:{seed.port or 6379}" for seed in seeds)
-    credentials = ""
-    if first.username or first.password:
-        credentials = f"{quote(first.username or '')}:{quote(first.password or '')}@"
+    if first.username:
+        options["username"] = unquote(first.username)
+    if first.password:
+        options["password"] = unquote(first.password)
     if first.scheme == "rediss":
         options["ssl"] = True
         cert_reqs = dict(parse_qsl(first.query)).get("ssl_cert_reqs")
         if cert_reqs:
             options["ssl_cert_reqs"] = cert_reqs
-    return f"redis+cluster://{credentials}{hosts}", options
+    return "redis+cluster://" + ",".join(f"{seed.hostname}:{seed.port or 6379}" for seed in seeds), options
 
 
 def init_app(app: Flask) -> None:

@@ -13,6 +13,7 @@ import redis
 from flask import Flask, current_app
 from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode
+from redis.commands.core import Script
 from redis.retry import Retry
 
 
@@ -426,12 +427,14 @@ def connect(url: str, max_connections: int, mode: str = "standalone") -> redis.R
         seeds = [seed.strip() for seed in url.split(",") if seed.strip()]
         # `url` (the first seed) gives credentials and TLS to every node, and makes redis-py build each
         # node's pool from `connection_pool_class` (without it the class is ignored).
-        return redis.RedisCluster(
-            url=seeds[0],
-            startup_nodes=[ClusterNode(*_host_port(seed)) for seed in seeds],
-            connection_pool_class=_NodePool,
-            max_connections=max_connections,
-            **options,
+        return _LazyCluster(
+            lambda: redis.RedisCluster(
+                url=seeds[0],
+                startup_nodes=[ClusterNode(*_host_port(seed)) for seed in seeds],
+                connection_pool_class=_NodePool,
+                max_connections=max_connections,
+                **options,
+            )
         )
     pool = redis.BlockingConnectionPool.from_url(url, max_connections=max_connections, timeout=5, **options)
     return redis.Redis(connection_pool=pool)
@@ -444,9 +447,41 @@ class _NodePool(redis.BlockingConnectionPool):
         super().__init__(timeout=5, **kwargs)
 
 
+class _LazyCluster:
+    """redis-py's cluster client, built when first used.
+
+    Building it asks the seeds for the cluster's layout. Deferring that keeps start-up as it is on one
+    Redis: the app starts while the cluster is unreachable, requests answer 503 and CLI commands say
+    in one line what they cannot reach (a ConnectionError), and the next use tries again.
+    """
+
+    def __init__(self, build):
+        self._build = build
+        self._client: redis.RedisCluster | None = None
+
+    def _real(self) -> redis.RedisCluster:
+        if self._client is None:
+            try:
+                self._client = self._build()
+            except redis.exceptions.RedisClusterException as error:
+                raise redis.exceptions.ConnectionError(str(error)) from None
+        return self._client
+
+    def register_script(self, script: str):
+        """A script bound to this client (no round trip: the SHA is computed locally)."""
+        return Script(self, script)
+
+    def get_encoder(self):
+        """What `Script` encodes its source with, before any connection exists."""
+        return redis.connection.Encoder("utf-8", "strict", True)
+
+    def __getattr__(self, name: str):
+        return getattr(self._real(), name)
+
+
 def is_cluster(client) -> bool:
     """Whether `client` talks to a Redis Cluster."""
-    return isinstance(client, redis.RedisCluster)
+    return isinstance(client, redis.RedisCluster | _LazyCluster)
 
 
 def _host_port(url: str) -> tuple[str, int]:

@@ -28,6 +28,7 @@ def no_request_raised_in_any_server():
 
 REDIS_MODES = ("standalone", "cluster")
 NOT_ON_CLUSTER = "not_on_cluster"
+CLUSTER_ONLY = "cluster_only"
 
 
 def pytest_addoption(parser):
@@ -45,10 +46,11 @@ def pytest_configure(config):
         f"{NOT_ON_CLUSTER}(reason): the test cannot apply to a Redis Cluster (it starts its own redis-server, "
         "tests a proxy or the browser page...); it runs against one redis-server only",
     )
+    config.addinivalue_line("markers", f"{CLUSTER_ONLY}: the test is about the cluster; it runs against it only")
 
 
 def pytest_collection_modifyitems(config, items):
-    """Drop the cases of a Redis mode not asked for, and the cluster cases of tests marked not_on_cluster."""
+    """Drop the cases of a Redis mode not asked for, and those a test's marker rules out."""
     wanted = config.getoption("--redis-mode")
     kept, dropped = [], []
     for item in items:
@@ -56,7 +58,10 @@ def pytest_collection_modifyitems(config, items):
         marker = item.get_closest_marker(NOT_ON_CLUSTER)
         if marker is not None and not (marker.args or marker.kwargs.get("reason")):
             raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.{NOT_ON_CLUSTER} needs a reason")
-        if mode and ((wanted != "both" and mode != wanted) or (mode == "cluster" and marker is not None)):
+        ruled_out = (mode == "cluster" and marker is not None) or (
+            mode == "standalone" and item.get_closest_marker(CLUSTER_ONLY) is not None
+        )
+        if mode and ((wanted != "both" and mode != wanted) or ruled_out):
             dropped.append(item)
         else:
             kept.append(item)

@@ -17,27 +17,28 @@ from ..redis import Keys, get_redis, get_script
 PENDING = "pending:"
 ATTEMPTS = 5
 
-# KEYS[1] index. ARGV: claimant's user id, the value the caller saw and found free ('' to claim only an
-# unset index). nil when claimed, else the value that holds it.
+# KEYS[1] index. ARGV: the claimant's pending value (`pending:<id>`), the value the caller saw and found
+# free ('' to claim only an unset index). nil when claimed, else the value that holds it.
 CLAIM_LUA = """
 local current = redis.call('GET', KEYS[1])
 if current and current ~= ARGV[2] then return current end
-redis.call('SET', KEYS[1], 'pending:' .. ARGV[1])
+redis.call('SET', KEYS[1], ARGV[1])
 return false
 """
 
-# KEYS[1] index. ARGV: user id. 1 when the index (pending or committed) is that user's and now committed.
+# KEYS[1] index. ARGV: the user's pending value, the user id. 1 when the index (pending or committed) is
+# that user's and now committed.
 COMMIT_LUA = """
 local current = redis.call('GET', KEYS[1])
-if current ~= 'pending:' .. ARGV[1] and current ~= ARGV[1] then return 0 end
-redis.call('SET', KEYS[1], ARGV[1])
+if current ~= ARGV[1] and current ~= ARGV[2] then return 0 end
+redis.call('SET', KEYS[1], ARGV[2])
 return 1
 """
 
-# KEYS[1] index. ARGV: user id. Deletes the index only while it is that user's.
+# KEYS[1] index. ARGV: the user's pending value, the user id. Deletes the index only while it is that user's.
 RELEASE_LUA = """
 local current = redis.call('GET', KEYS[1])
-if current ~= 'pending:' .. ARGV[1] and current ~= ARGV[1] then return 0 end
+if current ~= ARGV[1] and current ~= ARGV[2] then return 0 end
 redis.call('DEL', KEYS[1])
 return 1
 """
@@ -55,7 +56,7 @@ def claim(key: str, user_id: str) -> str | None:
     seen = ""
     owner = None
     for _ in range(ATTEMPTS):
-        value = script(keys=[key], args=[user_id, seen])
+        value = script(keys=[key], args=[PENDING + user_id, seen])
         if value is None:
             return None
         owner = holder(value)
@@ -71,9 +72,9 @@ def claim(key: str, user_id: str) -> str | None:
 
 def commit(key: str, user_id: str) -> bool:
     """Make a claim final; False when it is no longer this user's (someone took over a stale claim)."""
-    return bool(get_script(COMMIT_LUA)(keys=[key], args=[user_id]))
+    return bool(get_script(COMMIT_LUA)(keys=[key], args=[PENDING + user_id, user_id]))
 
 
 def release(key: str, user_id: str) -> None:
     """Drop the index while it names `user_id` (a failed creation, a deleted user)."""
-    get_script(RELEASE_LUA)(keys=[key], args=[user_id])
+    get_script(RELEASE_LUA)(keys=[key], args=[PENDING + user_id, user_id])
