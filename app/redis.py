@@ -447,17 +447,25 @@ class _NodePool(redis.BlockingConnectionPool):
         super().__init__(timeout=5, **kwargs)
 
 
-class _LazyCluster:
-    """redis-py's cluster client, built when first used.
+class _LazyCluster(redis.RedisCluster):
+    """redis-py's cluster client, built when first used (and an instance of it, for `isinstance`).
 
     Building it asks the seeds for the cluster's layout. Deferring that keeps start-up as it is on one
     Redis: the app starts while the cluster is unreachable, requests answer 503 and CLI commands say
-    in one line what they cannot reach (a ConnectionError), and the next use tries again.
+    in one line what they cannot reach (a ConnectionError), and the next use tries again. Every
+    attribute but the few below is the built client's.
     """
 
-    def __init__(self, build):
+    _OWN = frozenset({"_build", "_client", "_real", "register_script", "get_encoder", "close"})
+
+    def __init__(self, build):  # no super().__init__(): that would connect
         self._build = build
-        self._client: redis.RedisCluster | None = None
+        self._client = None
+
+    def __getattribute__(self, name: str):
+        if name in _LazyCluster._OWN or name.startswith("__"):
+            return object.__getattribute__(self, name)
+        return getattr(object.__getattribute__(self, "_real")(), name)
 
     def _real(self) -> redis.RedisCluster:
         if self._client is None:
@@ -475,13 +483,38 @@ class _LazyCluster:
         """What `Script` encodes its source with, before any connection exists."""
         return redis.connection.Encoder("utf-8", "strict", True)
 
-    def __getattr__(self, name: str):
-        return getattr(self._real(), name)
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+
+    def __del__(self):
+        pass
+
+    def __repr__(self) -> str:
+        return f"<lazy {self._client!r}>"
+
+    def __getitem__(self, name):
+        return self._real()[name]
+
+    def __setitem__(self, name, value):
+        self._real()[name] = value
+
+    def __delitem__(self, name):
+        del self._real()[name]
+
+    def __contains__(self, name):
+        return name in self._real()
+
+    def __enter__(self):
+        return self._real()
+
+    def __exit__(self, *exc):
+        self.close()
 
 
 def is_cluster(client) -> bool:
     """Whether `client` talks to a Redis Cluster."""
-    return isinstance(client, redis.RedisCluster | _LazyCluster)
+    return isinstance(client, redis.RedisCluster)
 
 
 def _host_port(url: str) -> tuple[str, int]:
