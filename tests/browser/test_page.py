@@ -362,6 +362,8 @@ EMBEDDING_PAGE = """<!doctype html><html lang="en"><head><meta charset="utf-8"><
 <p id="state">offline</p><ol id="events"></ol>
 <script type="module">
 import {{ Client, EventFeed }} from "{service}/static/client.js";
+
+pytestmark = pytest.mark.not_on_cluster("the browser page: a UI test, no Redis logic of its own")
 const client = new Client({{ baseUrl: "{service}", onLoggedOut: () => {{ window.loggedOut = true; }} }});
 const feed = new EventFeed(client, {{
   onEvent: (event) => {{
