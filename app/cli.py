@@ -1,4 +1,4 @@
-"""Operator commands: `flask --app wsgi users ...`, `events publish` and `api-keys ...`."""
+"""Operator commands: `flask --app wsgi users ...`, `events publish`, `api-keys ...` and `redis migrate-keys`."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from .errors import ApiError
 
 
 def init_app(app: Flask) -> None:
-    """Add the `users`, `events` and `api-keys` command groups to `flask`."""
+    """Add the `users`, `events`, `api-keys` and `redis` command groups to `flask`."""
     users_group = click.Group("users", help="Manage user accounts.")
 
     @users_group.command("create")
@@ -139,6 +139,27 @@ def init_app(app: Flask) -> None:
         click.echo(f"deleted {key_id}")
 
     app.cli.add_command(keys_group)
+
+    redis_group = click.Group("redis", help="Maintain the data in Redis.")
+
+    @redis_group.command("migrate-keys")
+    @_one_line_errors
+    def migrate_keys_command():
+        """Rename the keys of a database from before hash-tagged key names (run once, on one Redis).
+
+        Users, recovery codes, OAuth links, received webhooks and queued mail move; sessions and
+        pending mailed or MFA tokens are deleted (everyone logs in again).
+        """
+        from .keymigration import migrate
+        from .redis import get_redis, is_cluster
+
+        client = get_redis()
+        if is_cluster(client):
+            raise click.ClickException("migrate on the single Redis the data was written to, then move to a cluster")
+        counts = migrate(client)
+        click.echo(f"moved {counts['moved']} keys, deleted {counts['dropped']} (sessions and pending tokens)")
+
+    app.cli.add_command(redis_group)
 
 
 def _user_or_fail(id_or_email: str) -> dict:
