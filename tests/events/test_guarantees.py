@@ -15,6 +15,8 @@ from tests.events.clients import SSE, Api, open_ws, ws_close_code, ws_json
 from tests.servers import RedisServer, process_env, wait_until
 from tests.utils import DEFAULT_PASSWORD
 
+pytestmark = pytest.mark.not_on_cluster("live delivery on a cluster: events helper")
+
 
 def publish_many(user: Api, count: int, start: int = 0) -> list[str]:
     return [user.publish_ok({"n": n}) for n in range(start, start + count)]
