@@ -1,4 +1,4 @@
-"""Operator commands: `flask --app wsgi users ...`, `events publish` and `api-keys ...`."""
+"""Operator commands: `flask --app wsgi users ...`, `events publish`, `api-keys ...` and `redis migrate-keys`."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from .errors import ApiError
 
 
 def init_app(app: Flask) -> None:
-    """Add the `users`, `events` and `api-keys` command groups to `flask`."""
+    """Add the `users`, `events`, `api-keys` and `redis` command groups to `flask`."""
     users_group = click.Group("users", help="Manage user accounts.")
 
     @users_group.command("create")
@@ -140,6 +140,27 @@ def init_app(app: Flask) -> None:
 
     app.cli.add_command(keys_group)
 
+    redis_group = click.Group("redis", help="Maintain the data in Redis.")
+
+    @redis_group.command("migrate-keys")
+    @_one_line_errors
+    def migrate_keys_command():
+        """Rename the keys of a database from before hash-tagged key names (run once, on one Redis).
+
+        Users, recovery codes, OAuth links, received webhooks and queued mail move; sessions and
+        pending mailed or MFA tokens are deleted (everyone logs in again).
+        """
+        from .keymigration import migrate
+        from .redis import get_redis, is_cluster
+
+        client = get_redis()
+        if is_cluster(client):
+            raise click.ClickException("migrate on the single Redis the data was written to, then move to a cluster")
+        counts = migrate(client)
+        click.echo(f"moved {counts['moved']} keys, deleted {counts['dropped']} (sessions and pending tokens)")
+
+    app.cli.add_command(redis_group)
+
 
 def _user_or_fail(id_or_email: str) -> dict:
     from .auth.users import find_user
@@ -159,7 +180,12 @@ def _one_line_errors(command):
             return command(*args, **kwargs)
         except ApiError as error:
             raise click.ClickException(error.message) from None
-        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as error:
+        except (
+            redis.exceptions.ConnectionError,
+            redis.exceptions.TimeoutError,
+            redis.exceptions.ClusterDownError,
+            redis.exceptions.RedisClusterException,
+        ) as error:
             url = _without_password(current_app.config["SETTINGS"].redis_url)
             raise click.ClickException(
                 f"cannot reach Redis at {url} ({_first_line(error)}): start it (`make run` starts one and "
@@ -170,6 +196,9 @@ def _one_line_errors(command):
 
 
 def _without_password(url: str) -> str:
+    """The URL with any password masked; each seed of a cluster's comma-separated list alike."""
+    if "," in url:
+        return ",".join(_without_password(seed.strip()) for seed in url.split(","))
     parts = urlsplit(url)
     if parts.password is None:
         return url

@@ -97,6 +97,8 @@ def init_app(app: Flask) -> None:
 
     @app.errorhandler(redis.exceptions.ConnectionError)
     @app.errorhandler(redis.exceptions.TimeoutError)
+    @app.errorhandler(redis.exceptions.ClusterDownError)  # a cluster failing over: no primary for a slot yet
+    @app.errorhandler(redis.exceptions.SlotNotCoveredError)
     def handle_redis_down(error: Exception):
         log.warning("redis unavailable: %s", type(error).__name__)
         return error_response(503, "unavailable", "A dependency is unavailable; retry shortly.", {"Retry-After": "1"})

@@ -9,6 +9,7 @@ counted per device instead (see `auth/devices.py`), so guesses cannot lock the o
 from __future__ import annotations
 
 import hashlib
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from flask import Flask, request
 from flask_limiter import Limiter
@@ -89,14 +90,39 @@ def rate_limited(name: str, per: tuple[str, ...]):
     return mark
 
 
+def limiter_storage(redis_url: str, mode: str) -> tuple[str, dict]:
+    """The `limits` storage URI and options for the app's Redis.
+
+    On a cluster, `limits` wants `redis+cluster://host:port,host:port`; the app's seeds are
+    comma-separated `redis://` (or `rediss://`) URLs, whose credentials and TLS are the first seed's
+    (passed as options: `limits` would not decode a percent-encoded password in the URI).
+    """
+    options: dict = {"socket_connect_timeout": 3}
+    if mode != "cluster":
+        return redis_url, options
+    seeds = [urlsplit(seed.strip()) for seed in redis_url.split(",") if seed.strip()]
+    first = seeds[0]
+    if first.username:
+        options["username"] = unquote(first.username)
+    if first.password:
+        options["password"] = unquote(first.password)
+    if first.scheme == "rediss":
+        options["ssl"] = True
+        cert_reqs = dict(parse_qsl(first.query)).get("ssl_cert_reqs")
+        if cert_reqs:
+            options["ssl_cert_reqs"] = cert_reqs
+    return "redis+cluster://" + ",".join(f"{seed.hostname}:{seed.port or 6379}" for seed in seeds), options
+
+
 def init_app(app: Flask) -> None:
     """Bind a limiter to this app and apply every limit its views declare (call after all blueprints)."""
     settings = app.config["SETTINGS"]
+    storage_uri, storage_options = limiter_storage(settings.redis_url, settings.redis_mode)
     limiter = Limiter(
         key_func=get_remote_address,
         app=app,
-        storage_uri=settings.redis_url,
-        storage_options={"socket_connect_timeout": 3},
+        storage_uri=storage_uri,
+        storage_options=storage_options,
         strategy="moving-window",
         headers_enabled=True,
         retry_after="delta-seconds",

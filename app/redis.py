@@ -1,7 +1,7 @@
 """The Redis client, every key name, and the Lua scripts that make multi-key changes atomic.
 
-The Lua scripts build a few key names themselves (a record names its family or owner only at run time);
-they follow the same patterns as `Keys` below, which is the one place to change them.
+Every key a script touches is passed to it in KEYS (never built inside it), and the keys of one script
+share a hash tag, so each script runs on one hash slot of a Redis Cluster as well as on one Redis.
 """
 
 from __future__ import annotations
@@ -13,51 +13,99 @@ import redis
 from flask import Flask, current_app
 from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode
+from redis.commands.core import Script
 from redis.retry import Retry
 
 
 class Keys:
-    """Every Redis key name, built in one place."""
+    """Every Redis key name, built in one place.
+
+    Keys that one atomic step (a Lua script or a MULTI) touches together share a hash tag, so that on a
+    Redis Cluster they live in one hash slot: everything of one user under `{<user id>}` (record,
+    sessions and their refresh families, refresh tokens, MFA and mailed tokens, leases), a channel's
+    history under `{<channel>}`, a webhook provider's deliveries under `{<provider>}`, an outgoing
+    endpoint's keys under `{<endpoint id>}`. Global indexes (e-mail, OAuth identity, the list of users,
+    API keys) are single keys changed in ordered single-slot steps (see `app/auth/indexes.py`).
+    """
+
+    # One user: all under the user's hash tag.
 
     @staticmethod
     def user(user_id: str) -> str:
         """The user's record (a hash)."""
-        return f"user:{user_id}"
-
-    @staticmethod
-    def user_by_email(email: str) -> str:
-        """The id of the user with this e-mail."""
-        return f"user:email:{email}"
-
-    @staticmethod
-    def user_by_identity(provider: str, subject: str) -> str:
-        """The id of the user an OAuth provider knows by this subject."""
-        return f"user:identity:{provider}:{subject}"
+        return f"user:{{{user_id}}}"
 
     @staticmethod
     def user_sessions(user_id: str) -> str:
         """The ids of the user's sessions (a set)."""
-        return f"user:{user_id}:sessions"
+        return f"user:{{{user_id}}}:sessions"
 
     @staticmethod
-    def session(session_id: str) -> str:
+    def session(user_id: str, session_id: str) -> str:
         """One session (device): its record, also the head of its refresh family."""
-        return f"session:{session_id}"
+        return f"user:{{{user_id}}}:session:{session_id}"
 
     @staticmethod
-    def session_tokens(session_id: str) -> str:
-        """Every refresh-token hash of one family (family id == session id)."""
-        return f"session:{session_id}:tokens"
+    def session_tokens(user_id: str, session_id: str) -> str:
+        """Every refresh-token hash of one family (family id == session id), to delete them with the user."""
+        return f"user:{{{user_id}}}:session:{session_id}:tokens"
 
     @staticmethod
-    def refresh_token(token_hash: str) -> str:
-        """One refresh token's record, under its SHA-256."""
-        return f"refresh:{token_hash}"
+    def session_live_tokens(user_id: str, session_id: str) -> str:
+        """The family's refresh-token hashes not revoked yet: what ending the session revokes."""
+        return f"user:{{{user_id}}}:session:{session_id}:live"
+
+    @staticmethod
+    def refresh_token(user_id: str, token_hash: str) -> str:
+        """One refresh token's record, under its SHA-256 (the token names its user, see auth/sessions.py)."""
+        return f"user:{{{user_id}}}:refresh:{token_hash}"
 
     @staticmethod
     def connection_leases(user_id: str) -> str:
         """The user's live connections across every worker and instance (a sorted set of leases)."""
-        return f"user:{user_id}:connections"
+        return f"user:{{{user_id}}}:connections"
+
+    @staticmethod
+    def user_recovery_codes(user_id: str) -> str:
+        """SHA-256 hashes of the user's unused MFA recovery codes (a set)."""
+        return f"user:{{{user_id}}}:recovery"
+
+    @staticmethod
+    def user_mail_token(user_id: str, purpose: str) -> str:
+        """The user's newest mailed token of this purpose (a hash: its SHA-256, address, expiry); only it is valid."""
+        return f"user:{{{user_id}}}:mailtoken:{purpose}"
+
+    @staticmethod
+    def verification_resent(user_id: str) -> str:
+        """Set while a refused login's fresh verification mail is recent (one per cool-down)."""
+        return f"user:{{{user_id}}}:verification-resent"
+
+    @staticmethod
+    def mfa_login(user_id: str, token_hash: str) -> str:
+        """A half-finished login waiting for its second factor, under the mfa_token's SHA-256."""
+        return f"user:{{{user_id}}}:mfa:{token_hash}"
+
+    @staticmethod
+    def user_identities(user_id: str) -> str:
+        """The identity-index keys (`user_by_identity`) that name this user (a set), to release them on delete."""
+        return f"user:{{{user_id}}}:identities"
+
+    # Global indexes: single keys, each changed on its own (claim, write the record, commit).
+
+    @staticmethod
+    def user_by_email(email: str) -> str:
+        """The id of the user with this e-mail (`pending:<id>` while that user is being created)."""
+        return f"user:email:{email}"
+
+    @staticmethod
+    def user_by_identity(provider: str, subject: str) -> str:
+        """The id of the user an OAuth provider knows by this subject (`pending:<id>` while being created)."""
+        return f"user:identity:{provider}:{subject}"
+
+    @staticmethod
+    def users() -> str:
+        """Every user id, scored by creation time (a sorted set), for listing."""
+        return "users"
 
     @staticmethod
     def api_key(key_hash: str) -> str:
@@ -75,6 +123,13 @@ class Keys:
         return "apikeys"
 
     @staticmethod
+    def oauth_state_used(state_hash: str) -> str:
+        """Marks an OAuth state as used, so a replayed state cookie cannot use it twice."""
+        return f"oauth:state-used:{state_hash}"
+
+    # Event history.
+
+    @staticmethod
     def stream(channel: str) -> str:
         """A channel's event history (a stream)."""
         return f"events:{{{channel}}}"
@@ -84,75 +139,39 @@ class Keys:
         """The channel whose history a stream key holds (the inverse of `stream`)."""
         return key.removeprefix("events:{").removesuffix("}")
 
+    # Received webhooks: one provider's keys share its hash tag.
+
     @staticmethod
     def webhook_delivery(provider: str, delivery_id: str) -> str:
         """One received webhook delivery, under its id."""
-        return f"webhook:{provider}:delivery:{delivery_id}"
+        return f"webhook:{{{provider}}}:delivery:{delivery_id}"
 
     @staticmethod
     def webhook_seen(provider: str, identity: str) -> str:
         """Marks a further identity of a recorded delivery (e.g. its body's hash) as seen."""
-        return f"webhook:{provider}:seen:{identity}"
+        return f"webhook:{{{provider}}}:seen:{identity}"
 
     @staticmethod
-    def webhook_pending() -> str:
-        """Recorded deliveries not yet published, scored by when they are due."""
-        return "webhook:pending"
-
-    @staticmethod
-    def oauth_state_used(state_hash: str) -> str:
-        """Marks an OAuth state as used, so a replayed state cookie cannot use it twice."""
-        return f"oauth:state-used:{state_hash}"
-
-    @staticmethod
-    def users() -> str:
-        """Every user id, scored by creation time (a sorted set), for listing."""
-        return "users"
-
-    @staticmethod
-    def users_indexed() -> str:
-        """Set once the users created before the list existed have been added to it."""
-        return "users:indexed"
-
-    @staticmethod
-    def user_recovery_codes(user_id: str) -> str:
-        """SHA-256 hashes of the user's unused MFA recovery codes (a set)."""
-        return f"user:{user_id}:recovery"
-
-    @staticmethod
-    def user_mail_token(user_id: str, purpose: str) -> str:
-        """The hash of the user's newest mailed token of this purpose (only the newest is valid)."""
-        return f"user:{user_id}:mailtoken:{purpose}"
-
-    @staticmethod
-    def mail_token(purpose: str, token_hash: str) -> str:
-        """One mailed token (verification or reset), under its SHA-256."""
-        return f"mailtoken:{purpose}:{token_hash}"
-
-    @staticmethod
-    def verification_resent(user_id: str) -> str:
-        """Set while a refused login's fresh verification mail is recent (one per cool-down)."""
-        return f"user:{user_id}:verification-resent"
-
-    @staticmethod
-    def mfa_login(token_hash: str) -> str:
-        """A half-finished login waiting for its second factor, under the mfa_token's SHA-256."""
-        return f"mfa:{token_hash}"
-
-    @staticmethod
-    def mail_job(job_id: str) -> str:
-        """One queued mail (what to send and to whom, never a token)."""
-        return f"mail:job:{job_id}"
-
-    @staticmethod
-    def mail_queue() -> str:
-        """Queued mail ids scored by when they are next due (claimed ones: when their lease ends)."""
-        return "mail:queue"
+    def webhook_pending(provider: str) -> str:
+        """The provider's recorded deliveries not yet published, scored by when they are due."""
+        return f"webhook:{{{provider}}}:pending"
 
     @staticmethod
     def webhook_log(provider: str) -> str:
         """A provider's recent delivery ids, newest first."""
-        return f"webhook:{provider}:log"
+        return f"webhook:{{{provider}}}:log"
+
+    # The mail queue: one hash tag, so a job and its place in the queue change together.
+
+    @staticmethod
+    def mail_job(job_id: str) -> str:
+        """One queued mail (what to send and to whom, never a token)."""
+        return f"mail:{{queue}}:job:{job_id}"
+
+    @staticmethod
+    def mail_queue() -> str:
+        """Queued mail ids scored by when they are next due (claimed ones: when their lease ends)."""
+        return "mail:{queue}"
 
     # Outgoing webhooks (app/outgoing/). Each endpoint's keys share the endpoint's hash tag.
 
@@ -212,27 +231,75 @@ class Keys:
         return f"outgoing:consumer:{name}"
 
 
-# Shared Lua: revoke every live token of a family and end its session. Used by reuse detection,
-# per-device logout and logout-all so that all three end a session the same way.
-_END_SESSION_LUA = """
-local function end_session(sid, now)
-  local skey = 'session:' .. sid
-  local uid = redis.call('HGET', skey, 'user_id')
-  local tkey = skey .. ':tokens'
-  for _, h in ipairs(redis.call('SMEMBERS', tkey)) do
-    local rkey = 'refresh:' .. h
-    if redis.call('HGET', rkey, 'revoked_at') == '' then
-      redis.call('HSET', rkey, 'revoked_at', now)
+# Ending sessions, shared by every script that ends some (reuse detection, logout, logout-all, password
+# change and reset, deleting a user). A script touches only keys passed in KEYS, so the caller reads
+# first what ending will touch and lists it (`app/auth/sessions.py` `session_layout`): from KEYS[k], per
+# session, its record, its family's token set, its live-token set and then one refresh-token record per
+# listed token; from ARGV[a], the number of sessions, then per session its id, its token count and the
+# tokens' hashes. The tokens listed are the live ones, or with `purge` every token of the family. When
+# what is stored no longer matches the list (a login or refresh came in between), the script answers
+# 'stale' before writing anything and the caller reads again.
+SESSIONS_LUA = """
+local function listed_sessions(k, a)
+  local sessions, count = {}, tonumber(ARGV[a])
+  a = a + 1
+  for _ = 1, count do
+    local s = {id = ARGV[a], record = KEYS[k], all = KEYS[k + 1], live = KEYS[k + 2], tokens = {}, hashes = {}}
+    local n = tonumber(ARGV[a + 1])
+    for j = 1, n do
+      s.tokens[j] = KEYS[k + 2 + j]
+      s.hashes[j] = ARGV[a + 1 + j]
     end
+    k, a = k + 3 + n, a + 2 + n
+    table.insert(sessions, s)
   end
-  redis.call('DEL', skey, tkey)
-  if uid then redis.call('SREM', 'user:' .. uid .. ':sessions', sid) end
-  return uid
+  return sessions
+end
+
+local function set_is(key, members)
+  if redis.call('SCARD', key) ~= #members then return false end
+  for _, m in ipairs(members) do
+    if redis.call('SISMEMBER', key, m) == 0 then return false end
+  end
+  return true
+end
+
+-- Whether the listed tokens are still the ones stored, and the listed sessions, with `keep`, every
+-- session of the user (pass sessions_key=nil when only the listed sessions matter).
+local function still_current(sessions, sessions_key, keep, purge)
+  if sessions_key then
+    local ids = {}
+    for _, s in ipairs(sessions) do table.insert(ids, s.id) end
+    if keep and keep ~= '' and redis.call('SISMEMBER', sessions_key, keep) == 1 then table.insert(ids, keep) end
+    if not set_is(sessions_key, ids) then return false end
+  end
+  for _, s in ipairs(sessions) do
+    if not set_is(purge and s.all or s.live, s.hashes) then return false end
+  end
+  return true
+end
+
+-- Revoke (or, with purge, delete) the listed tokens and delete the sessions. Returns the ended ids.
+local function end_sessions(sessions, sessions_key, now, purge)
+  local ended = {}
+  for _, s in ipairs(sessions) do
+    for _, t in ipairs(s.tokens) do
+      if purge then
+        redis.call('DEL', t)
+      elseif redis.call('HGET', t, 'revoked_at') == '' then
+        redis.call('HSET', t, 'revoked_at', now)
+      end
+    end
+    redis.call('DEL', s.record, s.all, s.live)
+    redis.call('SREM', sessions_key, s.id)
+    table.insert(ended, s.id)
+  end
+  return ended
 end
 """
 
-#: The Lua function `end_session(sid, now)`, for feature scripts that end sessions as part of a larger step.
-END_SESSION_FUNCTION_LUA = _END_SESSION_LUA
+#: The Lua helpers above, for feature scripts that end sessions as part of a larger step.
+END_SESSION_FUNCTION_LUA = SESSIONS_LUA
 
 # KEYS[1] user, KEYS[2] session. ARGV: user id, now, touch interval.
 # One round trip for every authenticated request: the current tokenVersion, whether the session
@@ -248,105 +315,94 @@ end
 return {user[1], 1, user[2], user[3], user[4] or '', redis.call('HEXISTS', KEYS[1], 'totp_secret')}
 """
 
-# KEYS[1] the presented token's record, KEYS[2] the new token's record.
-# ARGV: now, new expiry (epoch s), ttl (s), grace (s), presented hash, new hash.
-# Returns {outcome, user_id, session_id, role, token_version}; outcome is
-# rotated | grace | reused | invalid.
+# KEYS: 1 the presented token's record, 2 the new token's record, 3 the session, 4 its token set, 5 its
+# live-token set, 6 the user, 7 the user's session set, then (only when the presented token turns out to
+# be reused) the session's listing as in SESSIONS_LUA. ARGV: now, new expiry (epoch s), ttl (s), grace
+# (s), presented hash, new hash, session id, then the listing (0 sessions at first).
+# Returns {outcome, user_id, session_id, role, token_version}; outcome is rotated | grace | reused |
+# invalid, or 'stale' when reuse was found and the session's live tokens must be listed (again).
 ROTATE_REFRESH = (
-    _END_SESSION_LUA
+    SESSIONS_LUA
     + """
 local now, expires, ttl, grace = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local rec = redis.call('HMGET', KEYS[1], 'user_id', 'family_id', 'expires_at', 'revoked_at')
 local uid, sid, exp, revoked = rec[1], rec[2], rec[3], rec[4]
-if not uid or tonumber(exp) <= now then return {'invalid'} end
-local skey = 'session:' .. sid
+if not uid or sid ~= ARGV[7] or tonumber(exp) <= now then return {'invalid'} end
 local outcome = 'rotated'
 if revoked ~= '' then
-  local previous = redis.call('HGET', skey, 'previous_hash')
+  local previous = redis.call('HGET', KEYS[3], 'previous_hash')
   if grace > 0 and previous == ARGV[5] and now - tonumber(revoked) <= grace then
     outcome = 'grace'
   else
-    end_session(sid, ARGV[1])
+    local sessions = listed_sessions(8, 8)
+    if #sessions ~= 1 or sessions[1].record ~= KEYS[3] or not still_current(sessions, nil, nil, false) then
+      return {'stale'}
+    end
+    end_sessions(sessions, KEYS[7], ARGV[1], false)
     return {'reused', uid, sid}
   end
 end
-if redis.call('EXISTS', skey) == 0 then return {'invalid'} end
-if outcome == 'rotated' then redis.call('HSET', KEYS[1], 'revoked_at', ARGV[1]) end
+if redis.call('EXISTS', KEYS[3]) == 0 then return {'invalid'} end
+if outcome == 'rotated' then
+  redis.call('HSET', KEYS[1], 'revoked_at', ARGV[1])
+  redis.call('SREM', KEYS[5], ARGV[5])
+end
 redis.call('HSET', KEYS[2], 'user_id', uid, 'family_id', sid, 'created_at', ARGV[1],
            'expires_at', expires, 'revoked_at', '')
 redis.call('EXPIRE', KEYS[2], ttl)
-local tkey = skey .. ':tokens'
-redis.call('SADD', tkey, ARGV[6])
-redis.call('EXPIRE', tkey, ttl)
-if outcome == 'rotated' then redis.call('HSET', skey, 'previous_hash', ARGV[5]) end
-redis.call('HSET', skey, 'current_hash', ARGV[6], 'last_used_at', ARGV[1], 'expires_at', expires)
-redis.call('EXPIRE', skey, ttl)
-local user = redis.call('HMGET', 'user:' .. uid, 'role', 'token_version')
+redis.call('SADD', KEYS[4], ARGV[6])
+redis.call('EXPIRE', KEYS[4], ttl)
+redis.call('SADD', KEYS[5], ARGV[6])
+redis.call('EXPIRE', KEYS[5], ttl)
+if outcome == 'rotated' then redis.call('HSET', KEYS[3], 'previous_hash', ARGV[5]) end
+redis.call('HSET', KEYS[3], 'current_hash', ARGV[6], 'last_used_at', ARGV[1], 'expires_at', expires)
+redis.call('EXPIRE', KEYS[3], ttl)
+local user = redis.call('HMGET', KEYS[6], 'role', 'token_version')
 return {outcome, uid, sid, user[1], user[2]}
 """
 )
 
-# ARGV: session id, now. Returns the owner's user id (or nil if the session was already gone).
+# KEYS[1] the user's session set, then the session's listing. ARGV: now, then the listing.
+# 1 when the session existed (and now is ended), 0 when it was already gone, or 'stale'.
 END_SESSION = (
-    _END_SESSION_LUA
+    SESSIONS_LUA
     + """
-return end_session(ARGV[1], ARGV[2])
+local sessions = listed_sessions(2, 2)
+if not still_current(sessions, nil, nil, false) then return 'stale' end
+local existed = redis.call('EXISTS', sessions[1].record)
+end_sessions(sessions, KEYS[1], ARGV[1], false)
+return existed
 """
 )
 
-# KEYS[1] user, KEYS[2] the user's session set. ARGV: now, session id to keep ('' for none).
-# Ends every session but the kept one; returns the ended session ids.
+# KEYS[1] user, KEYS[2] the user's session set, then the listing of every session but the kept one.
+# ARGV: now, session id to keep ('' for none), then the listing. Returns the ended session ids, or 'stale'.
 END_OTHER_SESSIONS = (
-    _END_SESSION_LUA
+    SESSIONS_LUA
     + """
-local ended = {}
-for _, sid in ipairs(redis.call('SMEMBERS', KEYS[2])) do
-  if sid ~= ARGV[2] then
-    end_session(sid, ARGV[1])
-    table.insert(ended, sid)
-  end
-end
-return ended
+local sessions = listed_sessions(3, 3)
+if not still_current(sessions, KEYS[2], ARGV[2], false) then return 'stale' end
+return end_sessions(sessions, KEYS[2], ARGV[1], false)
 """
 )
 
-# KEYS[1] user, KEYS[2] the user's session set. ARGV: now.
-# Logout from all devices: tokenVersion + 1 and every session ended, in one step.
+# KEYS[1] user, KEYS[2] the user's session set, then the listing of every session. ARGV: now, listing.
+# Logout from all devices: tokenVersion + 1 and every session ended, in one step. {version, ended ids}.
 LOGOUT_ALL = (
-    _END_SESSION_LUA
+    SESSIONS_LUA
     + """
+local sessions = listed_sessions(3, 2)
+if not still_current(sessions, KEYS[2], nil, false) then return 'stale' end
 local version = redis.call('HINCRBY', KEYS[1], 'token_version', 1)
-local ended = {}
-for _, sid in ipairs(redis.call('SMEMBERS', KEYS[2])) do
-  end_session(sid, ARGV[1])
-  table.insert(ended, sid)
-end
-return {version, ended}
+return {version, end_sessions(sessions, KEYS[2], ARGV[1], false)}
 """
 )
-
-
-# KEYS: index keys (e-mail, provider identity) then, last, the user record. ARGV: user id, then the
-# record's field/value pairs. Creates the user only if no index key is taken; returns the position
-# (1-based) of the first taken index key, or 0 on success. No half-written user on a conflict. The
-# record needs a `created_at` field: the list of users (`Keys.users()`) is ordered by it.
-CREATE_USER = """
-local user_key = KEYS[#KEYS]
-for i = 1, #KEYS - 1 do
-  if redis.call('EXISTS', KEYS[i]) == 1 then return i end
-end
-for i = 1, #KEYS - 1 do redis.call('SET', KEYS[i], ARGV[1]) end
-redis.call('HSET', user_key, unpack(ARGV, 2))
-redis.call('ZADD', 'users', redis.call('HGET', user_key, 'created_at'), ARGV[1])
-return 0
-"""
 
 
 class Scripts:
     """Registered scripts: redis-py sends EVALSHA and falls back to EVAL after a script flush."""
 
     def __init__(self, client: redis.Redis):
-        self.create_user = client.register_script(CREATE_USER)
         self.verify_access = client.register_script(VERIFY_ACCESS)
         self.rotate_refresh = client.register_script(ROTATE_REFRESH)
         self.end_session = client.register_script(END_SESSION)
@@ -369,17 +425,16 @@ def connect(url: str, max_connections: int, mode: str = "standalone") -> redis.R
     }
     if mode == "cluster":
         seeds = [seed.strip() for seed in url.split(",") if seed.strip()]
-        first = redis.connection.parse_url(seeds[0])
-        nodes = [ClusterNode(*_host_port(seed)) for seed in seeds]
-        extra = {k: v for k, v in first.items() if k in {"username", "password", "ssl", "ssl_cert_reqs"}}
-        if urlsplit(seeds[0]).scheme == "rediss":
-            extra["ssl"] = True
-        return redis.RedisCluster(
-            startup_nodes=nodes,
-            connection_pool_class=_NodePool,
-            max_connections=max_connections,
-            **extra,
-            **options,
+        # `url` (the first seed) gives credentials and TLS to every node, and makes redis-py build each
+        # node's pool from `connection_pool_class` (without it the class is ignored).
+        return _LazyCluster(
+            lambda: redis.RedisCluster(
+                url=seeds[0],
+                startup_nodes=[ClusterNode(*_host_port(seed)) for seed in seeds],
+                connection_pool_class=_NodePool,
+                max_connections=max_connections,
+                **options,
+            )
         )
     pool = redis.BlockingConnectionPool.from_url(url, max_connections=max_connections, timeout=5, **options)
     return redis.Redis(connection_pool=pool)
@@ -390,6 +445,71 @@ class _NodePool(redis.BlockingConnectionPool):
 
     def __init__(self, **kwargs):
         super().__init__(timeout=5, **kwargs)
+
+
+class _LazyCluster(redis.RedisCluster):
+    """redis-py's cluster client, built when first used (and an instance of it, for `isinstance`).
+
+    Building it asks the seeds for the cluster's layout. Deferring that keeps start-up as it is on one
+    Redis: the app starts while the cluster is unreachable, requests answer 503 and CLI commands say
+    in one line what they cannot reach (a ConnectionError), and the next use tries again. Every
+    attribute but the few below is the built client's.
+    """
+
+    _OWN = frozenset({"_build", "_client", "_real", "register_script", "get_encoder", "close"})
+
+    def __init__(self, build):  # no super().__init__(): that would connect
+        self._build = build
+        self._client = None
+
+    def __getattribute__(self, name: str):
+        if name in _LazyCluster._OWN or name.startswith("__"):
+            return object.__getattribute__(self, name)
+        return getattr(object.__getattribute__(self, "_real")(), name)
+
+    def _real(self) -> redis.RedisCluster:
+        if self._client is None:
+            try:
+                self._client = self._build()
+            except redis.exceptions.RedisClusterException as error:
+                raise redis.exceptions.ConnectionError(str(error)) from None
+        return self._client
+
+    def register_script(self, script: str):
+        """A script bound to this client (no round trip: the SHA is computed locally)."""
+        return Script(self, script)
+
+    def get_encoder(self):
+        """What `Script` encodes its source with, before any connection exists."""
+        return redis.connection.Encoder("utf-8", "strict", True)
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+
+    def __del__(self):
+        pass
+
+    def __repr__(self) -> str:
+        return f"<lazy {self._client!r}>"
+
+    def __getitem__(self, name):
+        return self._real()[name]
+
+    def __setitem__(self, name, value):
+        self._real()[name] = value
+
+    def __delitem__(self, name):
+        del self._real()[name]
+
+    def __contains__(self, name):
+        return name in self._real()
+
+    def __enter__(self):
+        return self._real()
+
+    def __exit__(self, *exc):
+        self.close()
 
 
 def is_cluster(client) -> bool:

@@ -1,4 +1,4 @@
-"""Fixtures: a real redis-server for the session, the app and its test client, and a live gunicorn."""
+"""Fixtures: the session's real Redis (one server, then a local cluster), the app, its test client, a live gunicorn."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from flask.testing import FlaskClient
 
 from app import create_app
-from tests.servers import LiveServer, RedisServer
+from tests.servers import LiveServer, RedisClusterServer, RedisServer
 from tests.utils import AuthActions
 
 TEST_SECRET_KEY = "test-secret-key-" + "k" * 32
@@ -26,12 +26,71 @@ def no_request_raised_in_any_server():
     assert not raised, "tracebacks in server logs:\n" + "\n\n".join(f"{k}:\n{v}" for k, v in raised.items())
 
 
-@pytest.fixture(scope="session")
-def redis_server(tmp_path_factory):
-    server = RedisServer(tmp_path_factory.mktemp("redis"))
+REDIS_MODES = ("standalone", "cluster")
+NOT_ON_CLUSTER = "not_on_cluster"
+CLUSTER_ONLY = "cluster_only"
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--redis-mode",
+        choices=(*REDIS_MODES, "both"),
+        default="both",
+        help="Run the Redis-touching tests against one redis-server, a local Redis Cluster, or both (default).",
+    )
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        f"{NOT_ON_CLUSTER}(reason): the test cannot apply to a Redis Cluster (it starts its own redis-server, "
+        "tests a proxy or the browser page...); it runs against one redis-server only",
+    )
+    config.addinivalue_line("markers", f"{CLUSTER_ONLY}: the test is about the cluster; it runs against it only")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Drop the cases of a Redis mode not asked for, and those a test's marker rules out."""
+    wanted = config.getoption("--redis-mode")
+    kept, dropped = [], []
+    for item in items:
+        mode = getattr(item, "callspec", None) and item.callspec.params.get("redis_server")
+        marker = item.get_closest_marker(NOT_ON_CLUSTER)
+        if marker is not None and not (marker.args or marker.kwargs.get("reason")):
+            raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.{NOT_ON_CLUSTER} needs a reason")
+        ruled_out = (mode == "cluster" and marker is not None) or (
+            mode == "standalone" and item.get_closest_marker(CLUSTER_ONLY) is not None
+        )
+        if mode and ((wanted != "both" and mode != wanted) or ruled_out):
+            dropped.append(item)
+        else:
+            kept.append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+
+
+@pytest.fixture(scope="session", params=REDIS_MODES)
+def redis_server(request, tmp_path_factory):
+    """The session's Redis: one redis-server, or a local Redis Cluster (3 primaries, 3 replicas).
+
+    Every test that touches Redis (through `base_env`, `rdb` or this) runs once against each; pytest
+    groups the tests by mode, so each server starts once per session.
+    """
+    if request.param == "cluster":
+        server = RedisClusterServer(tmp_path_factory.mktemp("redis-cluster"))
+    else:
+        server = RedisServer(tmp_path_factory.mktemp("redis"))
+    server.mode = request.param
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_mode(redis_server) -> str:
+    """'standalone' or 'cluster': what the session's Redis is."""
+    return redis_server.mode
 
 
 @pytest.fixture(scope="session")
@@ -41,6 +100,7 @@ def base_env(redis_server, tmp_path_factory) -> dict:
         "APP_ENV": "test",
         "DATA_DIR": str(tmp_path_factory.mktemp("var")),
         "REDIS_URL": redis_server.url,
+        "REDIS_MODE": redis_server.mode,
         "SECRET_KEY": TEST_SECRET_KEY,
         "JWT_SECRET": TEST_JWT_SECRET,
         "RATE_LIMITS_ENABLED": "false",
@@ -48,12 +108,19 @@ def base_env(redis_server, tmp_path_factory) -> dict:
     }
 
 
+@pytest.fixture(scope="session")
+def _session_client(redis_server):
+    return redis_server.client()
+
+
 @pytest.fixture
-def rdb(redis_server):
-    """A clean database for each test."""
-    client = redis_server.client()
-    client.flushall()
-    return client
+def rdb(redis_server, _session_client):
+    """A clean database for each test (every primary flushed on a cluster), and a client for it."""
+    if redis_server.mode == "cluster":
+        redis_server.flushall()
+    else:
+        _session_client.flushall()
+    return _session_client
 
 
 @pytest.fixture

@@ -30,6 +30,10 @@ from tests.client.conftest import create_key
 from tests.servers import ROOT, VENV_BIN, LiveServer, process_env
 from tests.utils import DEFAULT_PASSWORD, random_email
 
+pytestmark = pytest.mark.not_on_cluster(
+    "OpenAPI conformance of the HTTP layer; its Redis paths run on the cluster in other tests"
+)
+
 EXAMPLES = 8  # per operation and mode: the suite must stay within its time
 CHECKS = [
     not_a_server_error,

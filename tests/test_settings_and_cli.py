@@ -204,10 +204,24 @@ def test_provider_families_are_typed_settings_with_their_secrets_hidden(tmp_path
         ({"SMTP_URL": "http://mail.example.com"}, "SMTP_URL"),
         ({"PUBLIC_BASE_URL": "auth.example.com"}, "PUBLIC_BASE_URL"),
         ({"WEBHOOK_OUT_RETRY_SCHEDULE": "5,0"}, "WEBHOOK_OUT_RETRY_SCHEDULE"),
-        ({"REDIS_MODE": "cluster"}, "not supported yet"),
+        ({"REDIS_MODE": "cluster", "REDIS_URL": "redis://10.0.0.1:7000/0,,redis://10.0.0.2:7000/0"}, "empty entry"),
+        ({"REDIS_MODE": "cluster", "REDIS_URL": "redis://10.0.0.1:7000/0,10.0.0.2:7000"}, "not redis://host:port"),
+        ({"REDIS_MODE": "cluster", "REDIS_URL": "redis://:hunter2secret@10.0.0.1/0"}, r"'redis://10\.0\.0\.1/0'"),
+        ({"REDIS_MODE": "cluster", "REDIS_URL": "redis://10.0.0.1:7000/2"}, "only database 0"),
+        ({"REDIS_MODE": "cluster", "REDIS_URL": "redis://a:1/0,rediss://b:2/0"}, "every seed"),
+        ({"REDIS_MODE": "sharded"}, "REDIS_MODE"),
         ({"EVENT_DURABILITY": "replicated"}, "not supported yet"),
     ],
 )
 def test_bad_provider_and_feature_settings_name_what_is_wrong(tmp_path, env, complaint):
     with pytest.raises(SettingsError, match=complaint):
         load_settings({"APP_ENV": "test", "DATA_DIR": str(tmp_path), **env})
+
+
+def test_cluster_mode_takes_comma_separated_seed_nodes(tmp_path):
+    seeds = "redis://10.0.0.1:7000/0, redis://10.0.0.2:7001/0,redis://10.0.0.3:7002"
+    settings = load_settings(
+        {"APP_ENV": "test", "DATA_DIR": str(tmp_path), "REDIS_MODE": "cluster", "REDIS_URL": seeds}
+    )
+    assert settings.redis_mode == "cluster" and settings.redis_url == seeds
+    assert load_settings({"APP_ENV": "test", "DATA_DIR": str(tmp_path)}).redis_mode == "standalone"

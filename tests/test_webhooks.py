@@ -18,6 +18,7 @@ import stripe
 from standardwebhooks import Webhook
 
 from app.auth.users import create_user
+from app.redis import Keys
 from app.webhooks.store import DeliveryStore
 from tests.events.clients import SSE, Api
 from tests.events.conftest import FAST
@@ -305,7 +306,7 @@ def test_the_sweeper_retires_a_record_it_cannot_publish_and_goes_on(server, admi
     store: DeliveryStore = app.extensions["webhook_store"]
     broken, healthy = (f"{name}-{uuid.uuid4().hex[:8]}" for name in ("broken", "healthy"))
     assert store.record("acme", broken, "broken", {"type": "broken"}, None)
-    redis_server.client().hset(f"webhook:acme:delivery:{broken}", "payload", "{not json")  # cannot be published
+    redis_server.client().hset(Keys.webhook_delivery("acme", broken), "payload", "{not json")  # cannot be published
     assert store.record("acme", healthy, "healthy", {"type": "healthy"}, None)
     events = wait_for_webhook_events(admin, cursor, 1)
     assert [e["data"]["delivery_id"] for e in events] == [healthy]

@@ -92,11 +92,12 @@ def create_key(name: str, scopes: list[str], channels: list[str]) -> tuple[str, 
         "created_at": now,
         "last_used_at": "",
     }
-    pipe = get_redis().pipeline(transaction=True)
-    pipe.hset(Keys.api_key(key_hash), mapping=record)
-    pipe.set(Keys.api_key_hash(key_id), key_hash)
-    pipe.sadd(Keys.api_keys(), key_id)
-    pipe.execute()
+    # Three keys in three hash slots, written in an order that is safe to stop anywhere: the list and the
+    # id's pointer first, the record (which makes the key work) last. Listing skips ids without a record.
+    client = get_redis()
+    client.sadd(Keys.api_keys(), key_id)
+    client.set(Keys.api_key_hash(key_id), key_hash)
+    client.hset(Keys.api_key(key_hash), mapping=record)
     return raw, public_key(record)
 
 
@@ -114,11 +115,13 @@ def list_keys() -> list[dict]:
     """Every key's public record K, newest first (never the key itself)."""
     client = get_redis()
     key_ids = sorted(client.smembers(Keys.api_keys()))
-    hashes = client.mget([Keys.api_key_hash(key_id) for key_id in key_ids]) if key_ids else []
-    pipe = client.pipeline(transaction=False)
+    pipe = client.pipeline(transaction=False)  # one key each: fine across hash slots
+    for key_id in key_ids:
+        pipe.get(Keys.api_key_hash(key_id))
+    hashes = pipe.execute() if key_ids else []
     for key_hash in hashes:
         pipe.hgetall(Keys.api_key(key_hash or "missing"))
-    records = [record for record in pipe.execute() if record]
+    records = [record for record in (pipe.execute() if hashes else []) if record]
     return sorted((public_key(record) for record in records), key=lambda k: k["created_at"], reverse=True)
 
 
@@ -128,10 +131,10 @@ def delete_key(key_id: str) -> bool:
     key_hash = client.get(Keys.api_key_hash(key_id))
     if key_hash is None:
         return False
-    pipe = client.pipeline(transaction=True)
-    pipe.delete(Keys.api_key(key_hash), Keys.api_key_hash(key_id))
-    pipe.srem(Keys.api_keys(), key_id)
-    pipe.execute()
+    # The record first: from then on the key is refused everywhere; the pointer and the list entry after.
+    client.delete(Keys.api_key(key_hash))
+    client.delete(Keys.api_key_hash(key_id))
+    client.srem(Keys.api_keys(), key_id)
     return True
 
 

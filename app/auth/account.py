@@ -29,7 +29,7 @@ bp = Blueprint("account", __name__, url_prefix="/auth")
 USER = ("bearer", "cookie")
 
 VERIFICATION_RESEND_COOLDOWN = 10 * 60  # a refused login re-sends the link at most this often
-TOKEN_MAX = 200  # a mailed token is 43 characters; anything much longer is not one of ours
+TOKEN_MAX = 200  # a mailed token is 76 characters (user id, dot, 43); anything much longer is not one of ours
 
 
 def _empty(status: int):

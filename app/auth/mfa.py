@@ -25,6 +25,7 @@ MFA_TOKEN_SECONDS = 5 * 60
 MAX_FAILURES = 5
 VALID_WINDOW = 1  # one 30 s step of clock skew either way
 CODE = re.compile(r"\d{6}")
+USER_ID = re.compile(r"[0-9a-f]{32}")
 RECOVERY_ALPHABET = "abcdefghjkmnpqrstuvwxyz23456789"  # no 0/o, 1/l/i to misread
 
 
@@ -113,7 +114,7 @@ def _new_recovery_code() -> str:
     return f"{raw[:5]}-{raw[5:]}"
 
 
-# Shared by the scripts that accept a second factor. KEYS[2] user, KEYS[3] recovery codes.
+# Shared by the scripts that accept a second factor, given the user's record and recovery codes.
 # method 'totp': the secret checked against and the code's time step; 'recovery': the code's hash.
 _ACCEPT_LUA = """
 local function accept(user_key, recovery_key, method, value, step)
@@ -149,14 +150,14 @@ return 'invalid_code'
 """
 )
 
-# KEYS[1] unused, KEYS[2] user, KEYS[3] recovery codes. ARGV: method, value, time step.
+# KEYS[1] user, KEYS[2] recovery codes. ARGV: method, value, time step.
 # Accepts the factor and turns MFA off in the same step.
 DISABLE_LUA = (
     _ACCEPT_LUA
     + """
-if not accept(KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3]) then return 0 end
-redis.call('HDEL', KEYS[2], 'totp_secret', 'totp_pending', 'totp_last_timecode')
-redis.call('DEL', KEYS[3])
+if not accept(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3]) then return 0 end
+redis.call('HDEL', KEYS[1], 'totp_secret', 'totp_pending', 'totp_last_timecode')
+redis.call('DEL', KEYS[2])
 return 1
 """
 )
@@ -171,9 +172,13 @@ def _factor(user: dict, code: str | None, recovery_code: str | None) -> list:
 
 
 def start_login(user: dict, device: str | None) -> str:
-    """After the right password: the mfa_token that the second step must present."""
-    raw = secrets.token_urlsafe(32)
-    key = Keys.mfa_login(_hash(raw))
+    """After the right password: the mfa_token that the second step must present.
+
+    `<user id>.<256 random bits>`: the id says where the pending login is kept (beside the user's
+    record, so accepting a code is one step on a Redis Cluster too).
+    """
+    raw = f"{user['id']}.{secrets.token_urlsafe(32)}"
+    key = Keys.mfa_login(user["id"], _hash(raw))
     pipe = get_redis().pipeline(transaction=True)
     pipe.hset(
         key,
@@ -184,9 +189,15 @@ def start_login(user: dict, device: str | None) -> str:
     return raw
 
 
+def _user_of(mfa_token: str) -> str | None:
+    user_id, dot, rest = mfa_token.partition(".")
+    return user_id if dot and rest and USER_ID.fullmatch(user_id) else None
+
+
 def login_user_id(mfa_token: str) -> str | None:
     """The user a pending mfa_token belongs to (for per-account rate limits), if it is still pending."""
-    return get_redis().hget(Keys.mfa_login(_hash(mfa_token)), "user_id")
+    user_id = _user_of(mfa_token)
+    return get_redis().hget(Keys.mfa_login(user_id, _hash(mfa_token)), "user_id") if user_id else None
 
 
 def finish_login(mfa_token: str, code: str | None, recovery_code: str | None) -> tuple[str, str | None]:
@@ -195,7 +206,10 @@ def finish_login(mfa_token: str, code: str | None, recovery_code: str | None) ->
     400 invalid_token for an unknown, used, expired or exhausted mfa_token (and when the account's
     sessions were ended meanwhile); 401 invalid_mfa_code for a wrong, reused or malformed code.
     """
-    key = Keys.mfa_login(_hash(mfa_token))
+    user_id = _user_of(mfa_token)
+    if user_id is None:
+        raise invalid_mfa_token()
+    key = Keys.mfa_login(user_id, _hash(mfa_token))
     record = get_redis().hgetall(key)
     if not record:
         raise invalid_mfa_token()
@@ -216,7 +230,7 @@ def disable(user: dict, code: str | None, recovery_code: str | None) -> None:
     if not is_enabled(user):
         raise ApiError(409, "conflict", "Two-factor authentication is not on.")
     done = get_script(DISABLE_LUA)(
-        keys=[Keys.mfa_login("unused"), Keys.user(user["id"]), Keys.user_recovery_codes(user["id"])],
+        keys=[Keys.user(user["id"]), Keys.user_recovery_codes(user["id"])],
         args=_factor(user, code, recovery_code),
     )
     if not done:

@@ -23,7 +23,7 @@ from ..http import validated_query
 from ..openapi import operation
 from ..redis import Keys, get_redis
 from ..settings import OAuthProvider
-from . import account, cookies, mfa, sessions, tokens, users
+from . import account, cookies, indexes, mfa, sessions, tokens, users
 from .schemas import NextPage, OAuthProviderPath, ProviderReturn
 
 bp = Blueprint("oauth", __name__, url_prefix="/auth/oauth")
@@ -226,7 +226,7 @@ def find_or_create_user(provider: str, identity: Identity) -> dict:
     """By (provider, subject); else link a local account by e-mail only if the provider verified it."""
     client = get_redis()
     identity_key = Keys.user_by_identity(provider, identity.subject)
-    user_id = client.get(identity_key)
+    user_id = indexes.holder(client.get(identity_key))
     if user_id and (user := users.get_user(user_id)):
         same_address = users.normalise_email(identity.email or "") == user["email"]
         if identity.email_verified and same_address and user.get("email_verified") != "1":
@@ -236,7 +236,7 @@ def find_or_create_user(provider: str, identity: Identity) -> dict:
     if not identity.email:
         raise validation_failed("The provider did not share an e-mail address.")
     existing_id = users.find_user_id_by_email(identity.email)
-    if existing_id:
+    if existing_id and users.get_user(existing_id) is not None:
         if not identity.email_verified:
             raise ApiError(
                 409,
@@ -244,8 +244,19 @@ def find_or_create_user(provider: str, identity: Identity) -> dict:
                 "An account with this e-mail exists, and the provider has not verified the address, so it cannot "
                 "be linked. Log in with your password.",
             )
-        client.set(identity_key, existing_id, nx=True)
+        _link(identity_key, existing_id)
         client.hset(Keys.user(existing_id), "email_verified", "1")  # the provider vouches for the address
         return users.get_user(existing_id)
     # The account's address counts as verified only when the provider says it verified it.
     return users.create_user(identity.email, None, identities=(identity_key,), email_verified=identity.email_verified)
+
+
+def _link(identity_key: str, user_id: str) -> None:
+    """Link a provider identity to an existing account, unless another live account holds it already.
+
+    Claim the index, note it in the user's set of identities (so deleting the user releases it), commit.
+    """
+    if indexes.claim(identity_key, user_id) is not None:
+        return
+    get_redis().sadd(Keys.user_identities(user_id), identity_key)
+    indexes.commit(identity_key, user_id)

@@ -7,6 +7,7 @@ ending the session revokes the whole family. Only SHA-256 hashes of refresh toke
 from __future__ import annotations
 
 import hashlib
+import re
 import secrets
 import time
 import uuid
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from blinker import Namespace
 from flask import current_app
 
+from ..errors import ApiError
 from ..http import rfc3339
 from ..redis import Keys, get_redis, get_scripts
 
@@ -24,6 +26,8 @@ sessions_ended = _signals.signal("sessions-ended")
 
 TOUCH_INTERVAL_SECONDS = 60
 DEVICE_MAX = 200
+STALE_ATTEMPTS = 10  # readings of a user's sessions before giving up on a step they keep changing under
+ID = re.compile(r"[0-9a-f]{32}")
 
 
 @dataclass(frozen=True)
@@ -52,25 +56,94 @@ def hash_token(raw: str) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()
 
 
-def _new_refresh_token() -> tuple[str, str]:
-    raw = secrets.token_urlsafe(32)  # 256 bits
+def _new_refresh_token(user_id: str, session_id: str) -> tuple[str, str]:
+    """`<user id>.<session id>.<256 random bits>`: the ids tell the server where the record lives.
+
+    Everything of one user shares a hash slot on a Redis Cluster, so a token that names its user (and
+    family) lets one script find, rotate or revoke it. The hash covers the whole token, so changing
+    the ids makes a token that matches no record.
+    """
+    raw = f"{user_id}.{session_id}.{secrets.token_urlsafe(32)}"
     return raw, hash_token(raw)
+
+
+def parse_refresh_token(raw: str) -> tuple[str, str] | None:
+    """(user id, session id) that a refresh token names, or None when it is not of our form."""
+    parts = raw.split(".")
+    if len(parts) != 3 or not ID.fullmatch(parts[0]) or not ID.fullmatch(parts[1]) or not parts[2]:
+        return None
+    return parts[0], parts[1]
 
 
 def _ttl() -> int:
     return current_app.config["SETTINGS"].refresh_token_ttl
 
 
+def _now() -> str:
+    return f"{time.time():.3f}"
+
+
+def session_layout(client, user_id: str, session_ids: list[str], purge: bool = False) -> tuple[list[str], list]:
+    """The KEYS and ARGV that list these sessions for the session-ending Lua (SESSIONS_LUA in app/redis.py).
+
+    One round trip: each family's live tokens (with `purge`, every token, to delete their records).
+    """
+    pipe = client.pipeline(transaction=False)
+    for session_id in session_ids:
+        pipe.smembers(
+            Keys.session_tokens(user_id, session_id) if purge else Keys.session_live_tokens(user_id, session_id)
+        )
+    members = pipe.execute() if session_ids else []
+    keys: list[str] = []
+    args: list = [len(session_ids)]
+    for session_id, hashes in zip(session_ids, members, strict=True):
+        hashes = sorted(hashes)
+        keys += [
+            Keys.session(user_id, session_id),
+            Keys.session_tokens(user_id, session_id),
+            Keys.session_live_tokens(user_id, session_id),
+            *(Keys.refresh_token(user_id, token_hash) for token_hash in hashes),
+        ]
+        args += [session_id, len(hashes), *hashes]
+    return keys, args
+
+
+def run_listed(run, user_id: str, session_ids, purge: bool = False, listed: bool = True):
+    """Call `run(keys, args)` with the listing of `session_ids()` until the script finds it current.
+
+    `run` returns the script's answer; 'stale' means a login or refresh changed the sessions between
+    reading and the script, so they are read again. With `listed=False` the first call goes without a
+    listing (the script asks for one only when it needs it).
+    """
+    client = get_redis()
+    keys, args = ([], [0]) if not listed else session_layout(client, user_id, session_ids(), purge)
+    for _ in range(STALE_ATTEMPTS):
+        result = run(keys, args)
+        if not _is_stale(result):
+            return result
+        keys, args = session_layout(client, user_id, session_ids(), purge)
+    raise ApiError(503, "unavailable", "The sessions kept changing; try again.")
+
+
+def _is_stale(result) -> bool:
+    return result == "stale" or (isinstance(result, list) and result[:1] == ["stale"])
+
+
+def _all_sessions(user_id: str):
+    return lambda: sorted(get_redis().smembers(Keys.user_sessions(user_id)))
+
+
 def start_session(user_id: str, device: str | None, ip: str | None) -> IssuedSession:
     """A new session (device) with the first refresh token of its family, written in one transaction."""
     session_id = uuid.uuid4().hex
-    raw, token_hash = _new_refresh_token()
+    raw, token_hash = _new_refresh_token(user_id, session_id)
     now, ttl = time.time(), _ttl()
     expires_at = f"{now + ttl:.3f}"
     stamp = f"{now:.3f}"
     pipe = get_redis().pipeline(transaction=True)
+    record = Keys.refresh_token(user_id, token_hash)
     pipe.hset(
-        Keys.refresh_token(token_hash),
+        record,
         mapping={
             "user_id": user_id,
             "family_id": session_id,
@@ -79,11 +152,12 @@ def start_session(user_id: str, device: str | None, ip: str | None) -> IssuedSes
             "revoked_at": "",
         },
     )
-    pipe.expire(Keys.refresh_token(token_hash), ttl)
-    pipe.sadd(Keys.session_tokens(session_id), token_hash)
-    pipe.expire(Keys.session_tokens(session_id), ttl)
+    pipe.expire(record, ttl)
+    for family in (Keys.session_tokens(user_id, session_id), Keys.session_live_tokens(user_id, session_id)):
+        pipe.sadd(family, token_hash)
+        pipe.expire(family, ttl)
     pipe.hset(
-        Keys.session(session_id),
+        Keys.session(user_id, session_id),
         mapping={
             "id": session_id,
             "user_id": user_id,
@@ -96,7 +170,7 @@ def start_session(user_id: str, device: str | None, ip: str | None) -> IssuedSes
             "previous_hash": "",
         },
     )
-    pipe.expire(Keys.session(session_id), ttl)
+    pipe.expire(Keys.session(user_id, session_id), ttl)
     pipe.sadd(Keys.user_sessions(user_id), session_id)
     pipe.execute()
     return IssuedSession(session_id, raw, ttl)
@@ -104,13 +178,30 @@ def start_session(user_id: str, device: str | None, ip: str | None) -> IssuedSes
 
 def rotate_refresh_token(raw: str) -> Rotation:
     """Atomically trade a refresh token for a new one of the same family, or detect its reuse."""
-    new_raw, new_hash = _new_refresh_token()
+    named = parse_refresh_token(raw)
+    if named is None:
+        return Rotation("invalid")
+    user_id, session_id = named
+    new_raw, new_hash = _new_refresh_token(user_id, session_id)
     settings = current_app.config["SETTINGS"]
     now, ttl = time.time(), settings.refresh_token_ttl
     old_hash = hash_token(raw)
-    result = get_scripts().rotate_refresh(
-        keys=[Keys.refresh_token(old_hash), Keys.refresh_token(new_hash)],
-        args=[f"{now:.3f}", f"{now + ttl:.3f}", ttl, settings.refresh_reuse_grace, old_hash, new_hash],
+    fixed_keys = [
+        Keys.refresh_token(user_id, old_hash),
+        Keys.refresh_token(user_id, new_hash),
+        Keys.session(user_id, session_id),
+        Keys.session_tokens(user_id, session_id),
+        Keys.session_live_tokens(user_id, session_id),
+        Keys.user(user_id),
+        Keys.user_sessions(user_id),
+    ]
+    fixed_args = [f"{now:.3f}", f"{now + ttl:.3f}", ttl, settings.refresh_reuse_grace, old_hash, new_hash, session_id]
+    rotate = get_scripts().rotate_refresh
+    result = run_listed(
+        lambda keys, args: rotate(keys=fixed_keys + keys, args=fixed_args + args),
+        user_id,
+        lambda: [session_id],
+        listed=False,
     )
     outcome = result[0]
     if outcome == "invalid":
@@ -123,7 +214,10 @@ def rotate_refresh_token(raw: str) -> Rotation:
 
 def session_of_refresh_token(raw: str) -> tuple[str, str] | None:
     """(user id, session id) of an unrevoked, unexpired refresh token."""
-    record = get_redis().hgetall(Keys.refresh_token(hash_token(raw)))
+    named = parse_refresh_token(raw)
+    if named is None:
+        return None
+    record = get_redis().hgetall(Keys.refresh_token(named[0], hash_token(raw)))
     if not record or record.get("revoked_at") or float(record["expires_at"]) <= time.time():
         return None
     return record["user_id"], record["family_id"]
@@ -135,8 +229,8 @@ def verify_session(user_id: str, session_id: str, token_version: int, scripts=No
     Returns the user's public fields (`U`) when both hold, else None.
     """
     version, session_ok, *user = (scripts or get_scripts()).verify_access(
-        keys=[Keys.user(user_id), Keys.session(session_id)],
-        args=[user_id, f"{time.time():.3f}", TOUCH_INTERVAL_SECONDS],
+        keys=[Keys.user(user_id), Keys.session(user_id, session_id)],
+        args=[user_id, _now(), TOUCH_INTERVAL_SECONDS],
     )
     if not session_ok or version is None or int(version) != token_version:
         return None
@@ -149,18 +243,28 @@ def session_is_valid(user_id: str, session_id: str, token_version: int, scripts=
     return verify_session(user_id, session_id, token_version, scripts) is not None
 
 
-def end_session(session_id: str) -> str | None:
-    """End one session: revoke its family, delete its record. Returns the owner, if it existed."""
-    user_id = get_scripts().end_session(args=[session_id, f"{time.time():.3f}"])
-    if user_id:
+def end_session(user_id: str, session_id: str) -> bool:
+    """End one of the user's sessions: revoke its family, delete its record. False if it was gone already."""
+    script = get_scripts().end_session
+    existed = run_listed(
+        lambda keys, args: script(keys=[Keys.user_sessions(user_id), *keys], args=[_now(), *args]),
+        user_id,
+        lambda: [session_id],
+    )
+    if existed:
         sessions_ended.send(current_app._get_current_object(), user_id=user_id, session_ids=[session_id])
-    return user_id
+    return bool(existed)
 
 
 def end_other_sessions(user_id: str, keep_session_id: str) -> list[str]:
     """End every session of the user but one (after a password change); returns the ended ids."""
-    ended = get_scripts().end_other_sessions(
-        keys=[Keys.user(user_id), Keys.user_sessions(user_id)], args=[f"{time.time():.3f}", keep_session_id]
+    script = get_scripts().end_other_sessions
+    ended = run_listed(
+        lambda keys, args: script(
+            keys=[Keys.user(user_id), Keys.user_sessions(user_id), *keys], args=[_now(), keep_session_id, *args]
+        ),
+        user_id,
+        lambda: [sid for sid in _all_sessions(user_id)() if sid != keep_session_id],
     )
     if ended:
         sessions_ended.send(current_app._get_current_object(), user_id=user_id, session_ids=list(ended))
@@ -169,8 +273,11 @@ def end_other_sessions(user_id: str, keep_session_id: str) -> list[str]:
 
 def logout_all(user_id: str) -> int:
     """tokenVersion + 1, every refresh token revoked, every session deleted; returns the new version."""
-    version, ended = get_scripts().logout_all(
-        keys=[Keys.user(user_id), Keys.user_sessions(user_id)], args=[f"{time.time():.3f}"]
+    script = get_scripts().logout_all
+    version, ended = run_listed(
+        lambda keys, args: script(keys=[Keys.user(user_id), Keys.user_sessions(user_id), *keys], args=[_now(), *args]),
+        user_id,
+        _all_sessions(user_id),
     )
     sessions_ended.send(current_app._get_current_object(), user_id=user_id, session_ids=list(ended), whole_user=True)
     return int(version)
@@ -182,7 +289,7 @@ def list_sessions(user_id: str, current_session_id: str | None) -> list[dict]:
     session_ids = sorted(client.smembers(Keys.user_sessions(user_id)))
     pipe = client.pipeline(transaction=False)
     for session_id in session_ids:
-        pipe.hgetall(Keys.session(session_id))
+        pipe.hgetall(Keys.session(user_id, session_id))
     records = pipe.execute()
     gone = [sid for sid, record in zip(session_ids, records, strict=False) if not record]
     if gone:  # expired sessions leave their id behind in the set
@@ -202,6 +309,6 @@ def list_sessions(user_id: str, current_session_id: str | None) -> list[dict]:
     return sorted(sessions, key=lambda s: s["last_used_at"], reverse=True)
 
 
-def session_owner(session_id: str) -> str | None:
-    """The user id a session belongs to, or None when it does not exist."""
-    return get_redis().hget(Keys.session(session_id), "user_id")
+def session_exists(user_id: str, session_id: str) -> bool:
+    """Whether the user has a session with this id."""
+    return bool(get_redis().exists(Keys.session(user_id, session_id)))

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 import uuid
 
+import redis
 from flask import current_app
 
 from ..errors import ApiError, validation_failed
 from ..http import has_control_characters, rfc3339
-from ..redis import END_SESSION_FUNCTION_LUA, Keys, get_redis, get_script, get_scripts
-from . import passwords
-from .sessions import sessions_ended
+from ..redis import END_SESSION_FUNCTION_LUA, Keys, get_redis, get_script
+from . import indexes, passwords
+from .sessions import run_listed, sessions_ended
 
 EMAIL_PATTERN = re.compile(r"^[^@\s]{1,64}@[^@\s]+\.[^@\s]+$")
 PASSWORD_MIN, PASSWORD_MAX = 8, 1024
@@ -62,17 +64,52 @@ def create_user(
         "created_at": f"{time.time():.3f}",
         "email_verified": "1" if email_verified else "0",
     }
-    keys = [Keys.user_by_email(email), *identities, Keys.user(user["id"])]
-    pairs = [item for pair in user.items() for item in pair]
-    taken = get_scripts().create_user(keys=keys, args=[user["id"], *pairs])
-    if taken:
-        raise ApiError(409, "conflict", "An account with this e-mail address already exists.")
+    _store_new_user(user, [Keys.user_by_email(email), *identities], identities)
     return user
 
 
+def _conflict() -> ApiError:
+    return ApiError(409, "conflict", "An account with this e-mail address already exists.")
+
+
+def _store_new_user(user: dict, index_keys: list[str], identities: tuple[str, ...]) -> None:
+    """Claim the indexes, write the record, commit the claims: ordered single-slot steps (see indexes.py).
+
+    On a conflict, or any failure, whatever this creation wrote is undone (as far as Redis lets us);
+    a crash in between leaves claims and a list entry whose record is missing, which count as free.
+    """
+    client = get_redis()
+    user_id = user["id"]
+    claimed: list[str] = []
+    written = False
+    try:
+        for key in index_keys:
+            if indexes.claim(key, user_id) is not None:
+                raise _conflict()
+            claimed.append(key)
+        client.zadd(Keys.users(), {user_id: float(user["created_at"])})
+        pipe = client.pipeline(transaction=True)
+        pipe.hset(Keys.user(user_id), mapping=user)
+        if identities:
+            pipe.sadd(Keys.user_identities(user_id), *identities)
+        pipe.execute()
+        written = True
+        for key in index_keys:
+            if not indexes.commit(key, user_id):
+                raise _conflict()  # a concurrent creation took the claim over before our record existed
+    except BaseException:
+        with contextlib.suppress(redis.exceptions.RedisError):
+            if written:
+                client.delete(Keys.user(user_id), Keys.user_identities(user_id))
+            client.zrem(Keys.users(), user_id)
+            for key in claimed:
+                indexes.release(key, user_id)
+        raise
+
+
 def find_user_id_by_email(email: str) -> str | None:
-    """The id of the account with this e-mail, if any."""
-    return get_redis().get(Keys.user_by_email(normalise_email(email)))
+    """The id of the account with this e-mail, if any (its record may be missing: check it)."""
+    return indexes.holder(get_redis().get(Keys.user_by_email(normalise_email(email))))
 
 
 def get_user(user_id: str) -> dict | None:
@@ -112,30 +149,11 @@ def list_users(email: str | None = None, limit: int = 100, offset: int = 0) -> l
         user_id = find_user_id_by_email(email)
         user = get_user(user_id) if user_id else None
         return [user] if user else []
-    if not client.exists(Keys.users_indexed()):
-        index_existing_users()
     ids = client.zrevrange(Keys.users(), offset, offset + limit - 1)
     pipe = client.pipeline(transaction=False)
     for user_id in ids:
         pipe.hgetall(Keys.user(user_id))
-    return [record for record in pipe.execute() if record]
-
-
-def index_existing_users() -> int:
-    """Add users created before the list existed (their e-mail index names them) to it, once.
-
-    New users are added as they are created; this runs the first time the list is read on a database
-    that predates it. Returns how many were added.
-    """
-    client = get_redis()
-    added = 0
-    for key in client.scan_iter(Keys.user_by_email("*"), count=1000):
-        user_id = client.get(key)
-        created_at = client.hget(Keys.user(user_id), "created_at") if user_id else None
-        if created_at is not None:
-            added += client.zadd(Keys.users(), {user_id: float(created_at)}, nx=True)
-    client.set(Keys.users_indexed(), "1")
-    return added
+    return [record for record in pipe.execute() if record]  # an entry left by a crashed creation: no record
 
 
 # KEYS[1] user. ARGV: role. 1 when the user exists (and now has the role), 0 otherwise.
@@ -164,31 +182,32 @@ def set_role(user_id: str, role: str) -> dict | None:
     return get_user(user_id)
 
 
-# KEYS[1] user, KEYS[2] the user's session set, then every further key of the user to delete.
-# ARGV: user id, now. Ends every session (deleting its refresh-token records too), deletes the keys and
-# the user. {1, {ended session ids}}, or nil for an unknown user.
+# KEYS: 1 user, 2 the user's session set, then ARGV[2] further keys of the user to delete, then the
+# listing of every session with every token (SESSIONS_LUA, purge). ARGV: now, that count, the listing.
+# Ends every session (deleting its refresh-token records too), deletes the keys and the user.
+# {1, {ended session ids}}, nil for an unknown user, or 'stale'.
 DELETE_USER_LUA = (
     END_SESSION_FUNCTION_LUA
     + """
 if redis.call('EXISTS', KEYS[1]) == 0 then return false end
-local ended = {}
-for _, sid in ipairs(redis.call('SMEMBERS', KEYS[2])) do
-  for _, h in ipairs(redis.call('SMEMBERS', 'session:' .. sid .. ':tokens')) do
-    redis.call('DEL', 'refresh:' .. h)
-  end
-  end_session(sid, ARGV[2])
-  table.insert(ended, sid)
-end
-for i = 3, #KEYS do redis.call('DEL', KEYS[i]) end
+local n = tonumber(ARGV[2])
+local sessions = listed_sessions(3 + n, 3)
+if not still_current(sessions, KEYS[2], nil, true) then return 'stale' end
+local ended = end_sessions(sessions, KEYS[2], ARGV[1], true)
+for i = 3, 2 + n do redis.call('DEL', KEYS[i]) end
 redis.call('DEL', KEYS[1], KEYS[2])
-redis.call('ZREM', 'users', ARGV[1])
 return {1, ended}
 """
 )
 
 
 def delete_user(user_id: str) -> bool:
-    """Delete a user and every record of theirs; their sessions and live connections end at once."""
+    """Delete a user and every record of theirs; their sessions and live connections end at once.
+
+    The user's own keys go in one step; then the global indexes that name the user are released and
+    the user's event history deleted (other hash slots: if this stops in between, indexes naming a
+    missing record count as free).
+    """
     from ..events.bus import user_channel
     from . import mailtokens
 
@@ -196,24 +215,30 @@ def delete_user(user_id: str) -> bool:
     user = get_user(user_id)
     if user is None:
         return False
+    identities = sorted(client.smembers(Keys.user_identities(user_id)))
     keys = [
-        Keys.user_by_email(user["email"]),
         Keys.user_recovery_codes(user_id),
         Keys.connection_leases(user_id),
         Keys.verification_resent(user_id),
-        Keys.stream(user_channel(user_id)),
+        Keys.user_identities(user_id),
+        *(Keys.user_mail_token(user_id, purpose) for purpose in (mailtokens.VERIFY, mailtokens.RESET)),
     ]
-    for purpose in (mailtokens.VERIFY, mailtokens.RESET):
-        pointer = Keys.user_mail_token(user_id, purpose)
-        current = client.get(pointer)
-        keys += [pointer] + ([Keys.mail_token(purpose, current)] if current else [])
-    # OAuth identities name the user only in their value.
-    keys += [key for key in client.scan_iter(Keys.user_by_identity("*", "*"), count=1000) if client.get(key) == user_id]
-    result = get_script(DELETE_USER_LUA)(
-        keys=[Keys.user(user_id), Keys.user_sessions(user_id), *keys], args=[user_id, f"{time.time():.3f}"]
+    script = get_script(DELETE_USER_LUA)
+    result = run_listed(
+        lambda listing, args: script(
+            keys=[Keys.user(user_id), Keys.user_sessions(user_id), *keys, *listing],
+            args=[f"{time.time():.3f}", len(keys), *args],
+        ),
+        user_id,
+        lambda: sorted(client.smembers(Keys.user_sessions(user_id))),
+        purge=True,
     )
     if not result:
         return False
+    for index in [Keys.user_by_email(user["email"]), *identities]:
+        indexes.release(index, user_id)
+    client.zrem(Keys.users(), user_id)
+    client.delete(Keys.stream(user_channel(user_id)))
     sessions_ended.send(
         current_app._get_current_object(), user_id=user_id, session_ids=list(result[1]), whole_user=True
     )

@@ -205,17 +205,18 @@ def refresh():
     )
 
 
-def _session_to_end() -> str:
-    """The caller's session: from the access token, or failing that from its refresh token."""
+def _session_to_end() -> tuple[str, str]:
+    """(user id, session id) of the caller's session: from the access token, or failing that its refresh token."""
     try:
-        return authenticate().session_id
+        caller = authenticate()
+        return caller.user_id, caller.session_id
     except ApiError:
         presented = validated(RefreshTokenBody, optional=True).refresh_token
         raw = presented or request.cookies.get(cookies.REFRESH_COOKIE)
         found = sessions.session_of_refresh_token(raw) if raw else None
         if found is None:
             raise
-        return found[1]
+        return found
 
 
 @bp.post("/logout")
@@ -230,10 +231,10 @@ def _session_to_end() -> str:
 def logout():
     """End the current session (its refresh family) and clear the cookies."""
     try:
-        session_id = _session_to_end()
+        user_id, session_id = _session_to_end()
     except ApiError as error:
         return _refused(error, "cookie")
-    sessions.end_session(session_id)
+    sessions.end_session(user_id, session_id)
     return _no_content(clear_cookies=True)
 
 
@@ -270,9 +271,9 @@ def list_sessions():
 def end_session(session_id: str):
     """End one of the caller's sessions (another device, or this one)."""
     caller = current_caller()
-    if not SESSION_ID.fullmatch(session_id) or sessions.session_owner(session_id) != caller.user_id:
+    if not SESSION_ID.fullmatch(session_id) or not sessions.session_exists(caller.user_id, session_id):
         raise not_found("No such session.")
-    sessions.end_session(session_id)
+    sessions.end_session(caller.user_id, session_id)
     return _no_content(clear_cookies=session_id == caller.session_id)
 
 

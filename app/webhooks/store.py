@@ -26,9 +26,10 @@ LOG_LENGTH = 1000
 PAYLOAD_IN_EVENT_LIMIT = 60 * 1024  # event data is at most 64 KiB; larger payloads are announced only
 SWEEP_INTERVAL, RETRY_DELAY = 2.0, 5.0
 
-# KEYS: delivery record, provider log, pending set, then any further keys that also identify this
-# delivery (GitHub: its body's hash). ARGV: ttl, log length, pending member, now, delivery id, then the
-# record's field/value pairs. 0 if this delivery was seen before under any of its keys.
+# KEYS (all of one provider, so one hash slot): delivery record, provider log, the provider's pending
+# set, then any further keys that also identify this delivery (GitHub: its body's hash). ARGV: ttl, log
+# length, pending member, now, delivery id, then the record's field/value pairs. 0 if this delivery was
+# seen before under any of its keys.
 RECORD_LUA = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 for i = 4, #KEYS do
@@ -68,9 +69,10 @@ def user_at_path(payload, path: str | None) -> str | None:
 class DeliveryStore:
     """Received deliveries: recorded once, published after the answer, retried by a sweeper."""
 
-    def __init__(self, client: redis.Redis, bus: Bus):
+    def __init__(self, client: redis.Redis, bus: Bus, providers: tuple[str, ...] = ()):
         self.client = client
         self.bus = bus
+        self.providers = providers  # whose pending sets the sweeper watches
         self._record = client.register_script(RECORD_LUA)
         self._sweeper: gevent.Greenlet | None = None
 
@@ -93,7 +95,11 @@ class DeliveryStore:
             "payload": encoded,
         }
         created = self._record(
-            keys=[Keys.webhook_delivery(provider, delivery_id), Keys.webhook_log(provider), Keys.webhook_pending()]
+            keys=[
+                Keys.webhook_delivery(provider, delivery_id),
+                Keys.webhook_log(provider),
+                Keys.webhook_pending(provider),
+            ]
             + [Keys.webhook_seen(provider, identity) for identity in also_known_as],
             args=[RETENTION_SECONDS, LOG_LENGTH, f"{provider}\n{delivery_id}", f"{time.time():.3f}", delivery_id]
             + [item for pair in record.items() for item in pair],
@@ -111,12 +117,12 @@ class DeliveryStore:
         A record that cannot be published for a reason other than Redis (it would fail again forever)
         is marked `failed` and logged, so no one record can wedge the sweeper.
         """
+        provider, _, delivery_id = member.partition("\n")
         try:
-            if not self.client.zrem(Keys.webhook_pending(), member):
+            if not self.client.zrem(Keys.webhook_pending(provider), member):
                 return False  # another greenlet (or worker) has it
         except redis.exceptions.RedisError:
             return False
-        provider, _, delivery_id = member.partition("\n")
         key = Keys.webhook_delivery(provider, delivery_id)
         try:
             record = self.client.hgetall(key)
@@ -128,7 +134,7 @@ class DeliveryStore:
         except redis.exceptions.RedisError as error:
             log.warning("publishing webhook delivery failed (%s); will retry", type(error).__name__)
             try:
-                self.client.zadd(Keys.webhook_pending(), {member: time.time() + RETRY_DELAY})
+                self.client.zadd(Keys.webhook_pending(provider), {member: time.time() + RETRY_DELAY})
             except redis.exceptions.RedisError:
                 log.error("webhook delivery %s could not be re-queued", delivery_id)
             return False
@@ -166,17 +172,22 @@ class DeliveryStore:
     def _sweep_forever(self) -> None:
         while True:
             gevent.sleep(SWEEP_INTERVAL)
+            for provider in self.providers:
+                self.sweep(provider)
+
+    def sweep(self, provider: str) -> None:
+        """Publish the provider's deliveries that have waited longer than a sweep interval."""
+        try:
+            due = self.client.zrangebyscore(
+                Keys.webhook_pending(provider), "-inf", time.time() - SWEEP_INTERVAL, start=0, num=100
+            )
+        except redis.exceptions.RedisError:
+            return
+        for member in due:
             try:
-                due = self.client.zrangebyscore(
-                    Keys.webhook_pending(), "-inf", time.time() - SWEEP_INTERVAL, start=0, num=100
-                )
-            except redis.exceptions.RedisError:
-                continue
-            for member in due:
-                try:
-                    self.publish_pending(member)
-                except Exception:  # the loop outlives any one delivery
-                    log.exception("webhook sweeper: unexpected failure")
+                self.publish_pending(member)
+            except Exception:  # the loop outlives any one delivery
+                log.exception("webhook sweeper: unexpected failure")
 
     def recent(self, provider: str, limit: int) -> list[dict]:
         """A provider's most recent deliveries, newest first."""

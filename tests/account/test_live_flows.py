@@ -10,6 +10,7 @@ import time
 
 import requests
 
+from app.redis import Keys
 from tests.account.conftest import MAIL_FROM, PUBLIC_BASE_URL
 from tests.events.clients import SSE, Api
 from tests.servers import wait_until
@@ -43,7 +44,7 @@ def login(base: str, email: str, password: str = DEFAULT_PASSWORD) -> requests.R
 
 
 def queue_empty(redis_client) -> bool:
-    return redis_client.zcard("mail:queue") == 0
+    return redis_client.zcard(Keys.mail_queue()) == 0
 
 
 def test_registration_mails_a_verification_link_that_works_once(mail_server, smtp, redis_client):
@@ -63,7 +64,8 @@ def test_registration_mails_a_verification_link_that_works_once(mail_server, smt
 
     # Only the token's SHA-256 is stored, never the token itself (nor in the queue).
     snapshot = redis_snapshot(redis_client)
-    assert f"mailtoken:verify:{hashlib.sha256(token.encode()).hexdigest()}" in snapshot
+    user_id = token.partition(".")[0]
+    assert snapshot[Keys.user_mail_token(user_id, "verify")]["hash"] == hashlib.sha256(token.encode()).hexdigest()
     assert token not in repr(snapshot)
 
     api = Api(mail_server.url, email=email)
@@ -166,7 +168,8 @@ def test_reset_links_live_thirty_minutes(mail_server, smtp, redis_client):
     email = register(mail_server.url)
     assert forgot(mail_server.url, email).status_code == 202
     mail = [m for m in smtp.wait_for(email, count=2) if m.message["Subject"] == "Reset your password"][0]
-    key = f"mailtoken:reset:{hashlib.sha256(mail.token().encode()).hexdigest()}"
+    key = Keys.user_mail_token(mail.token().partition(".")[0], "reset")
+    assert redis_client.hget(key, "hash") == hashlib.sha256(mail.token().encode()).hexdigest()
     assert 1790 <= redis_client.ttl(key) <= 1800
     assert abs(float(redis_client.hget(key, "expires_at")) - (time.time() + 1800)) < 10
     # Thirty minutes later (the record says so even where Redis has not expired it yet):
@@ -179,7 +182,8 @@ def test_reset_links_live_thirty_minutes(mail_server, smtp, redis_client):
 def test_verification_links_live_a_day(mail_server, smtp, redis_client):
     email = register(mail_server.url)
     [mail] = smtp.wait_for(email)
-    key = f"mailtoken:verify:{hashlib.sha256(mail.token().encode()).hexdigest()}"
+    key = Keys.user_mail_token(mail.token().partition(".")[0], "verify")
+    assert redis_client.hget(key, "hash") == hashlib.sha256(mail.token().encode()).hexdigest()
     assert 24 * 3600 - 10 <= redis_client.ttl(key) <= 24 * 3600
     redis_client.delete(key)  # what Redis does when it expires
     assert verify(mail_server.url, mail.token()).json()["error"]["code"] == "invalid_token"

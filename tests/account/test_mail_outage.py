@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import requests
 
+from app.redis import Keys
 from tests.account.conftest import mail_env
 from tests.mailserver import SmtpServer
 from tests.servers import LiveServer, wait_until
@@ -33,7 +34,7 @@ def outage_server(base_env, down_smtp, smtp_certificate, tmp_path_factory):
 
 
 def attempts(redis_client) -> list[int]:
-    return [int(redis_client.hget(key, "attempts") or 0) for key in redis_client.scan_iter("mail:job:*")]
+    return [int(redis_client.hget(key, "attempts") or 0) for key in redis_client.scan_iter(Keys.mail_job("*"))]
 
 
 def test_mail_queued_while_smtp_is_down_arrives_once_when_it_is_back(outage_server, down_smtp, redis_client):
@@ -51,8 +52,8 @@ def test_mail_queued_while_smtp_is_down_arrives_once_when_it_is_back(outage_serv
     down_smtp.start()
     for address in addresses:
         down_smtp.wait_for(address)
-    wait_until(lambda: redis_client.zcard("mail:queue") == 0, message="the queue to empty")
-    assert list(redis_client.scan_iter("mail:job:*")) == []  # nothing left to send, so nothing more will come
+    wait_until(lambda: redis_client.zcard(Keys.mail_queue()) == 0, message="the queue to empty")
+    assert list(redis_client.scan_iter(Keys.mail_job("*"))) == []  # nothing left to send, so nothing more will come
     for address in addresses:
         subjects = sorted(m.message["Subject"] for m in down_smtp.to(address))
         expected = ["Confirm your e-mail address"] + (["Reset your password"] if address == addresses[0] else [])

@@ -9,6 +9,7 @@ import time
 import pyotp
 import pytest
 
+from app.redis import Keys
 from tests.utils import DEFAULT_PASSWORD, bearer
 
 STEP = 30
@@ -82,7 +83,7 @@ def test_setup_returns_a_secret_uri_and_qr_code_and_mfa_is_on_only_after_confirm
     codes = confirm.get_json()["recovery_codes"]
     assert len(codes) == 10 and len(set(codes)) == 10
     # Stored hashed: no code (nor the pending secret) in Redis in the clear.
-    stored = rdb.smembers(f"user:{tokens['user']['id']}:recovery")
+    stored = rdb.smembers(Keys.user_recovery_codes(tokens["user"]["id"]))
     assert stored == {hashlib.sha256(c.replace("-", "").encode()).hexdigest() for c in codes}
     me = client.get("/auth/me", headers=bearer(tokens["access_token"])).get_json()["user"]
     assert me["mfa_enabled"] is True
@@ -169,7 +170,7 @@ def test_an_mfa_token_dies_after_five_wrong_codes(client, mfa_user):
 
 def test_an_mfa_token_lives_five_minutes(client, mfa_user, rdb):
     token = first_step(client, mfa_user["email"])
-    key = f"mfa:{hashlib.sha256(token.encode()).hexdigest()}"
+    key = Keys.mfa_login(mfa_user["user"]["id"], hashlib.sha256(token.encode()).hexdigest())
     assert 290 <= rdb.ttl(key) <= 300
     assert token not in repr(rdb.hgetall(key))  # stored hashed
     rdb.pexpire(key, 1)  # five minutes later

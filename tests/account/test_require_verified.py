@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from app.redis import Keys
 from tests.conftest import https_client
 from tests.utils import DEFAULT_PASSWORD, AuthActions
 
@@ -16,7 +17,7 @@ def strict(make_app):
 
 
 def queued(rdb, kind: str) -> list[dict]:
-    jobs = [rdb.hgetall(key) for key in rdb.scan_iter("mail:job:*")]
+    jobs = [rdb.hgetall(key) for key in rdb.scan_iter(Keys.mail_job("*"))]
     return [job for job in jobs if job["kind"] == kind]
 
 
@@ -38,7 +39,7 @@ def test_unverified_accounts_cannot_log_in_and_get_a_fresh_link(strict, rdb):
 def test_a_verified_account_logs_in(strict, rdb):
     client, auth = strict
     user = auth.register()
-    rdb.hset(f"user:{user['id']}", "email_verified", "1")  # what POST /auth/email/verify does
+    rdb.hset(Keys.user(user["id"]), "email_verified", "1")  # what POST /auth/email/verify does
     assert auth.login(user["email"]).status_code == 200
 
 

@@ -40,7 +40,7 @@ def test_ending_one_device_leaves_the_others(client, three_devices, rdb):
     assert not works(client, phone) and not refreshes(client, phone)
     assert works(client, browser) and works(client, laptop)
     assert refreshes(client, laptop)
-    assert not rdb.exists(Keys.session(phone["session_id"]))
+    assert not rdb.exists(Keys.session(phone["user"]["id"], phone["session_id"]))
 
 
 def test_another_users_session_is_404_and_untouched(client, auth, three_devices):
@@ -80,7 +80,7 @@ def test_logout_all_ends_every_device(client, three_devices, rdb):
         assert not works(client, device)
         assert not refreshes(client, device)
     assert rdb.scard(Keys.user_sessions(devices[0]["user"]["id"])) == 0
-    assert not any(rdb.exists(Keys.session(d["session_id"])) for d in devices)
+    assert not any(rdb.exists(Keys.session(d["user"]["id"], d["session_id"])) for d in devices)
 
 
 def test_password_change_ends_every_other_session(client, auth, three_devices):

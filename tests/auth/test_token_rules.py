@@ -17,7 +17,7 @@ def refresh(client, token):
 
 
 def revoked(rdb, raw: str) -> bool:
-    return rdb.hget(Keys.refresh_token(hash_token(raw)), "revoked_at") not in ("", None)
+    return rdb.hget(Keys.refresh_token(raw.split(".")[0], hash_token(raw)), "revoked_at") not in ("", None)
 
 
 # Table 3.1: refresh token
@@ -33,8 +33,9 @@ def test_refresh_rule_active_token_refresh_revokes_it_and_issues_same_family_pai
     assert rotated["session_id"] == tokens["session_id"]
     assert revoked(rdb, tokens["refresh_token"])
     assert not revoked(rdb, rotated["refresh_token"])
-    new_record = rdb.hgetall(Keys.refresh_token(hash_token(rotated["refresh_token"])))
-    old_record = rdb.hgetall(Keys.refresh_token(hash_token(tokens["refresh_token"])))
+    user_id = tokens["user"]["id"]
+    new_record = rdb.hgetall(Keys.refresh_token(user_id, hash_token(rotated["refresh_token"])))
+    old_record = rdb.hgetall(Keys.refresh_token(user_id, hash_token(tokens["refresh_token"])))
     assert new_record["family_id"] == old_record["family_id"] == tokens["session_id"]
     assert client.get("/auth/me", headers=bearer(rotated["access_token"])).status_code == 200
 
@@ -97,7 +98,7 @@ def test_access_rule_token_version_differing_from_current_is_invalid(client, aut
 def test_access_rule_token_whose_session_record_is_gone_is_rejected(client, auth, rdb):
     tokens = auth.new_user_tokens()
     assert client.get("/auth/me", headers=bearer(tokens["access_token"])).status_code == 200
-    rdb.delete(Keys.session(tokens["session_id"]))
+    rdb.delete(Keys.session(tokens["user"]["id"], tokens["session_id"]))
     assert client.get("/auth/me", headers=bearer(tokens["access_token"])).status_code == 401
 
 
@@ -112,7 +113,7 @@ def test_error_rule_refresh_with_revoked_token_is_401_family_revoked_login_requi
     assert response.get_json() == {
         "error": {"code": "refresh_token_reused", "message": response.get_json()["error"]["message"]}
     }
-    assert not rdb.exists(Keys.session(first["session_id"]))
+    assert not rdb.exists(Keys.session(first["user"]["id"], first["session_id"]))
     assert auth.login(first["email"]).status_code == 200  # logging in again works
 
 

@@ -16,6 +16,8 @@ from tests.mailserver import SmtpServer
 from tests.servers import make_certificate
 from tests.utils import DEFAULT_PASSWORD, random_email
 
+pytestmark = pytest.mark.not_on_cluster("the browser page: a UI test, no Redis logic of its own")
+
 NEW_PASSWORD = "a new browser passphrase"
 
 

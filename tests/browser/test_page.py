@@ -20,6 +20,8 @@ from tests.events.clients import Api
 from tests.servers import ROOT, VENV_BIN, free_port, process_env
 from tests.utils import DEFAULT_PASSWORD, random_email
 
+pytestmark = pytest.mark.not_on_cluster("the browser page: a UI test, no Redis logic of its own")
+
 # transport: (its radio button's label, the words the page uses for it)
 TRANSPORTS = {
     "sse": ("Server-sent events", "server-sent events"),

@@ -15,6 +15,8 @@ from tests.events.clients import SSE, Api, held_long_polls, open_ws, ws_json
 from tests.events.conftest import FAST
 from tests.servers import LiveServer, NginxServer, RedisServer, wait_until
 
+pytestmark = pytest.mark.not_on_cluster("tests nginx in front of gunicorn, and starts its own redis-server")
+
 
 @pytest.fixture(scope="module")
 def app_server(base_env, tmp_path_factory):

@@ -16,6 +16,8 @@ from app.events.cursor import decode_cursor, is_after
 from tests.events.clients import SSE, Api
 from tests.servers import RedisServer, wait_until
 
+pytestmark = pytest.mark.not_on_cluster("starts its own redis-server (PUBSUB CHANNELS of one Redis)")
+
 
 @pytest.fixture
 def own_redis(tmp_path):

@@ -14,6 +14,8 @@ import pytest
 from tests.events.clients import Api
 from tests.servers import ROOT, VENV_BIN, LiveServer, RedisServer, process_env, wait_until
 
+pytestmark = pytest.mark.not_on_cluster("tests gunicorn's process model and logs, and starts its own redis-server")
+
 CONFIG = ROOT / "gunicorn.conf.py"
 
 

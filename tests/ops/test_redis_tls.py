@@ -13,6 +13,8 @@ from tests.conftest import https_client
 from tests.servers import free_port, make_certificate, wait_until
 from tests.utils import AuthActions
 
+pytestmark = pytest.mark.not_on_cluster("starts its own TLS redis-server (a single one)")
+
 
 @pytest.fixture(scope="module")
 def tls_redis(tmp_path_factory):

@@ -13,6 +13,8 @@ import requests
 from tests.events.clients import Api
 from tests.servers import ROOT, VENV_BIN, free_port, process_env, wait_until
 
+pytestmark = pytest.mark.not_on_cluster("tests `make run`, which starts its own single redis-server")
+
 
 def clean_env(**extra: str) -> dict:
     """Nothing of the developer's shell: the script and the CLI must get their settings elsewhere."""
