@@ -210,10 +210,8 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         ws_send_timeout=reader.number("WS_SEND_TIMEOUT_SECONDS", 10, minimum=0.05),
         # Set by gunicorn.conf.py for its workers (and by `make run`'s var/.env for the CLI).
         prometheus_multiproc_dir=reader.text("PROMETHEUS_MULTIPROC_DIR", "") or None,
-        redis_mode=_not_yet(reader.choice("REDIS_MODE", "standalone", {"standalone", "cluster"}), "REDIS_MODE"),
-        event_durability=_not_yet(
-            reader.choice("EVENT_DURABILITY", "async", {"async", "replicated"}), "EVENT_DURABILITY"
-        ),
+        redis_mode=reader.choice("REDIS_MODE", "standalone", {"standalone", "cluster"}),
+        event_durability=reader.choice("EVENT_DURABILITY", "async", {"async", "replicated"}),
         oauth_providers=tuple(_oauth_provider(reader, name) for name in reader.names("OAUTH_PROVIDERS")),
         webhook_providers=tuple(_webhook_provider(reader, name) for name in reader.names("WEBHOOK_PROVIDERS")),
         outgoing_webhooks=OutgoingWebhooks(
@@ -249,13 +247,6 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
     if outgoing.retention_seconds <= sum(outgoing.retry_schedule):
         raise SettingsError("WEBHOOK_OUT_RETENTION_SECONDS must be longer than WEBHOOK_OUT_RETRY_SCHEDULE's total")
     return settings
-
-
-def _not_yet(value: str, name: str) -> str:
-    """Refuse a value the service accepts by name but cannot honour yet, rather than ignore it."""
-    if value in {"cluster", "replicated"}:
-        raise SettingsError(f"{name}={value} is not supported yet; leave it unset")
-    return value
 
 
 def _oauth_provider(reader: _Reader, name: str) -> OAuthProvider:

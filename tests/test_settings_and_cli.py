@@ -204,8 +204,8 @@ def test_provider_families_are_typed_settings_with_their_secrets_hidden(tmp_path
         ({"SMTP_URL": "http://mail.example.com"}, "SMTP_URL"),
         ({"PUBLIC_BASE_URL": "auth.example.com"}, "PUBLIC_BASE_URL"),
         ({"WEBHOOK_OUT_RETRY_SCHEDULE": "5,0"}, "WEBHOOK_OUT_RETRY_SCHEDULE"),
-        ({"REDIS_MODE": "cluster"}, "not supported yet"),
-        ({"EVENT_DURABILITY": "replicated"}, "not supported yet"),
+        ({"REDIS_MODE": "sharded"}, "REDIS_MODE"),
+        ({"EVENT_DURABILITY": "sync"}, "EVENT_DURABILITY"),
     ],
 )
 def test_bad_provider_and_feature_settings_name_what_is_wrong(tmp_path, env, complaint):
