@@ -14,7 +14,7 @@ import pytest
 
 from app.redis import Keys
 from tests.events.clients import SSE, Api, open_ws, ws_json
-from tests.events.conftest import FAST
+from tests.events.conftest import own_redis_env
 from tests.servers import LiveServer, RedisServer, wait_until
 
 
@@ -32,9 +32,9 @@ def primary_and_replica(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def replicated(base_env, primary_and_replica, tmp_path_factory):
+def replicated(primary_and_replica, tmp_path_factory):
     primary, _ = primary_and_replica
-    env = {**base_env, **FAST, "REDIS_URL": primary.url, "EVENT_DURABILITY": "replicated"}
+    env = own_redis_env(tmp_path_factory.mktemp("var"), REDIS_URL=primary.url, EVENT_DURABILITY="replicated")
     live = LiveServer(env, workers=1, log_path=tmp_path_factory.mktemp("logs") / "gunicorn.log")
     live.start()
     yield live

@@ -17,6 +17,8 @@ from app.events.cursor import decode_cursor, is_after
 from tests.events.clients import SSE, Api
 from tests.servers import RedisServer, wait_until
 
+pytestmark = pytest.mark.not_on_cluster("each test starts its own redis-server (restarted, limited) to watch it")
+
 
 @pytest.fixture
 def own_redis(tmp_path):
