@@ -166,3 +166,43 @@ def test_a_batch_over_several_slots_is_checked_whole_then_appended_slot_by_slot(
         entries = client.xrange(Keys.stream(channel))
         expected = [(ids[i], i) for i, (c, _, _) in enumerate(events) if c == channel]
         assert [(entry_id, int(fields["data"][5:-1])) for entry_id, fields in entries] == expected
+
+
+def node_id(port: int) -> str:
+    return node(port).execute_command("CLUSTER", "MYID")
+
+
+def move_slot(cluster: RedisClusterServer, key: str, target: int) -> None:
+    """Move `key`'s hash slot, with its keys, to the primary on `target` (as redis-cli --cluster reshard does)."""
+    source = cluster.primary_of(key)
+    slot = node(source).cluster("keyslot", key)
+    node(target).execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", node_id(source))
+    node(source).execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", node_id(target))
+    while keys := node(source).execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100):
+        node(source).execute_command("MIGRATE", "127.0.0.1", target, "", 0, 5000, "KEYS", *keys)
+    for port in cluster.primaries():
+        node(port).execute_command("CLUSTER", "SETSLOT", slot, "NODE", node_id(target))
+
+
+def test_a_reader_follows_its_channel_when_the_slot_moves_to_another_primary(cluster, live):
+    """Redis ends the SSUBSCRIBE of a channel whose slot leaves the node (an unasked `sunsubscribe`): the hub
+    takes the channel on its new primary and the reader, resynchronised from the stream, misses nothing."""
+    user = Api(live.url)
+    stream = connected(SSE(live.url, user.auth))
+    try:
+        before = user.publish_ok({"n": 0})
+        assert stream.next_event()["data"]["id"] == before
+        name, source = wake_channel(user.channel), cluster.primary_of(Keys.stream(user.channel))
+        target = next(port for port in cluster.primaries() if port != source)
+        move_slot(cluster, Keys.stream(user.channel), target)
+        wait_until(lambda: shard_subscribers(target, name) == 1, message="subscribed on the new primary")
+        assert shard_subscribers(source, name) == 0
+        published = [wait_until(lambda n=n: _published(user, n), message="publish") for n in range(1, 4)]
+        assert [frame["data"]["id"] for frame in stream.events(3)] == published
+    finally:
+        stream.close()
+
+
+def _published(user: Api, n: int) -> str | None:
+    response = user.publish({"n": n})
+    return response.json()["id"] if response.status_code == 201 else None
