@@ -343,6 +343,7 @@ def test_resume_after_a_worker_is_killed_and_across_instances(start_server):
         other_instance.close()
 
 
+@pytest.mark.not_on_cluster("restarts a redis-server of its own (the cluster's failover: test_failover.py)")
 def test_redis_restart_under_a_live_stream_loses_nothing(start_server, tmp_path):
     redis_server = RedisServer(tmp_path / "redis", persistent=True)
     (tmp_path / "redis").mkdir()
@@ -388,6 +389,7 @@ def _publish_or_none(user: Api, data) -> str | None:
     return response.json()["id"] if response.status_code == 201 else None
 
 
+@pytest.mark.not_on_cluster("counts the connections of a redis-server of its own")
 def test_a_worker_holds_few_redis_connections_however_many_streams(start_server, tmp_path):
     redis_server = RedisServer(tmp_path)
     redis_server.start()
