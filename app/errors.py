@@ -17,6 +17,7 @@ REDIS_UNAVAILABLE = (
     redis.exceptions.TimeoutError,
     redis.exceptions.ClusterError,  # CLUSTERDOWN, MASTERDOWN, too many redirections
     redis.exceptions.TryAgainError,
+    redis.exceptions.ReadOnlyError,  # a primary just turned replica (failover): its slots are served elsewhere
     redis.exceptions.AskError,  # MOVED or ASK still after redis-py's own retries
     redis.exceptions.RedisClusterException,  # no node reachable, slot not covered
 )
@@ -110,6 +111,7 @@ def init_app(app: Flask) -> None:
     @app.errorhandler(redis.exceptions.TimeoutError)
     @app.errorhandler(redis.exceptions.ClusterError)
     @app.errorhandler(redis.exceptions.TryAgainError)
+    @app.errorhandler(redis.exceptions.ReadOnlyError)
     @app.errorhandler(redis.exceptions.AskError)
     @app.errorhandler(redis.exceptions.RedisClusterException)
     def handle_redis_down(error: Exception):

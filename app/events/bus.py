@@ -34,6 +34,8 @@ CHANNEL_PATTERN = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 EVENT_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.:-]{1,100}$")
 REPLICA_WAIT_MILLISECONDS = 1000  # how long a replicated publication waits for a replica before its 503
 MOVED_RETRIES = 2  # a slot that moved under a publication: refresh the slot map and send it again
+# Answers to a publish script on a cluster node that no longer serves the slot: the script did not run.
+PLACED_ELSEWHERE = (redis.exceptions.MovedError, redis.exceptions.ReadOnlyError)
 
 
 def wake_channel(channel: str) -> str:
@@ -229,8 +231,10 @@ class Bus:
     def _run_on_node(self, node_client: redis.Redis, groups: list[list], ts: str) -> list:
         """One pipeline on one node: the script per group, then (replicated) WAIT on the same connection.
 
-        Returns each group's ids, or the error it met (MOVED: the caller places it again); 503 when no
-        replica confirmed in time.
+        Returns each group's ids or, on a cluster, the error that says its slot is served elsewhere now
+        (MOVED, or READONLY from a primary turned replica: the script did not run, the caller places the
+        group again). 503 when no replica confirmed what was stored in time (WAIT answering 0, or an error
+        such as the node turning replica meanwhile).
         """
         pipe = node_client.pipeline(transaction=False)
         for group in groups:
@@ -238,15 +242,14 @@ class Bus:
         if self.replicated:
             pipe.execute_command("WAIT", 1, REPLICA_WAIT_MILLISECONDS)
         results = pipe.execute(raise_on_error=False)
-        if self.replicated:
-            acknowledged = results.pop()
-            if isinstance(acknowledged, Exception):
-                raise acknowledged
-            if int(acknowledged) < 1:
-                raise NotReplicated()
+        acknowledged = results.pop() if self.replicated else None
+        elsewhere = PLACED_ELSEWHERE if self.cluster else ()
         for result in results:
-            if isinstance(result, Exception) and not isinstance(result, redis.exceptions.MovedError):
+            if isinstance(result, Exception) and not isinstance(result, elsewhere):
                 raise result
+        stored = any(not isinstance(result, Exception) for result in results)
+        if stored and self.replicated and (isinstance(acknowledged, Exception) or int(acknowledged) < 1):
+            raise NotReplicated()
         return [result if isinstance(result, Exception) else list(result) for result in results]
 
     def _append_on_cluster(self, events: list[tuple[str, str, str]], ts: str) -> list[str]:

@@ -48,6 +48,11 @@ def live(cluster, tmp_path_factory):
     server.stop()
 
 
+def later(a: str, b: str) -> bool:
+    """Whether stream id `a` comes after `b`."""
+    return tuple(map(int, a.split("-"))) > tuple(map(int, b.split("-")))
+
+
 class Reader(threading.Thread):
     """Follows one user's channels from a cursor over one transport; after any failure (503, a dropped
     stream, a closed socket) it reconnects with the cursor of the last event it got."""
@@ -206,10 +211,15 @@ def test_killing_the_primary_of_a_busy_channel_loses_and_repeats_no_acknowledged
 
     for transport, reader in readers.items():
         ids = reader.ids()
-        assert ids == sorted(ids, key=lambda i: tuple(map(int, i.split("-")))), transport  # publish order
-        assert len(set(ids)) == len(ids), transport  # nothing delivered twice
+        assert all(later(b, a) for a, b in zip(ids, ids[1:], strict=False)), transport  # in order, none twice
         assert set(acknowledged) <= set(ids), (transport, sorted(set(acknowledged) - set(ids))[:5])  # none lost
-        assert stored <= set(ids), transport  # nor anything stored
+        # An unacknowledged event may be stored and still pass a reader by: when an event the failover lost
+        # (sent live by a primary that had not replicated it, or by the killed node back for a moment with
+        # its old slots before it turns replica) moved the reader's cursor past it. Nothing else may.
+        lost = [event_id for event_id in ids if event_id not in stored]
+        for event_id in stored - set(ids):
+            assert event_id not in acknowledged, (transport, event_id)
+            assert any(later(phantom, event_id) for phantom in lost), (transport, event_id, lost)
         attempts = [(data["n"], data["attempt"]) for _, _, data in reader.received]
         assert len(set(attempts)) == len(attempts), transport  # no attempt twice
         for (_, event_id, _), attempt in zip(reader.received, attempts, strict=True):
