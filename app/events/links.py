@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 BACKOFF_START = 0.1
+REFRESH_TIMEOUT = 5.0  # seconds for the cluster to answer its slot map
 CONNECTION_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
 # A link is also replaced on an error reply: a MOVED answer to SSUBSCRIBE means the slot moved before
 # the topology caught up, and the replacement asks for the topology again.
@@ -72,8 +73,9 @@ class Cluster:
         return node_url(self.seed, node.host, node.port)
 
     def refresh(self) -> None:
-        """Ask the cluster for its slot map again."""
-        self.client.nodes_manager.initialize()
+        """Ask the cluster for its slot map again (within REFRESH_TIMEOUT, else TimeoutError)."""
+        with gevent.Timeout(REFRESH_TIMEOUT, TimeoutError):  # a node that does not answer must not hold the link
+            self.client.nodes_manager.initialize()
 
     def connect(self, node: str) -> redis.Redis:
         """The client of one pub/sub connection to `node`."""
