@@ -28,6 +28,7 @@ import json
 import logging
 import time
 from collections import defaultdict, deque
+from urllib.parse import urlsplit
 
 import gevent
 import gevent.event
@@ -230,6 +231,7 @@ class Hub:
         except Exception as error:  # noqa: BLE001 - the cluster may be unreachable: the link tries again later
             log.warning("event hub could not refresh the cluster topology (%s)", type(error).__name__)
             return
+        moved: dict[str, int] = {}
         with self.lock:
             for name in names:
                 old = self.home.get(name)
@@ -242,10 +244,13 @@ class Hub:
                 if node == old and not again:
                     continue  # the link reconnects and subscribes it again itself
                 self.home[name] = node
+                moved[node] = moved.get(node, 0) + 1
                 link = self._link_for(name)
                 if link.pubsub is not None and name not in link.live:
                     link.send_subscribe([name], resync=True)
             self.changed()
+        for node, count in moved.items():
+            log.warning("event hub placed %d channel(s) on redis %s", count, urlsplit(node).netloc.rpartition("@")[2])
 
     def deliver(self, name: str, data: str) -> None:
         """A message from Redis: a control message, or an event for local readers of its channel."""

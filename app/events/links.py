@@ -22,7 +22,7 @@ from ..redis import connect_pubsub
 if TYPE_CHECKING:
     from .hub import Hub
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(f"{__package__}.hub")  # the hub's own log: links are part of it
 
 BACKOFF_START = 0.1
 REFRESH_TIMEOUT = 5.0  # seconds for the cluster to answer its slot map
@@ -173,7 +173,7 @@ class Link:
     def lost(self, pubsub, reason: str) -> None:
         """Forget a connection (idempotent): waiters for its confirmations try again on the next one."""
         if pubsub is not None and pubsub is self.pubsub:
-            log.warning("event hub lost redis %s (%s); reconnecting", self.node.rpartition("@")[2], reason)
+            log.warning("event hub lost redis%s (%s); reconnecting", self._where(), reason)
             self.pubsub = None
             self.connected.clear()
             self.live.clear()
@@ -185,6 +185,10 @@ class Link:
         if pubsub is not None:
             with contextlib.suppress(Exception):  # the connection may already be broken
                 pubsub.close()
+
+    def _where(self) -> str:
+        """' host:port' of a cluster node (for the log; never credentials), '' on one Redis."""
+        return " " + urlsplit(self.node).netloc.rpartition("@")[2] if self.sharded else ""
 
     # The listener greenlet.
 
@@ -202,7 +206,9 @@ class Link:
                     if self.pubsub is not pubsub:
                         break
                     message = pubsub.handle_message(response)
-                    if message is not None and self._handle(message):
+                    if message is not None and self._handle(message):  # every channel subscribed again
+                        if delay > BACKOFF_START:
+                            log.warning("event hub reconnected to redis%s; subscribers resynchronise", self._where())
                         delay = BACKOFF_START
             except LINK_ERRORS as error:
                 reason = type(error).__name__ + (f": {error}" if isinstance(error, redis.ResponseError) else "")
