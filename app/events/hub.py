@@ -99,6 +99,7 @@ class Hub:
         self._changed = gevent.event.Event()  # replaced (and set) whenever a link connects or channels move
         self._dropped: set[str] = set()  # channels Redis dropped, to place again
         self._placing: gevent.Greenlet | None = None
+        self._refresh_failing = False
 
     def subscribe(self, channels: list[str], user_id: str, session_id: str, maxsize: int) -> Subscription:
         """Register locally, then wait until Redis confirms every channel: the caller reads history after this.
@@ -228,9 +229,11 @@ class Hub:
         """
         try:
             self.topology.refresh()
-        except Exception as error:  # noqa: BLE001 - the cluster may be unreachable: the link tries again later
-            log.warning("event hub could not refresh the cluster topology (%s)", type(error).__name__)
-            return
+            self._refresh_failing = False
+        except Exception as error:  # noqa: BLE001 - the cluster may be unreachable: go on with the map known
+            if not self._refresh_failing:  # once per outage, not at every attempt
+                log.warning("event hub could not refresh the cluster topology (%s)", type(error).__name__)
+            self._refresh_failing = True
         moved: dict[str, int] = {}
         with self.lock:
             for name in names:
