@@ -10,6 +10,18 @@ from werkzeug.exceptions import HTTPException
 
 log = logging.getLogger(__name__)
 
+# Redis (or part of a Redis Cluster) cannot serve the request now: 503, retry shortly. On a cluster a
+# failover answers CLUSTERDOWN / TRYAGAIN for a moment, and a slot may be uncovered until it ends.
+REDIS_UNAVAILABLE = (
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+    redis.exceptions.ClusterError,  # CLUSTERDOWN, MASTERDOWN, too many redirections
+    redis.exceptions.TryAgainError,
+    redis.exceptions.ReadOnlyError,  # a primary just turned replica (failover): its slots are served elsewhere
+    redis.exceptions.AskError,  # MOVED or ASK still after redis-py's own retries
+    redis.exceptions.RedisClusterException,  # no node reachable, slot not covered
+)
+
 # Werkzeug's own exceptions (routing, size limits) mapped to our error codes.
 _HTTP_CODES = {
     400: "bad_request",
@@ -97,8 +109,11 @@ def init_app(app: Flask) -> None:
 
     @app.errorhandler(redis.exceptions.ConnectionError)
     @app.errorhandler(redis.exceptions.TimeoutError)
-    @app.errorhandler(redis.exceptions.ClusterDownError)  # a cluster failing over: no primary for a slot yet
-    @app.errorhandler(redis.exceptions.SlotNotCoveredError)
+    @app.errorhandler(redis.exceptions.ClusterError)
+    @app.errorhandler(redis.exceptions.TryAgainError)
+    @app.errorhandler(redis.exceptions.ReadOnlyError)
+    @app.errorhandler(redis.exceptions.AskError)
+    @app.errorhandler(redis.exceptions.RedisClusterException)
     def handle_redis_down(error: Exception):
         log.warning("redis unavailable: %s", type(error).__name__)
         return error_response(503, "unavailable", "A dependency is unavailable; retry shortly.", {"Retry-After": "1"})

@@ -210,7 +210,7 @@ def test_provider_families_are_typed_settings_with_their_secrets_hidden(tmp_path
         ({"REDIS_MODE": "cluster", "REDIS_URL": "redis://10.0.0.1:7000/2"}, "only database 0"),
         ({"REDIS_MODE": "cluster", "REDIS_URL": "redis://a:1/0,rediss://b:2/0"}, "every seed"),
         ({"REDIS_MODE": "sharded"}, "REDIS_MODE"),
-        ({"EVENT_DURABILITY": "replicated"}, "not supported yet"),
+        ({"EVENT_DURABILITY": "sync"}, "EVENT_DURABILITY"),
     ],
 )
 def test_bad_provider_and_feature_settings_name_what_is_wrong(tmp_path, env, complaint):

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-from functools import partial
-
 from flask import Flask
 
 from ..auth.sessions import sessions_ended
-from ..redis import connect_pubsub
+from ..redis import is_cluster
 from . import sse, ws  # noqa: F401 - they add their routes to the events blueprint
 from .bus import Bus
 from .hub import Hub
 from .leases import ConnectionLeases
+from .links import Cluster, OneServer
 
 
 def end_live_connections(app: Flask) -> None:
@@ -23,9 +22,10 @@ def init_app(app: Flask) -> None:
     """Bind the event bus, the hub and connection leases; close live connections when sessions end."""
     settings = app.config["SETTINGS"]
     client = app.extensions["redis"]
-    bus = Bus(client, app.extensions["redis_scripts"], settings.event_history_maxlen)
+    bus = Bus(client, app.extensions["redis_scripts"], settings.event_history_maxlen, settings.event_durability)
     app.extensions["event_bus"] = bus
-    app.extensions["event_hub"] = Hub(partial(connect_pubsub, settings.redis_url))
+    topology = Cluster(client, settings.redis_url) if is_cluster(client) else OneServer(settings.redis_url)
+    app.extensions["event_hub"] = Hub(topology)
     app.extensions["connection_leases"] = ConnectionLeases(client, settings.max_connections_per_user)
     ws.init_app(app)
 

@@ -1,14 +1,21 @@
 """The event bus: per-channel Redis streams for history, pub/sub wake-ups for live delivery.
 
-Publishing appends to the channel's stream and publishes the same event on `wake:<channel>` in one
-Lua script, so live order is stream order. Control messages ("these sessions ended") go on `control`.
+Publishing appends to the channel's stream (`events:{C}`) and publishes the same event on its wake-up
+channel (`wake:{C}`, the same hash slot) in one Lua script, so live order is stream order: PUBLISH on one
+Redis, SPUBLISH (sharded pub/sub) on a Redis Cluster. Control messages ("these sessions ended") go on
+`control`, a sharded channel too on a cluster.
+
+With `EVENT_DURABILITY=replicated` a publication is answered only after a replica has it: WAIT on the
+connection that ran the script (else 503; the event may still be delivered: at least once).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import time
+from collections import defaultdict
 from dataclasses import dataclass, field
 
 import redis
@@ -16,54 +23,68 @@ import redis
 from ..auth.sessions import session_is_valid
 from ..errors import ApiError, bad_request, validation_failed
 from ..metrics import EVENTS_PUBLISHED
-from ..redis import Keys
+from ..redis import Keys, is_cluster
 from .cursor import LAST_POSSIBLE_ID, is_after
 
-WAKE_PREFIX = "wake:"
 CONTROL_CHANNEL = "control"
 BROADCAST = "broadcast"
 DATA_LIMIT = 64 * 1024
 HISTORY_BATCH = 500
 CHANNEL_PATTERN = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 EVENT_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.:-]{1,100}$")
+REPLICA_WAIT_MILLISECONDS = 1000  # how long a replicated publication waits for a replica before its 503
+MOVED_RETRIES = 2  # a slot that moved under a publication: refresh the slot map and send it again
+# Answers to a publish script on a cluster node that no longer serves the slot: the script did not run.
+PLACED_ELSEWHERE = (redis.exceptions.MovedError, redis.exceptions.ReadOnlyError)
 
-# KEYS[1] the channel's stream, KEYS[2] the set of outgoing webhook endpoints, KEYS[3] their feed.
-# ARGV: wake-up channel, maxlen, event name, data (JSON), ts, channel.
-# XADD then PUBLISH in one atomic step: every subscriber sees events in stream order. While any
-# outgoing endpoint exists, the event is also appended to the dispatcher's feed in the same step, so
-# an event is either published and on its way to the endpoints, or not published at all.
+
+def wake_channel(channel: str) -> str:
+    """The Redis pub/sub channel of a bus channel: in the hash slot of its stream `events:{<channel>}`."""
+    return f"wake:{{{channel}}}"
+
+
+def channel_of_wake(name: str) -> str:
+    """The bus channel of a wake-up channel (the inverse of `wake_channel`)."""
+    return name.removeprefix("wake:{").removesuffix("}")
+
+
+# KEYS: each event's stream, all in one hash slot; on one Redis also, last, the set of outgoing webhook
+# endpoints and their feed. ARGV: the publish command (PUBLISH or SPUBLISH), maxlen, ts, the number of
+# events, then per event: wake-up channel, event name, data (JSON), channel.
+# Each XADD is followed by its PUBLISH in one atomic step: every subscriber sees events in stream order,
+# and the events are all appended, or none. On one Redis, while any outgoing endpoint exists, each event
+# is also appended to the dispatcher's feed in the same step (a cluster cannot: the feed is in another
+# slot, and Bus._feed_outgoing appends it as a second step).
 PUBLISH_LUA = """
-local id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[2], '*',
-                      'event', ARGV[3], 'data', ARGV[4], 'ts', ARGV[5])
-local wire = {id = id, channel = ARGV[6], event = ARGV[3], data = ARGV[4], ts = ARGV[5]}
-redis.call('PUBLISH', ARGV[1], cjson.encode(wire))
-if redis.call('EXISTS', KEYS[2]) == 1 then
-  redis.call('XADD', KEYS[3], '*', 'id', id, 'channel', ARGV[6], 'event', ARGV[3], 'data', ARGV[4], 'ts', ARGV[5])
-end
-return id
-"""
-
-# KEYS: the set of outgoing webhook endpoints, their feed, then each event's stream. ARGV: maxlen, ts,
-# then per event: wake-up channel, event name, data, channel.
-# Every event appended and announced (and fed to outgoing webhooks, as in PUBLISH_LUA) in one atomic
-# step: a batch is all there, or (refused before the script runs) none of it.
-PUBLISH_MANY_LUA = """
+local count = tonumber(ARGV[4])
+local feed = #KEYS == count + 2 and redis.call('EXISTS', KEYS[count + 1]) == 1
 local ids = {}
-local outgoing = redis.call('EXISTS', KEYS[1]) == 1
-for i = 3, #KEYS do
-  local base = 2 + (i - 3) * 4
-  local id = redis.call('XADD', KEYS[i], 'MAXLEN', '~', ARGV[1], '*',
-                        'event', ARGV[base + 2], 'data', ARGV[base + 3], 'ts', ARGV[2])
-  local wire = {id = id, channel = ARGV[base + 4], event = ARGV[base + 2], data = ARGV[base + 3], ts = ARGV[2]}
-  redis.call('PUBLISH', ARGV[base + 1], cjson.encode(wire))
-  if outgoing then
-    redis.call('XADD', KEYS[2], '*', 'id', id, 'channel', ARGV[base + 4], 'event', ARGV[base + 2],
-               'data', ARGV[base + 3], 'ts', ARGV[2])
+for i = 1, count do
+  local base = 4 + (i - 1) * 4
+  local id = redis.call('XADD', KEYS[i], 'MAXLEN', '~', ARGV[2], '*',
+                        'event', ARGV[base + 2], 'data', ARGV[base + 3], 'ts', ARGV[3])
+  local wire = {id = id, channel = ARGV[base + 4], event = ARGV[base + 2], data = ARGV[base + 3], ts = ARGV[3]}
+  redis.call(ARGV[1], ARGV[base + 1], cjson.encode(wire))
+  if feed then
+    redis.call('XADD', KEYS[count + 2], '*', 'id', id, 'channel', ARGV[base + 4], 'event', ARGV[base + 2],
+               'data', ARGV[base + 3], 'ts', ARGV[3])
   end
-  ids[#ids + 1] = id
+  ids[i] = id
 end
 return ids
 """
+
+
+class NotReplicated(ApiError):
+    """503: no replica acknowledged a replicated publication in time (it may still be delivered)."""
+
+    def __init__(self):
+        super().__init__(
+            503,
+            "unavailable",
+            "No replica confirmed the event in time; it may still be delivered. Retry shortly.",
+            {"Retry-After": "1"},
+        )
 
 
 @dataclass(slots=True)
@@ -156,41 +177,142 @@ def validate_names(channel: str, event: str) -> None:
 class Bus:
     """Publishing and history reads over one Redis client (shared by every greenlet of the process)."""
 
-    def __init__(self, client: redis.Redis, scripts, history_maxlen: int):
+    def __init__(self, client: redis.Redis, scripts, history_maxlen: int, durability: str = "async"):
         self.client = client
         self.scripts = scripts
         self.history_maxlen = history_maxlen
+        self.cluster = is_cluster(client)
+        self.replicated = durability == "replicated"
         self._publish = client.register_script(PUBLISH_LUA)
-        self._publish_many = client.register_script(PUBLISH_MANY_LUA)
 
     def publish(self, channel: str, event: str, data) -> Event:
         """Append an event to its channel's stream and wake live readers, in one atomic step."""
         validate_names(channel, event)
         encoded, ts = encode_data(data), _now()
-        stream_id = self._publish(
-            keys=[Keys.stream(channel), Keys.outgoing_endpoints(), Keys.outgoing_feed()],
-            args=[WAKE_PREFIX + channel, self.history_maxlen, event, encoded, ts, channel],
-        )
-        EVENTS_PUBLISHED.inc()
-        return Event(stream_id, channel, event, encoded, ts)
+        (event_id,) = self._append([(channel, event, encoded)], ts)
+        return Event(event_id, channel, event, encoded, ts)
 
     def publish_many(self, events: list[tuple[str, str, object]]) -> list[str]:
-        """Publish (channel, event, data) triples all together or not at all; their ids, in order."""
+        """Publish (channel, event, data) triples all together or not at all; their ids, in order.
+
+        Every event is checked before anything is written, so a refused batch writes nothing. On one
+        Redis the batch is then one atomic step. On a cluster an atomic step cannot span hash slots: the
+        events of each slot (all of a channel's) are one atomic step, in batch order; if Redis fails
+        between two steps the answer is 503 with the first steps published (a retry may publish those
+        twice: at least once). A batch whose channels share a slot stays one step.
+        """
         for channel, event, _ in events:
             validate_names(channel, event)
-        encoded = [encode_data(data) for _, _, data in events]  # every one checked before anything is written
-        args = [self.history_maxlen, _now()]
-        for (channel, event, _), data in zip(events, encoded, strict=True):
-            args += [WAKE_PREFIX + channel, event, data, channel]
-        keys = [Keys.outgoing_endpoints(), Keys.outgoing_feed()] + [Keys.stream(channel) for channel, _, _ in events]
-        ids = self._publish_many(keys=keys, args=args)
+        checked = [(channel, event, encode_data(data)) for channel, event, data in events]
+        return self._append(checked, _now())
+
+    def _append(self, events: list[tuple[str, str, str]], ts: str) -> list[str]:
+        """Run the publish script for (channel, event, encoded data) triples; their ids, in order."""
+        if self.cluster:
+            ids = self._append_on_cluster(events, ts)
+        elif self.replicated:
+            (ids,) = self._run_on_node(self.client, [events], ts)
+        else:
+            ids = list(self._publish(**self._script_call(events, ts)))
         EVENTS_PUBLISHED.inc(len(ids))
-        return list(ids)
+        self._feed_outgoing([Event(i, c, e, d, ts) for i, (c, e, d) in zip(ids, events, strict=True)])
+        return ids
+
+    def _script_call(self, events: list[tuple[str, str, str]], ts: str) -> dict:
+        """KEYS and ARGV of PUBLISH_LUA for events of one hash slot."""
+        keys = [Keys.stream(channel) for channel, _, _ in events]
+        if not self.cluster:  # the feed is fed in the same step (see _feed_outgoing)
+            keys += [Keys.outgoing_endpoints(), Keys.outgoing_feed()]
+        args = ["SPUBLISH" if self.cluster else "PUBLISH", self.history_maxlen, ts, len(events)]
+        for channel, event, data in events:
+            args += [wake_channel(channel), event, data, channel]
+        return {"keys": keys, "args": args}
+
+    def _run_on_node(self, node_client: redis.Redis, groups: list[list], ts: str) -> list:
+        """One pipeline on one node: the script per group, then (replicated) WAIT on the same connection.
+
+        Returns each group's ids or, on a cluster, the error that says its slot is served elsewhere now
+        (MOVED, or READONLY from a primary turned replica: the script did not run, the caller places the
+        group again). 503 when no replica confirmed what was stored in time (WAIT answering 0, or an error
+        such as the node turning replica meanwhile).
+        """
+        pipe = node_client.pipeline(transaction=False)
+        for group in groups:
+            self._publish(**self._script_call(group, ts), client=pipe)
+        if self.replicated:
+            pipe.execute_command("WAIT", 1, REPLICA_WAIT_MILLISECONDS)
+        results = pipe.execute(raise_on_error=False)
+        acknowledged = results.pop() if self.replicated else None
+        elsewhere = PLACED_ELSEWHERE if self.cluster else ()
+        for result in results:
+            if isinstance(result, Exception) and not isinstance(result, elsewhere):
+                raise result
+        stored = any(not isinstance(result, Exception) for result in results)
+        if stored and self.replicated and (isinstance(acknowledged, Exception) or int(acknowledged) < 1):
+            raise NotReplicated()
+        return [result if isinstance(result, Exception) else list(result) for result in results]
+
+    def _append_on_cluster(self, events: list[tuple[str, str, str]], ts: str) -> list[str]:
+        """One atomic step per hash slot; the steps of one node in one pipeline (and one WAIT)."""
+        ids: list[str | None] = [None] * len(events)
+        pending = list(range(len(events)))
+        for attempt in range(MOVED_RETRIES + 1):
+            by_slot: dict[int, list[int]] = defaultdict(list)
+            for index in pending:
+                by_slot[self.client.keyslot(Keys.stream(events[index][0]))].append(index)
+            by_node: dict[str, tuple] = {}
+            for positions in by_slot.values():
+                node = self.client.get_node_from_key(Keys.stream(events[positions[0]][0]))
+                by_node.setdefault(node.name, (node, []))[1].append(positions)
+            pending = []
+            for node, groups in by_node.values():
+                try:
+                    results = self._run_on_node(
+                        self.client.get_redis_connection(node), [[events[i] for i in g] for g in groups], ts
+                    )
+                except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+                    self._refresh_topology()  # the node is gone: the next publication asks the new one
+                    raise
+                for positions, result in zip(groups, results, strict=True):
+                    if isinstance(result, Exception):
+                        moved = result
+                        pending += positions
+                    else:
+                        for index, event_id in zip(positions, result, strict=True):
+                            ids[index] = event_id
+            if not pending:
+                return ids
+            if attempt < MOVED_RETRIES:
+                self._refresh_topology()
+        raise moved
+
+    def _refresh_topology(self) -> None:
+        with contextlib.suppress(redis.exceptions.RedisClusterException):  # no node reachable: the error says so
+            self.client.nodes_manager.initialize()
+
+    def _feed_outgoing(self, events: list[Event]) -> None:
+        """Hand published events to the outgoing webhooks' dispatcher (feed `outgoing:feed`).
+
+        On one Redis the publish script did it in the same atomic step. On a cluster the feed lives in
+        another hash slot, so it is a second step here, before the answer: if Redis fails here the
+        publication answers 503 although its events are published (a retry may publish them twice: at
+        least once for acknowledged events).
+        """
+        if not self.cluster or not self.client.exists(Keys.outgoing_endpoints()):
+            return
+        pipe = self.client.pipeline(transaction=False)
+        for event in events:
+            fields = {"id": event.id, "channel": event.channel, "event": event.event, "data": event.data}
+            pipe.xadd(Keys.outgoing_feed(), {**fields, "ts": event.ts})
+        pipe.execute()
 
     def announce_sessions_ended(self, user_id: str, session_ids: list[str], whole_user: bool = False) -> None:
         """Tell every worker of every instance to close these sessions' connections."""
-        message = {"user_id": user_id, "session_ids": session_ids, "whole_user": whole_user}
-        self.client.publish(CONTROL_CHANNEL, json.dumps(message))
+        message = json.dumps({"user_id": user_id, "session_ids": session_ids, "whole_user": whole_user})
+        if self.cluster:
+            self.client.spublish(CONTROL_CHANNEL, message)
+        else:
+            self.client.publish(CONTROL_CHANNEL, message)
 
     def present(self, channels: list[str]) -> dict[str, str]:
         """The position just after the newest event of each channel (0-0 for a channel never used)."""

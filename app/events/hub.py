@@ -1,43 +1,47 @@
-"""The per-process hub: ONE Redis pub/sub connection and one listener greenlet, fanning out to local subscribers.
+"""The per-process hub: a few Redis pub/sub links and their listener greenlets, fanning out to local subscribers.
 
-A client connection never holds a Redis connection of its own. The worker subscribes to `wake:<channel>`
-only while one of its connections reads that channel (the first reader subscribes, the last to leave
-unsubscribes), and to the control channel always, so an event travels only to workers that deliver it.
+A client connection never holds a Redis connection of its own. The worker subscribes to a channel's
+wake-ups (`wake:{<channel>}`) only while one of its connections reads that channel (the first reader
+subscribes, the last to leave unsubscribes), and to the control channel always, so an event travels only
+to workers that deliver it. On one Redis that is one connection (SUBSCRIBE); on a Redis Cluster one
+connection per primary that serves a channel read here (SSUBSCRIBE), see links.py.
 
-No gap: `subscribe` returns only once Redis has confirmed, on the current connection, the SUBSCRIBE of
-every channel the reader needs; the reader reads history after that, so each event is either in what it
-reads or arrives live. Commands are written under one lock in the order the hub decides them, and Redis
-answers in that order: the n-th confirmation of a channel answers the n-th SUBSCRIBE sent for it. So a
-reader who arrives while an UNSUBSCRIBE of its channel is still in flight waits for its own SUBSCRIBE.
+No gap: `subscribe` returns only once Redis has confirmed, on the current connection of each channel's
+link, the SUBSCRIBE of every channel the reader needs; the reader reads history after that, so each event
+is either in what it reads or arrives live. Commands are written under one lock in the order the hub
+decides them, and Redis answers each connection in that order: the n-th confirmation of a channel answers
+the n-th SUBSCRIBE sent for it. So a reader who arrives while an UNSUBSCRIBE of its channel is still in
+flight waits for its own SUBSCRIBE.
 
-After Redis drops, the hub reconnects with capped back-off, subscribes again to every channel with
-readers and, once Redis has confirmed them all, tells every local subscriber to resynchronise from the
-streams, so nothing published while it was away is lost. Every wait is bounded: a subscription that is
+After a link loses its connection it reconnects with capped back-off, subscribes again to its channels
+and, once Redis has confirmed them all, tells their local readers to resynchronise from the streams, so
+nothing published while it was away is lost. On a cluster, each loss first refreshes the slot map:
+channels whose slot another node serves now (a replica took over, a slot moved) move to that node's link
+and their readers resynchronise once they are confirmed there; so do channels Redis drops unasked (an
+`sunsubscribe` it pushes when their slot leaves the node). Every wait is bounded: a subscription that is
 not confirmed in time is a `redis.exceptions.TimeoutError` (503), and the connection is replaced.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import time
 from collections import defaultdict, deque
-from collections.abc import Callable
+from urllib.parse import urlsplit
 
 import gevent
 import gevent.event
 import gevent.lock
 import redis
 
-from .bus import CONTROL_CHANNEL, WAKE_PREFIX, Event
+from .bus import CONTROL_CHANNEL, Event, channel_of_wake, wake_channel
+from .links import Cluster, Link, OneServer
 
 log = logging.getLogger(__name__)
 
 RESYNC = "resync"
-BACKOFF_START, BACKOFF_CAP = 0.1, 5.0
 CONFIRM_TIMEOUT = 5.0  # seconds a reader waits for Redis to confirm its channels
-CONNECTION_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
 
 
 class Subscription:
@@ -78,46 +82,30 @@ class Subscription:
         return taken
 
 
-class Confirmation:
-    """Redis's answer to one SUBSCRIBE: `done` once it came (`live`) or the connection was lost first."""
-
-    __slots__ = ("done", "live")
-
-    def __init__(self):
-        self.done = gevent.event.Event()
-        self.live = False
-
-    def settle(self, live: bool) -> None:
-        """Record the answer (or its loss) and wake whoever waits for it."""
-        self.live = live
-        self.done.set()
-
-
 class Hub:
-    """This worker's one pub/sub connection, handing events and control messages to local connections."""
+    """This worker's pub/sub links (one per Redis node it reads from), handing events to local connections."""
 
-    def __init__(self, connect: Callable[[], redis.Redis], confirm_timeout: float = CONFIRM_TIMEOUT):
-        """`connect` makes the client of the pub/sub connection (called again after each loss)."""
-        self.connect = connect
+    def __init__(self, topology: OneServer | Cluster, confirm_timeout: float = CONFIRM_TIMEOUT):
+        """`topology` says which node carries a channel and makes each link's connection."""
+        self.topology = topology
         self.confirm_timeout = confirm_timeout
         self.by_channel: dict[str, set[Subscription]] = defaultdict(set)
         self.by_user: dict[str, set[Subscription]] = defaultdict(set)
         self.by_session: dict[str, set[Subscription]] = defaultdict(set)
-        self.connected = gevent.event.Event()  # set exactly while there is a current connection
         self.closing = False
-        self._greenlet: gevent.Greenlet | None = None
-        self._pubsub: redis.client.PubSub | None = None
-        self._lock = gevent.lock.RLock()  # held while deciding and writing a (un)subscribe: wire order = order decided
-        self._live: dict[str, Confirmation] = {}  # Redis channel -> its latest SUBSCRIBE on this connection
-        self._unconfirmed: dict[str, deque[Confirmation]] = defaultdict(deque)  # sent, not yet answered, in order
-        self._resync_when: Confirmation | None = None  # the last channel subscribed again after a (re)connect
+        self.lock = gevent.lock.RLock()  # held while deciding and writing a (un)subscribe: wire order = order decided
+        self.links: dict[str, Link] = {}  # node -> its link
+        self.home: dict[str, str] = {}  # every Redis channel wanted here -> the node whose link carries it
+        self._changed = gevent.event.Event()  # replaced (and set) whenever a link connects or channels move
+        self._dropped: set[str] = set()  # channels Redis dropped, to place again
+        self._placing: gevent.Greenlet | None = None
+        self._refresh_failing = False
 
     def subscribe(self, channels: list[str], user_id: str, session_id: str, maxsize: int) -> Subscription:
         """Register locally, then wait until Redis confirms every channel: the caller reads history after this.
 
         Raises redis.exceptions.TimeoutError if Redis does not confirm within the time-out.
         """
-        self._ensure_running()
         subscription = Subscription(channels, user_id, session_id, maxsize)
         for channel in channels:
             self.by_channel[channel].add(subscription)
@@ -127,7 +115,7 @@ class Hub:
             subscription.end("shutdown")
             return subscription
         try:
-            self._wait_confirmed([CONTROL_CHANNEL] + [WAKE_PREFIX + channel for channel in channels])
+            self._wait_confirmed([CONTROL_CHANNEL] + [wake_channel(channel) for channel in channels])
         except BaseException:
             self.unsubscribe(subscription)
             raise
@@ -163,136 +151,127 @@ class Hub:
         deadline = time.monotonic() + self.confirm_timeout
         for name in names:
             while True:
-                confirmation = self._subscribed(name)
+                with self.lock:
+                    link = self._link_for(name)
+                    confirmation = link.subscribed(name)
+                    changed = self._changed
                 if confirmation is not None and confirmation.live:
                     break
-                waited_for = confirmation.done if confirmation is not None else self.connected
+                # Without a connection, wait for any link to connect or channels to move, then look again.
+                waited_for = confirmation.done if confirmation is not None else changed
                 if not waited_for.wait(max(0.0, deadline - time.monotonic())):
                     if confirmation is not None:  # Redis went silent: replace the connection
-                        self._lost(self._pubsub, "no confirmation in time")
+                        link.lost(link.pubsub, "no confirmation in time")
                     raise redis.exceptions.TimeoutError("The event hub could not subscribe in time.")
 
-    def _subscribed(self, name: str) -> Confirmation | None:
-        """The current connection's SUBSCRIBE of `name` (sent now if there is none); None without a connection.
-
-        A confirmation that is settled but not live was lost with its connection: asking again after
-        `connected` is set gives the new connection's one.
-        """
-        with self._lock:
-            pubsub = self._pubsub
-            if pubsub is None:
-                return None
-            if name not in self._live:
-                self._send_subscribe(pubsub, [name])
-            return self._live.get(name)
+    def _link_for(self, name: str) -> Link:
+        """The link that carries `name` (lock held), placing the channel and starting the link if need be."""
+        node = self.home.get(name)
+        if node is None:
+            node = self.home[name] = self.topology.node_of(name)
+        link = self.links.get(node)
+        if link is None or link.greenlet.dead:
+            link = self.links[node] = Link(self, node)
+        return link
 
     def _release(self, channel: str) -> None:
-        with self._lock:  # taking the lock may wait: check again whether someone started reading meanwhile
-            name = WAKE_PREFIX + channel
-            pubsub = self._pubsub
-            if channel in self.by_channel or pubsub is None or name not in self._live:
+        with self.lock:  # taking the lock may wait: check again whether someone started reading meanwhile
+            if channel in self.by_channel:
                 return
-            del self._live[name]
-            self._write(pubsub, pubsub.unsubscribe, [name])
+            node = self.home.pop(wake_channel(channel), None)
+            if node in self.links:
+                self.links[node].unsubscribe(wake_channel(channel))
 
-    def _send_subscribe(self, pubsub, names: list[str]) -> list[Confirmation]:
-        """SUBSCRIBE (lock held); each confirmation is registered before the command can be answered."""
-        confirmations = []
-        for name in names:
-            confirmation = self._live[name] = Confirmation()
-            self._unconfirmed[name].append(confirmation)
-            confirmations.append(confirmation)
-        self._write(pubsub, pubsub.subscribe, names)
-        return confirmations
+    def names_on(self, link: Link) -> list[str]:
+        """The Redis channels placed on `link`'s node."""
+        return [name for name, node in self.home.items() if node == link.node]
 
-    def _write(self, pubsub, command, names: list[str]) -> None:
+    def changed(self) -> None:
+        """Wake every reader waiting for a connection: a link connected or channels moved."""
+        self._changed, changed = gevent.event.Event(), self._changed
+        changed.set()
+
+    def relocate(self, link: Link) -> bool:
+        """After `link` lost its connection: move its channels whose slot another node serves now.
+
+        True when nothing is left on the link: it retires (a later reader of its node starts a new one).
+        """
+        if self.topology.sharded:
+            self._place(self.names_on(link))
+        with self.lock:
+            if self.links.get(link.node) is not link:
+                return True  # replaced already
+            if self.names_on(link):
+                return False
+            del self.links[link.node]
+            return True
+
+    def dropped(self, link: Link, name: str) -> None:
+        """Redis ended a subscription unasked (its slot moved): place the channel again, soon."""
+        with self.lock:
+            if link.live.pop(name, None) is None or self.home.get(name) != link.node:
+                return
+            self._dropped.add(name)
+            if self._placing is None or self._placing.dead:
+                self._placing = gevent.spawn(self._place_dropped)
+
+    def _place_dropped(self) -> None:
+        gevent.sleep(0)  # let the drops of one slot move arrive: one topology refresh for them all
+        while self._dropped:
+            names, self._dropped = list(self._dropped), set()
+            self._place(names, again=True)
+
+    def _place(self, names: list[str], again: bool = False) -> None:
+        """Ask for the topology, then put each channel on its node's link (subscribing it there at once).
+
+        Readers of a channel that changed links resynchronise from the streams once it is confirmed on
+        its new one; so do those of channels subscribed `again` on the same link.
+        """
         try:
-            command(*names)
-        except CONNECTION_ERRORS as error:
-            self._lost(pubsub, type(error).__name__)
-        except BaseException:  # interrupted mid-write (a killed greenlet): the stream may hold half a command
-            self._lost(pubsub, "interrupted write")
-            raise
+            self.topology.refresh()
+            self._refresh_failing = False
+        except Exception as error:  # noqa: BLE001 - the cluster may be unreachable: go on with the map known
+            if not self._refresh_failing:  # once per outage, not at every attempt
+                log.warning("event hub could not refresh the cluster topology (%s)", type(error).__name__)
+            self._refresh_failing = True
+        moved: dict[str, int] = {}
+        with self.lock:
+            for name in names:
+                old = self.home.get(name)
+                if old is None:
+                    continue  # nobody reads it any more
+                try:
+                    node = self.topology.node_of(name)
+                except redis.exceptions.RedisClusterException:
+                    continue  # slot not covered yet: try again at the next loss
+                if node == old and not again:
+                    continue  # the link reconnects and subscribes it again itself
+                self.home[name] = node
+                moved[node] = moved.get(node, 0) + 1
+                link = self._link_for(name)
+                if link.pubsub is not None and name not in link.live:
+                    link.send_subscribe([name], resync=True)
+            self.changed()
+        for node, count in moved.items():
+            log.warning("event hub placed %d channel(s) on redis %s", count, urlsplit(node).netloc.rpartition("@")[2])
 
-    def _ensure_running(self) -> None:
-        if self._greenlet is None or self._greenlet.dead:
-            self._greenlet = gevent.spawn(self._run)
-
-    def _run(self) -> None:
-        delay = BACKOFF_START
-        while True:
-            pubsub = None
-            reason = "connection closed"
-            try:
-                pubsub = self.connect().pubsub()
-                self._attach(pubsub)
-                for message in pubsub.listen():
-                    if self._pubsub is not pubsub:
-                        break
-                    if self._handle(message):  # every channel subscribed again: from here nothing is missed
-                        if delay > BACKOFF_START:
-                            log.warning("event hub reconnected to redis; subscribers resynchronise")
-                        delay = BACKOFF_START
-                        self._resync_all()
-            except CONNECTION_ERRORS as error:
-                reason = type(error).__name__
-            finally:
-                self._lost(pubsub, reason)
-            gevent.sleep(delay)
-            delay = min(delay * 2, BACKOFF_CAP)
-
-    def _attach(self, pubsub) -> None:
-        """Make `pubsub` the connection and subscribe it to the control channel and every channel read here."""
-        with self._lock:
-            self._pubsub = pubsub
-            names = [CONTROL_CHANNEL] + [WAKE_PREFIX + channel for channel in self.by_channel]
-            confirmations = self._send_subscribe(pubsub, names)
-            if self._pubsub is pubsub:  # the write may have failed
-                self._resync_when = confirmations[-1]  # Redis confirms in order: the last means all
-                self.connected.set()
-
-    def _lost(self, pubsub, reason: str) -> None:
-        """Forget a connection (idempotent): waiters for its confirmations try again on the next one."""
-        if pubsub is not None and pubsub is self._pubsub:
-            log.warning("event hub lost redis (%s); reconnecting", reason)
-            self._pubsub = None
-            self.connected.clear()
-            self._live.clear()
-            self._resync_when = None
-            unconfirmed, self._unconfirmed = self._unconfirmed, defaultdict(deque)
-            for confirmation in (c for queue in unconfirmed.values() for c in queue):
-                confirmation.settle(live=False)
-        if pubsub is not None:
-            with contextlib.suppress(Exception):  # the connection may already be broken
-                pubsub.close()
-
-    def _handle(self, message: dict) -> bool:
-        """Act on one message from Redis; True when it completes the subscriptions after a (re)connect."""
-        kind, name = message["type"], message["channel"]
-        if kind == "message":
-            if name == CONTROL_CHANNEL:
-                self._control(json.loads(message["data"]))
-            else:
-                self._deliver(Event.from_wire(message["data"]))
-        elif kind == "subscribe":
-            queue = self._unconfirmed[name]
-            confirmation = queue.popleft()
-            if not queue:
-                del self._unconfirmed[name]
-            confirmation.settle(live=True)
-            if confirmation is self._resync_when:
-                self._resync_when = None
-                return True
-        return False
-
-    def _deliver(self, event: Event) -> None:
+    def deliver(self, name: str, data: str) -> None:
+        """A message from Redis: a control message, or an event for local readers of its channel."""
+        if name == CONTROL_CHANNEL:
+            self._control(json.loads(data))
+            return
+        event = Event.from_wire(data)
         for subscription in list(self.by_channel.get(event.channel, ())):
             subscription.offer(event)
 
-    def _resync_all(self) -> None:
-        for subscriptions in list(self.by_session.values()):
-            for subscription in list(subscriptions):
-                subscription.offer(RESYNC)
+    def resync(self, names: list[str]) -> None:
+        """Readers of these Redis channels may have missed messages: they read again from the streams."""
+        if CONTROL_CHANNEL in names:  # a session_ended may be lost: every reader checks its session
+            targets = {s for subscriptions in self.by_session.values() for s in subscriptions}
+        else:
+            targets = {s for name in names for s in self.by_channel.get(channel_of_wake(name), ())}
+        for subscription in targets:
+            subscription.offer(RESYNC)
 
     def _control(self, message: dict) -> None:
         if message.get("whole_user"):

@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 
 from flask import Response, current_app, request
 
 from ..auth.guards import login_required
+from ..errors import REDIS_UNAVAILABLE
 from ..http import validated_query
 from ..metrics import EVENTS_DELIVERED, OPEN_CONNECTIONS
 from ..openapi import operation
 from .follow import StreamEnded
 from .schemas import StreamPosition
 from .views import bp, follower_for_request
+
+log = logging.getLogger(__name__)
 
 RETRY_MILLISECONDS = 2000
 DELIVERED = EVENTS_DELIVERED.labels("sse")
@@ -74,6 +78,9 @@ def stream():
                     if ended.reason in ("session_ended", "token_expired"):
                         yield sse_frame(json.dumps({"reason": ended.reason}), "session_ended")
                     return  # shutdown or overflow: the client reconnects with Last-Event-ID
+                except REDIS_UNAVAILABLE as error:  # e.g. catching up during a failover
+                    log.warning("sse stream ended: redis unavailable (%s)", type(error).__name__)
+                    return  # the client reconnects with Last-Event-ID
         finally:
             OPEN_CONNECTIONS.labels("sse").dec()
             follower.close()

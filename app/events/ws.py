@@ -15,7 +15,6 @@ import time
 import gevent
 import gevent.lock
 import gevent.socket
-import redis
 from flask import current_app, g, request
 from flask_sock import Sock
 from simple_websocket import ConnectionClosed
@@ -23,7 +22,7 @@ from wsproto.events import CloseConnection, TextMessage
 from wsproto.utilities import LocalProtocolError
 
 from ..auth.guards import authenticate, origin_allowed
-from ..errors import ApiError, bad_request
+from ..errors import REDIS_UNAVAILABLE, ApiError, bad_request
 from ..http import StrictJSONError, parse_json
 from ..metrics import EVENTS_DELIVERED, OPEN_CONNECTIONS
 from ..openapi import operation
@@ -51,7 +50,7 @@ CLOSE_REASONS = {
 
 def log_failure(what: str, error: Exception) -> None:
     """A Redis outage is an operational event (one line); anything else is a bug (with its traceback)."""
-    if isinstance(error, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
+    if isinstance(error, REDIS_UNAVAILABLE):
         log.warning("%s: redis unavailable (%s)", what, type(error).__name__)
     else:
         log.exception(what)
@@ -290,7 +289,7 @@ def handle_client_message(bus, caller, message) -> dict | None:
         return {"type": "error", "code": "bad_request", "message": f"A frame must be plain JSON text: {error}."}
     except ApiError as error:
         return {"type": "error", "code": error.code, "message": error.message}
-    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+    except REDIS_UNAVAILABLE:
         return {"type": "error", "code": "unavailable", "message": "A dependency is unavailable; retry shortly."}
 
 

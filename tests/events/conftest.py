@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.conftest import TEST_JWT_SECRET, TEST_SECRET_KEY
 from tests.servers import LiveServer
 
 FAST = {
@@ -13,6 +14,25 @@ FAST = {
     "WS_SEND_QUEUE": "1000",
     "WS_SEND_TIMEOUT_SECONDS": "2",
 }
+
+
+def pytest_configure(config):
+    # Also registered by tests/conftest.py where the session's Redis is parametrised over both modes.
+    config.addinivalue_line("markers", "not_on_cluster(reason): runs against one redis-server only")
+
+
+def own_redis_env(directory, **env: str) -> dict:
+    """A service environment for a module that starts its own Redis (or cluster): not the session's."""
+    return {
+        "APP_ENV": "test",
+        "DATA_DIR": str(directory),
+        "SECRET_KEY": TEST_SECRET_KEY,
+        "JWT_SECRET": TEST_JWT_SECRET,
+        "RATE_LIMITS_ENABLED": "false",
+        "LOG_LEVEL": "warning",
+        **FAST,
+        **env,
+    }
 
 
 @pytest.fixture(scope="module")

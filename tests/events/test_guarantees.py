@@ -15,8 +15,6 @@ from tests.events.clients import SSE, Api, open_ws, ws_close_code, ws_json
 from tests.servers import RedisServer, process_env, wait_until
 from tests.utils import DEFAULT_PASSWORD
 
-pytestmark = pytest.mark.not_on_cluster("live delivery on a cluster: events helper")
-
 
 def publish_many(user: Api, count: int, start: int = 0) -> list[str]:
     return [user.publish_ok({"n": n}) for n in range(start, start + count)]
@@ -345,7 +343,7 @@ def test_resume_after_a_worker_is_killed_and_across_instances(start_server):
         other_instance.close()
 
 
-@pytest.mark.not_on_cluster("starts its own redis-server")
+@pytest.mark.not_on_cluster("restarts a redis-server of its own (the cluster's failover: test_failover.py)")
 def test_redis_restart_under_a_live_stream_loses_nothing(start_server, tmp_path):
     redis_server = RedisServer(tmp_path / "redis", persistent=True)
     (tmp_path / "redis").mkdir()
@@ -391,7 +389,7 @@ def _publish_or_none(user: Api, data) -> str | None:
     return response.json()["id"] if response.status_code == 201 else None
 
 
-@pytest.mark.not_on_cluster("starts its own redis-server")
+@pytest.mark.not_on_cluster("counts the connections of a redis-server of its own")
 def test_a_worker_holds_few_redis_connections_however_many_streams(start_server, tmp_path):
     redis_server = RedisServer(tmp_path)
     redis_server.start()

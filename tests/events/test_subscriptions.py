@@ -12,11 +12,12 @@ import time
 import pytest
 import requests
 
+from app.events.bus import wake_channel
 from app.events.cursor import decode_cursor, is_after
 from tests.events.clients import SSE, Api
 from tests.servers import RedisServer, wait_until
 
-pytestmark = pytest.mark.not_on_cluster("starts its own redis-server (PUBSUB CHANNELS of one Redis)")
+pytestmark = pytest.mark.not_on_cluster("each test starts its own redis-server (restarted, limited) to watch it")
 
 
 @pytest.fixture
@@ -31,7 +32,7 @@ def own_redis(tmp_path):
 
 def subscribers(client, channel: str) -> int:
     """How many pub/sub connections Redis holds subscribed to the channel's wake-ups."""
-    return client.pubsub_numsub(f"wake:{channel}")[0][1]
+    return client.pubsub_numsub(wake_channel(channel))[0][1]
 
 
 def hub_of(client, live) -> dict:

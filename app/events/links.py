@@ -1,0 +1,255 @@
+"""The event hub's pub/sub connections: where each Redis channel lives, and one Link per Redis node.
+
+On one Redis every channel lives on the one server and is taken with SUBSCRIBE. On a Redis Cluster a
+channel (`wake:{C}`, `control`) lives on the primary serving its hash slot and is taken with SSUBSCRIBE
+there, so a worker holds one connection per primary it reads channels from.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections import Counter, defaultdict, deque
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit, urlunsplit
+
+import gevent
+import gevent.event
+import redis
+
+from ..redis import connect_pubsub
+
+if TYPE_CHECKING:
+    from .hub import Hub
+
+log = logging.getLogger(f"{__package__}.hub")  # the hub's own log: links are part of it
+
+BACKOFF_START = 0.1
+REFRESH_TIMEOUT = 5.0  # seconds for the cluster to answer its slot map
+CONNECTION_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
+# A link is also replaced on an error reply: a MOVED answer to SSUBSCRIBE means the slot moved before
+# the topology caught up, and the replacement asks for the topology again.
+LINK_ERRORS = (*CONNECTION_ERRORS, redis.exceptions.ResponseError)
+
+
+class OneServer:
+    """One Redis: every channel on it, taken with SUBSCRIBE on one connection."""
+
+    sharded = False
+    backoff_cap = 5.0  # seconds between reconnection attempts, at most
+
+    def __init__(self, url: str):
+        self.url = url
+
+    def node_of(self, name: str) -> str:
+        """The node (its URL) that carries the Redis channel `name`."""
+        return self.url
+
+    def refresh(self) -> None:
+        """Nothing to learn: the one server never moves."""
+
+    def connect(self, node: str) -> redis.Redis:
+        """The client of one pub/sub connection to `node`."""
+        return connect_pubsub(node)
+
+
+class Cluster:
+    """A Redis Cluster: a channel lives on the primary of its hash slot, taken with SSUBSCRIBE there.
+
+    The slot map is the cluster client's (the one requests use), refreshed after a link is lost or Redis
+    drops a channel (its slot moved, or a replica took over).
+    """
+
+    sharded = True
+    backoff_cap = 0.5  # a lost link asks for the topology at each attempt: a failover is seen within this
+
+    def __init__(self, client: redis.RedisCluster, url: str):
+        self.client = client
+        self.seed = next(seed.strip() for seed in url.split(",") if seed.strip())
+
+    def node_of(self, name: str) -> str:
+        """The primary (its URL) serving the hash slot of the Redis channel `name`, as last known."""
+        node = self.client.get_node_from_key(name)
+        return node_url(self.seed, node.host, node.port)
+
+    def refresh(self) -> None:
+        """Ask the cluster for its slot map again (within REFRESH_TIMEOUT, else TimeoutError)."""
+        with gevent.Timeout(REFRESH_TIMEOUT, TimeoutError):  # a node that does not answer must not hold the link
+            self.client.nodes_manager.initialize()
+
+    def connect(self, node: str) -> redis.Redis:
+        """The client of one pub/sub connection to `node`."""
+        return connect_pubsub(node)
+
+
+def node_url(seed: str, host: str, port: int) -> str:
+    """The URL of one cluster node: the seed URL (credentials, TLS) with the node's address."""
+    parts = urlsplit(seed)
+    userinfo = parts.netloc.rpartition("@")[0]
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return urlunsplit(parts._replace(netloc=f"{userinfo}@{address}" if userinfo else address))
+
+
+class Confirmation:
+    """Redis's answer to one SUBSCRIBE: `done` once it came (`live`) or the connection was lost first."""
+
+    __slots__ = ("done", "live")
+
+    def __init__(self):
+        self.done = gevent.event.Event()
+        self.live = False
+
+    def settle(self, live: bool) -> None:
+        """Record the answer (or its loss) and wake whoever waits for it."""
+        self.live = live
+        self.done.set()
+
+
+class Link:
+    """One pub/sub connection to one Redis node and its listener greenlet, which reconnects after a loss.
+
+    The hub decides which channels the link carries (`hub.names_on`) and holds `hub.lock` while it
+    writes to any link, so each connection's commands go out in the order decided; Redis answers in that
+    order, so the n-th confirmation of a channel answers the n-th SUBSCRIBE sent for it.
+    """
+
+    def __init__(self, hub: Hub, node: str):
+        self.hub = hub
+        self.node = node
+        self.sharded = hub.topology.sharded
+        self.pubsub: redis.client.PubSub | None = None
+        self.connected = gevent.event.Event()  # set exactly while there is a current connection
+        self.live: dict[str, Confirmation] = {}  # Redis channel -> its latest SUBSCRIBE on this connection
+        self.unconfirmed: dict[str, deque[Confirmation]] = defaultdict(deque)  # sent, not yet answered, in order
+        self.unsubscribing: Counter[str] = Counter()  # UNSUBSCRIBEs sent, not yet answered
+        self.resync_after: dict[Confirmation, list[str]] = {}  # last SUBSCRIBE of a batch -> the batch
+        self.greenlet = gevent.spawn(self._run)
+
+    # Called with hub.lock held.
+
+    def subscribed(self, name: str) -> Confirmation | None:
+        """This connection's SUBSCRIBE of `name` (sent now if there is none); None without a connection."""
+        if self.pubsub is None:
+            return None
+        if name not in self.live:
+            self.send_subscribe([name])
+        return self.live.get(name)
+
+    def send_subscribe(self, names: list[str], resync: bool = False) -> None:
+        """SUBSCRIBE; with `resync`, the readers of `names` resynchronise once Redis confirmed them all."""
+        pubsub = self.pubsub
+        confirmations = []
+        for name in names:
+            confirmation = self.live[name] = Confirmation()
+            self.unconfirmed[name].append(confirmation)
+            confirmations.append(confirmation)
+        if resync and confirmations:
+            self.resync_after[confirmations[-1]] = names  # Redis confirms in order: the last means all
+        self._write(pubsub, pubsub.ssubscribe if self.sharded else pubsub.subscribe, names)
+
+    def unsubscribe(self, name: str) -> None:
+        """UNSUBSCRIBE `name` if this connection holds it."""
+        pubsub = self.pubsub
+        if pubsub is None or self.live.pop(name, None) is None:
+            return
+        self.unsubscribing[name] += 1
+        self._write(pubsub, pubsub.sunsubscribe if self.sharded else pubsub.unsubscribe, [name])
+
+    def _write(self, pubsub, command, names: list[str]) -> None:
+        try:
+            if self.sharded:  # one command per channel: a command's shard channels must share a slot
+                for name in names:
+                    command(name)
+            else:
+                command(*names)
+        except CONNECTION_ERRORS as error:
+            self.lost(pubsub, type(error).__name__)
+        except BaseException:  # interrupted mid-write (a killed greenlet): the stream may hold half a command
+            self.lost(pubsub, "interrupted write")
+            raise
+
+    # Any greenlet.
+
+    def lost(self, pubsub, reason: str) -> None:
+        """Forget a connection (idempotent): waiters for its confirmations try again on the next one."""
+        if pubsub is not None and pubsub is self.pubsub:
+            log.warning("event hub lost redis%s (%s); reconnecting", self._where(), reason)
+            self.pubsub = None
+            self.connected.clear()
+            self.live.clear()
+            self.unsubscribing.clear()
+            self.resync_after.clear()
+            unconfirmed, self.unconfirmed = self.unconfirmed, defaultdict(deque)
+            for confirmation in (c for queue in unconfirmed.values() for c in queue):
+                confirmation.settle(live=False)
+        if pubsub is not None:
+            with contextlib.suppress(Exception):  # the connection may already be broken
+                pubsub.close()
+
+    def _where(self) -> str:
+        """' host:port' of a cluster node (for the log; never credentials), '' on one Redis."""
+        return " " + urlsplit(self.node).netloc.rpartition("@")[2] if self.sharded else ""
+
+    # The listener greenlet.
+
+    def _run(self) -> None:
+        delay = BACKOFF_START
+        while True:
+            pubsub = None
+            reason = "connection closed"
+            try:
+                pubsub = self.hub.topology.connect(self.node).pubsub()
+                pubsub.connection = pubsub.connection_pool.get_connection()  # connect outside the hub's lock
+                self._attach(pubsub)
+                while self.pubsub is pubsub:
+                    response = pubsub.parse_response(block=True)
+                    if self.pubsub is not pubsub:
+                        break
+                    message = pubsub.handle_message(response)
+                    if message is not None and self._handle(message):  # every channel subscribed again
+                        if delay > BACKOFF_START:
+                            log.warning("event hub reconnected to redis%s; subscribers resynchronise", self._where())
+                        delay = BACKOFF_START
+            except LINK_ERRORS as error:
+                reason = type(error).__name__ + (f": {error}" if isinstance(error, redis.ResponseError) else "")
+            finally:
+                self.lost(pubsub, reason)
+            if self.hub.relocate(self):  # no channel left here (moved to other nodes, or no reader): done
+                return
+            gevent.sleep(delay)
+            delay = min(delay * 2, self.hub.topology.backoff_cap)
+
+    def _attach(self, pubsub) -> None:
+        """Make `pubsub` the connection and subscribe it to every channel the hub places here."""
+        with self.hub.lock:
+            self.pubsub = pubsub
+            names = self.hub.names_on(self)
+            if names:
+                self.send_subscribe(names, resync=True)
+            if self.pubsub is pubsub:  # the write may have failed
+                self.connected.set()
+                self.hub.changed()
+
+    def _handle(self, message: dict) -> bool:
+        """Act on one message from Redis; True when it completes a batch of subscriptions (after a loss)."""
+        kind, name = message["type"], message["channel"]
+        if kind in ("message", "smessage"):
+            self.hub.deliver(name, message["data"])
+        elif kind in ("subscribe", "ssubscribe"):
+            queue = self.unconfirmed[name]
+            confirmation = queue.popleft()
+            if not queue:
+                del self.unconfirmed[name]
+            confirmation.settle(live=True)
+            names = self.resync_after.pop(confirmation, None)
+            if names is not None:
+                self.hub.resync(names)
+                return True
+        elif kind in ("unsubscribe", "sunsubscribe"):
+            if self.unsubscribing[name] > 0:
+                self.unsubscribing[name] -= 1
+            else:  # not asked for: Redis dropped the channel because its slot moved (resharding, failover)
+                self.hub.dropped(self, name)
+            if not self.unsubscribing[name]:
+                del self.unsubscribing[name]
+        return False
