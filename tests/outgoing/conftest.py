@@ -1,6 +1,10 @@
-"""Outgoing webhooks against real processes: gunicorn, the delivery process (`worker.py`), redis-server,
-and HTTP receivers in the test process. Processes are shared per module; each test uses its own
-channels and endpoints, so tests do not see each other's messages."""
+"""Outgoing webhooks against real processes: gunicorn, the delivery process (`worker.py`), redis-server or
+a local Redis Cluster, and HTTP receivers in the test process. Processes are shared per module; each test
+uses its own channels and endpoints, so tests do not see each other's messages.
+
+Which Redis: `outgoing_redis`, the session's one unless a module parametrises it (indirectly) with
+`ON_BOTH` below; the cluster (3 primaries, 3 replicas) is started once for the whole folder.
+"""
 
 from __future__ import annotations
 
@@ -14,8 +18,13 @@ from app import create_app
 from app.apikeys.store import create_key
 from app.auth.users import create_user
 from tests.outgoing.receivers import DeliveryProcess, Receiver
-from tests.servers import LiveServer, wait_until
+from tests.servers import LiveServer, RedisClusterServer, wait_until
 from tests.utils import DEFAULT_PASSWORD, bearer, random_email
+
+# For modules whose tests exercise the store's steps: run them on the session's Redis and on a cluster.
+# (Once tests/conftest.py parametrises the session's Redis itself, "cluster" here is redundant.)
+ON_BOTH = pytest.mark.parametrize("outgoing_redis", ["session", "cluster"], indirect=True, scope="module")
+CLUSTER_ONLY = pytest.mark.parametrize("outgoing_redis", ["cluster"], indirect=True, scope="module")
 
 # Seconds-scale: a failure is retried after 1 s, then 2 s, then the message has failed.
 FAST = {
@@ -103,6 +112,65 @@ class Service:
     email: str
 
 
+@dataclass
+class StoreRedis:
+    """The Redis the outgoing tests' services use: a redis-server or a RedisClusterServer."""
+
+    server: object
+
+    @property
+    def mode(self) -> str:
+        return "cluster" if isinstance(self.server, RedisClusterServer) else "standalone"
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def env(self) -> dict:
+        return {"REDIS_URL": self.url, "REDIS_MODE": self.mode}
+
+    def client(self):
+        return self.server.client()
+
+    def flushall(self) -> None:
+        if self.mode == "cluster":
+            self.server.flushall()
+        else:
+            self.server.client().flushall()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory):
+    """A local Redis Cluster for this folder, started on first use (about 6 s)."""
+    cluster = RedisClusterServer(tmp_path_factory.mktemp("outgoing-cluster"))
+    cluster.start()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def outgoing_redis(request, redis_server) -> StoreRedis:
+    """The session's Redis, or (parametrised "cluster") the folder's cluster."""
+    if getattr(request, "param", "session") == "cluster":
+        return StoreRedis(request.getfixturevalue("redis_cluster"))
+    return StoreRedis(redis_server)
+
+
+@pytest.fixture
+def rdb(outgoing_redis):
+    """A clean database for each test (the folder's choice of Redis)."""
+    outgoing_redis.flushall()
+    return outgoing_redis.client()
+
+
+@pytest.fixture
+def make_app(base_env, rdb, outgoing_redis):
+    def make(**overrides):
+        return create_app({**base_env, **outgoing_redis.env(), **{k: str(v) for k, v in overrides.items()}})
+
+    return make
+
+
 @pytest.fixture(scope="module")
 def receiver():
     started = Receiver().start()
@@ -111,7 +179,7 @@ def receiver():
 
 
 @pytest.fixture(scope="module")
-def make_service(base_env, redis_server, tmp_path_factory, receiver):
+def make_service(base_env, outgoing_redis, tmp_path_factory, receiver):
     """Start a service with extra settings (web and delivery processes alike); stopped after the module."""
     started: list[Service] = []
 
@@ -120,9 +188,9 @@ def make_service(base_env, redis_server, tmp_path_factory, receiver):
         while started:
             stop(started.pop())
         logs = tmp_path_factory.mktemp("outgoing")
-        full = {**base_env, **FAST, "PROMETHEUS_MULTIPROC_DIR": str(logs / "metrics"), **env}
-        if full["REDIS_URL"] == redis_server.url:
-            redis_server.client().flushall()  # endpoints other modules left must not receive this one's events
+        full = {**base_env, **outgoing_redis.env(), **FAST, "PROMETHEUS_MULTIPROC_DIR": str(logs / "metrics"), **env}
+        if full["REDIS_URL"] == outgoing_redis.url:
+            outgoing_redis.flushall()  # endpoints other modules left must not receive this one's events
         (logs / "metrics").mkdir()
         web = LiveServer(full, workers=2, log_path=logs / "gunicorn.log")
         web.start()
