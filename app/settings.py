@@ -210,7 +210,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         ws_send_timeout=reader.number("WS_SEND_TIMEOUT_SECONDS", 10, minimum=0.05),
         # Set by gunicorn.conf.py for its workers (and by `make run`'s var/.env for the CLI).
         prometheus_multiproc_dir=reader.text("PROMETHEUS_MULTIPROC_DIR", "") or None,
-        redis_mode=_not_yet(reader.choice("REDIS_MODE", "standalone", {"standalone", "cluster"}), "REDIS_MODE"),
+        redis_mode=reader.choice("REDIS_MODE", "standalone", {"standalone", "cluster"}),  # TEMP
         event_durability=_not_yet(
             reader.choice("EVENT_DURABILITY", "async", {"async", "replicated"}), "EVENT_DURABILITY"
         ),
