@@ -16,6 +16,8 @@ def init_app(app: Flask) -> None:
     from .backlog import BacklogCollector
     from .store import OutgoingStore
 
-    store = OutgoingStore(app.extensions["redis"], app.config["SETTINGS"].outgoing_webhooks)
+    settings = app.config["SETTINGS"]
+    replicated = settings.event_durability == "replicated"
+    store = OutgoingStore(app.extensions["redis"], settings.outgoing_webhooks, replicated=replicated)
     app.extensions["outgoing_store"] = store
     app.extensions.setdefault("metrics_collectors", []).append(BacklogCollector(store))

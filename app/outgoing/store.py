@@ -40,7 +40,8 @@ import redis
 
 from ..events.bus import USER_CHANNEL_PREFIX
 from ..http import rfc3339
-from ..redis import Keys
+from ..redis import Keys, is_cluster
+from .replicas import execute_replicated
 
 DELIVER_GROUP = "deliver"
 DISPATCH_GROUP = "dispatch"
@@ -216,8 +217,9 @@ class ScriptCalls:
     the others ran: every caller's steps are safe to repeat.
     """
 
-    def __init__(self, client):
+    def __init__(self, client, replicated: bool = False):
         self.client = client
+        self.replicated = replicated  # each node's calls confirmed by a replica (see replicas.py)
         self.calls: list[tuple] = []
 
     def add(self, script, keys: list[str], args: list) -> None:
@@ -228,6 +230,8 @@ class ScriptCalls:
         """Every call's result, in order."""
         if not self.calls:
             return []
+        if self.replicated:
+            return self._execute_replicated()
         pipe = self.client.pipeline(transaction=False)
         for script, keys, args in self.calls:
             pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
@@ -242,6 +246,27 @@ class ScriptCalls:
         self.calls = []
         if failure is not None:
             raise failure
+        return results
+
+    def _execute_replicated(self) -> list:
+        """The calls of each node in one pipeline on that node's connection, then its WAIT (the node's own
+        pipeline loads missing scripts itself)."""
+        by_node: dict[str, list[int]] = {}
+        for index, (_, keys, _) in enumerate(self.calls):
+            node = self.client.get_node_from_key(keys[0]).name if is_cluster(self.client) else ""
+            by_node.setdefault(node, []).append(index)
+        results: list = [None] * len(self.calls)
+        for indexes in by_node.values():
+
+            def queue(pipe, indexes=indexes):
+                for index in indexes:
+                    script, keys, args = self.calls[index]
+                    script(keys=keys, args=args, client=pipe)
+
+            for index, result in zip(indexes, execute_replicated(self.client, self.calls[indexes[0]][1][0], queue),
+                                     strict=True):  # fmt: skip
+                results[index] = result
+        self.calls = []
         return results
 
 
@@ -347,9 +372,12 @@ def public_message(record: dict, attempts: list[str]) -> dict:
 class OutgoingStore:
     """Endpoints, messages and their transitions, over one Redis client (one Redis or a cluster)."""
 
-    def __init__(self, client: redis.Redis, settings):
+    def __init__(self, client: redis.Redis, settings, replicated: bool = False):
         self.client = client
         self.settings = settings  # OutgoingWebhooks
+        # EVENT_DURABILITY=replicated: a message made from an acknowledged event is on a replica before
+        # its feed entry is acknowledged, and a manual retry or replay before it is answered.
+        self.replicated = replicated
         self._create = client.register_script(CREATE_ENDPOINT)
         self._update = client.register_script(UPDATE_ENDPOINT)
         self._rotate = client.register_script(ROTATE_SIGNING)
@@ -400,7 +428,7 @@ class OutgoingStore:
 
     def list_endpoints(self) -> list[dict]:
         """Every endpoint's stored hash, oldest first."""
-        return [record for _, record in self._endpoint_records()]
+        return [record for _, record in self._endpoint_records() if record]
 
     def _endpoint_records(self) -> list[tuple[str, dict | None]]:
         """(id, record or None) for every id in the set; None: a deletion interrupted half-way."""
@@ -535,7 +563,7 @@ class OutgoingStore:
 
     def enqueue(self, endpoint_id: str, items: list[tuple[str, str, str, str]], force: bool) -> int:
         """Make (or, forced, queue again) one endpoint's messages; how many were queued."""
-        calls = ScriptCalls(self.client)
+        calls = ScriptCalls(self.client, self.replicated)
         self.add_enqueue(calls, endpoint_id, items, force)
         queued = sum(calls.execute())
         if queued:
@@ -548,7 +576,7 @@ class OutgoingStore:
         Two steps, in this order: an entry is acknowledged only once its messages exist, so a process
         dying in between leaves it pending for another one, whose enqueue finds them made already.
         """
-        calls = ScriptCalls(self.client)
+        calls = ScriptCalls(self.client, self.replicated)
         for endpoint_id, items in matches.items():
             self.add_enqueue(calls, endpoint_id, items, force=False)
         created = sum(calls.execute())
@@ -609,7 +637,7 @@ class OutgoingStore:
     def release_due_retries(self, endpoint_ids: list[str], now: float, limit: int = 200) -> tuple[int, float | None]:
         """Move the retries that are due into their endpoints' queues (one step per endpoint, all in one
         round trip per node); how many moved, and when the next one is due (None: none scheduled)."""
-        calls = ScriptCalls(self.client)
+        calls = ScriptCalls(self.client)  # a release lost in a failover is released again
         for endpoint_id in endpoint_ids:
             keys = [
                 Keys.outgoing_retries(endpoint_id),

@@ -21,10 +21,39 @@ from tests.outgoing.receivers import DeliveryProcess, Receiver
 from tests.servers import LiveServer, RedisClusterServer, wait_until
 from tests.utils import DEFAULT_PASSWORD, bearer, random_email
 
-# For modules whose tests exercise the store's steps: run them on the session's Redis and on a cluster.
-# (Once tests/conftest.py parametrises the session's Redis itself, "cluster" here is redundant.)
-ON_BOTH = pytest.mark.parametrize("outgoing_redis", ["session", "cluster"], indirect=True, scope="module")
+# Modules whose tests exercise the store's steps run against one redis-server and a Redis Cluster: the
+# session's Redis when it is of that kind (tests/conftest.py may parametrise it over both), else a cluster
+# started once for this folder. A case whose wanted kind differs from a parametrised session's is left out.
+ON_BOTH = pytest.mark.parametrize("outgoing_redis", ["standalone", "cluster"], indirect=True, scope="module")
 CLUSTER_ONLY = pytest.mark.parametrize("outgoing_redis", ["cluster"], indirect=True, scope="module")
+
+
+def not_on_cluster(reason: str):
+    """A test of such a module that exercises nothing of the store: run against one redis-server only."""
+    return pytest.mark.not_on_cluster(reason=reason)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "not_on_cluster(reason): run against one redis-server only")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Leave out cases whose Redis would be of the wrong kind, or a cluster for a test marked not_on_cluster."""
+    left_out = []
+    for item in items:
+        params = item.callspec.params if hasattr(item, "callspec") else {}
+        wanted = params.get("outgoing_redis")
+        if wanted is None:
+            continue
+        session = params.get("redis_server")  # set when the session's Redis is parametrised
+        if (session is not None and session != wanted) or (
+            wanted == "cluster" and item.get_closest_marker("not_on_cluster")
+        ):
+            left_out.append(item)
+    if left_out:
+        config.hook.pytest_deselected(items=left_out)
+        items[:] = [item for item in items if item not in left_out]
+
 
 # Seconds-scale: a failure is retried after 1 s, then 2 s, then the message has failed.
 FAST = {
@@ -150,10 +179,11 @@ def redis_cluster(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def outgoing_redis(request, redis_server) -> StoreRedis:
-    """The session's Redis, or (parametrised "cluster") the folder's cluster."""
-    if getattr(request, "param", "session") == "cluster":
+    """The session's Redis, unless the module asks for a cluster and the session's is one redis-server."""
+    session = StoreRedis(redis_server)
+    if getattr(request, "param", session.mode) == "cluster" and session.mode != "cluster":
         return StoreRedis(request.getfixturevalue("redis_cluster"))
-    return StoreRedis(redis_server)
+    return session
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import pytest
 import requests
 
 from app.redis import Keys
-from tests.outgoing.conftest import ON_BOTH, channel
+from tests.outgoing.conftest import ON_BOTH, channel, not_on_cluster
 from tests.servers import wait_until
 from tests.utils import bearer
 
@@ -75,6 +75,7 @@ def test_a_failing_endpoint_is_retried_on_the_schedule_then_failed(service):
     assert api.messages(endpoint["id"], "pending") == []
 
 
+@not_on_cluster("the retry path is the one test_a_failing_endpoint_is_retried... runs on the cluster")
 def test_a_message_that_fails_twice_is_delivered_by_its_third_attempt(service):
     receiver, api = service.receiver, service.admin
     orders = channel()
@@ -85,6 +86,7 @@ def test_a_message_that_fails_twice_is_delivered_by_its_third_attempt(service):
     assert len({r.headers["webhook-id"] for r in receiver.at(f"/flaky/{orders}")}) == 1
 
 
+@not_on_cluster("the sender's rule, not the store's")
 def test_a_redirect_is_a_failure_and_is_not_followed(service):
     receiver, api = service.receiver, service.admin
     orders = channel()
@@ -155,6 +157,7 @@ def test_a_deleted_endpoint_gets_nothing_more_not_even_scheduled_retries(service
     assert api.call("GET", f"/admin/webhook-endpoints/{endpoint['id']}").status_code == 404
 
 
+@not_on_cluster("signing, not the store")
 def test_rotated_secrets_both_sign_during_the_overlap_then_only_the_new_one(service):
     from standardwebhooks import WebhookVerificationError
 
@@ -232,6 +235,7 @@ def test_metrics_count_attempts_and_show_each_endpoints_backlog(service):
     assert "rt_webhook_feed_backlog 0.0" in text
 
 
+@not_on_cluster("a page over store reads other tests make")
 def test_the_admin_page_lists_endpoints_and_their_recent_messages(service):
     receiver, api = service.receiver, service.admin
     orders = channel()

@@ -7,11 +7,10 @@ import os
 import signal
 import time
 
-import pytest
 import requests
 
 from app.redis import Keys
-from tests.outgoing.conftest import ON_BOTH, channel
+from tests.outgoing.conftest import ON_BOTH, channel, not_on_cluster
 from tests.outgoing.receivers import DeliveryProcess
 from tests.servers import RedisServer, wait_until
 
@@ -51,6 +50,7 @@ def test_killed_gunicorn_workers_lose_no_published_event(service):
     assert sorted(r.verify(endpoint["secret"])["id"] for r in received) == sorted(ids)
 
 
+@not_on_cluster("the sender's isolation, not the store")
 def test_a_never_answering_endpoint_does_not_delay_a_healthy_one(service):
     receiver, api = service.receiver, service.admin
     orders = channel()
@@ -69,6 +69,7 @@ def test_a_never_answering_endpoint_does_not_delay_a_healthy_one(service):
     assert max(delays) < 1.0, delays
 
 
+@not_on_cluster("claiming on the cluster: the killed-process test and test_cluster.py")
 def test_two_delivery_processes_share_the_work_and_one_takes_over_from_the_other(make_service, outgoing_redis):
     service = make_service(workers=2)
     receiver, api = service.receiver, service.admin
@@ -94,9 +95,9 @@ def test_two_delivery_processes_share_the_work_and_one_takes_over_from_the_other
     assert len(receiver.at(f"/shared/{orders}")) == 30  # what was acknowledged is not sent again
 
 
-def test_nothing_is_lost_when_redis_restarts_from_its_append_only_file(make_service, outgoing_redis, tmp_path):
-    if outgoing_redis.mode == "cluster":
-        pytest.skip("one redis-server restarting from its file; a cluster's failover: test_failover.py")
+@not_on_cluster("one redis-server's file; a cluster's failover is test_cluster.py's")
+def test_nothing_is_lost_when_redis_restarts_from_its_append_only_file(make_service, tmp_path):
+    """One redis-server restarting from its file (a cluster's failover: test_cluster.py)."""
     persistent = RedisServer(tmp_path, persistent=True)
     persistent.start()
     try:
