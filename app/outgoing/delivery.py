@@ -57,12 +57,14 @@ SCHEDULE_WAIT = 0.5  # the longest the scheduler sleeps; a due retry waits at mo
 RECORD_PATIENCE = 60.0  # how long an attempt's outcome is kept trying to be written while Redis is away
 BACKOFF_START, BACKOFF_CAP = 0.1, 5.0
 # Redis (or, on a cluster, one of its nodes) unavailable for now: a failover is one of these for seconds.
+# RedisClusterException also covers "no node reachable" (redis-py raises it when it cannot map the slots);
+# a message must not be marked failed for any of them, only tried again later.
 REDIS_DOWN = (
     redis.exceptions.ConnectionError,
     redis.exceptions.TimeoutError,
     redis.exceptions.ClusterError,
     redis.exceptions.TryAgainError,
-    redis.exceptions.SlotNotCoveredError,
+    redis.exceptions.RedisClusterException,
 )
 
 

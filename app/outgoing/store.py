@@ -28,6 +28,7 @@ or in its endpoint's retry schedule, scored by when it is next due.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import re
@@ -587,8 +588,13 @@ class OutgoingStore:
         return created
 
     def wake(self) -> None:
-        """Tell every delivery process's reader that a queue has new entries."""
-        self.client.publish(WAKE_CHANNEL, "")
+        """Tell every delivery process's reader that a queue has new entries.
+
+        Only a hint (readers look at their queues every second anyway): a node that cannot take it now
+        (a cluster failing over) must not fail the step it follows.
+        """
+        with contextlib.suppress(redis.exceptions.RedisError, redis.exceptions.RedisClusterException):
+            self.client.publish(WAKE_CHANNEL, "")
 
     def retry_message(self, endpoint_id: str, record: dict) -> int:
         """Send a message again now, with a fresh retry schedule (its webhook-id stays)."""
