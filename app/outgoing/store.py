@@ -669,10 +669,18 @@ class OutgoingStore:
         found = self.client.zrange(legacy, 0, limit - 1, withscores=True)
         if not found:
             return 0
-        pipe = self.client.pipeline(transaction=False)
+        retries = []
         for member, due in found:
             endpoint_id, _, msg_id = member.partition("\n")
             if ENDPOINT_ID.fullmatch(endpoint_id) and MESSAGE_ID.fullmatch(msg_id):
+                retries.append((endpoint_id, msg_id, due))
+        pipe = self.client.pipeline(transaction=False)
+        for endpoint_id, _, _ in retries:
+            pipe.exists(Keys.outgoing_endpoint(endpoint_id))
+        alive = pipe.execute() if retries else []
+        pipe = self.client.pipeline(transaction=False)
+        for (endpoint_id, msg_id, due), exists in zip(retries, alive, strict=True):
+            if exists:  # a deleted endpoint's retries are dropped, as they always were
                 pipe.zadd(Keys.outgoing_retries(endpoint_id), {msg_id: due}, nx=True)
         pipe.execute()
         self.client.zrem(legacy, *[member for member, _ in found])

@@ -144,11 +144,12 @@ def test_manual_retry_and_replay_send_again_under_the_same_webhook_id(direct):
 
 
 def test_retries_scheduled_by_an_earlier_version_move_into_their_endpoints_schedule(direct):
-    endpoint_id = direct.endpoint("/cl-legacy", ["z"])[0]
+    endpoint_id, gone = direct.endpoint("/cl-legacy", ["z"])[0], "ep_" + "e" * 32
     msg = message_id(endpoint_id, "z", "1-0")
-    direct.client.zadd(Keys.outgoing_legacy_retries(), {f"{endpoint_id}\n{msg}": 1234.5})
-    assert direct.store.migrate_legacy_retries() == 1
+    direct.client.zadd(Keys.outgoing_legacy_retries(), {f"{endpoint_id}\n{msg}": 1234.5, f"{gone}\n{msg}": 1.0})
+    direct.store.migrate_legacy_retries()  # (the delivery process also does, every 10 s: either may)
     assert direct.client.zscore(Keys.outgoing_retries(endpoint_id), msg) == 1234.5
+    assert not direct.client.exists(Keys.outgoing_retries(gone))  # a deleted endpoint's retry is dropped
     assert not direct.client.exists(Keys.outgoing_legacy_retries())
 
 
