@@ -177,7 +177,11 @@ class Keys:
 
     @staticmethod
     def outgoing_endpoints() -> str:
-        """The ids of every outgoing endpoint (a set); publishing feeds the dispatcher only while it exists."""
+        """The ids of every outgoing endpoint (a set, its own slot); the feed is fed only while it exists.
+
+        An id is added after its endpoint's record is written and removed after the record is deleted,
+        so an id whose record is missing is a deletion interrupted half-way: it counts as gone.
+        """
         return "outgoing:endpoints"
 
     @staticmethod
@@ -217,12 +221,21 @@ class Keys:
 
     @staticmethod
     def outgoing_feed() -> str:
-        """Events waiting to be matched against the endpoints (a stream with the `dispatch` group)."""
+        """Events waiting to be matched against the endpoints (a stream with the `dispatch` group).
+
+        Standalone: the publish script appends to it. Cluster: app.outgoing.feed.feed_events does, as a
+        step of its own after the event is stored and before the publish is answered.
+        """
         return "outgoing:feed"
 
     @staticmethod
-    def outgoing_retries() -> str:
-        """Messages waiting for their next attempt, scored by when it is due ("<endpoint>\\n<message>")."""
+    def outgoing_retries(endpoint_id: str) -> str:
+        """The endpoint's messages waiting for their next attempt (message ids), scored by when it is due."""
+        return f"outgoing:{{{endpoint_id}}}:retries"
+
+    @staticmethod
+    def outgoing_legacy_retries() -> str:
+        """The one retry set of earlier versions ("<endpoint>\\n<message>"); delivery drains it into the above."""
         return "outgoing:retries"
 
     @staticmethod

@@ -1,20 +1,23 @@
 """Outgoing webhooks: events delivered to other systems' URLs, signed, retried, at least once.
 
 The web workers manage endpoints and read messages (views); the delivery process (`worker:` in the
-Procfile, app/outgoing/delivery.py) sends them. Publishing feeds them in the same atomic step that
-appends an event (app/events/bus.py).
+Procfile, app/outgoing/delivery.py) sends them. Publishing feeds them: on one Redis in the same atomic
+step that appends an event (app/events/bus.py), on a cluster as the publisher's next step (feed.py).
 """
 
 from __future__ import annotations
 
 from flask import Flask
 
-from .backlog import BacklogCollector
-from .store import OutgoingStore
-
 
 def init_app(app: Flask) -> None:
     """Bind the store of endpoints and messages, and add the backlog to /metrics."""
-    store = OutgoingStore(app.extensions["redis"], app.config["SETTINGS"].outgoing_webhooks)
+    # Imported here: the bus imports feed.py, and the store imports the bus.
+    from .backlog import BacklogCollector
+    from .store import OutgoingStore
+
+    settings = app.config["SETTINGS"]
+    replicated = settings.event_durability == "replicated"
+    store = OutgoingStore(app.extensions["redis"], settings.outgoing_webhooks, replicated=replicated)
     app.extensions["outgoing_store"] = store
     app.extensions.setdefault("metrics_collectors", []).append(BacklogCollector(store))

@@ -3,12 +3,13 @@
 Greenlets of one process, each a loop that outlives Redis outages:
 
 - dispatch: reads the feed of published events (a consumer group), matches each event against the
-  endpoints and turns every match into a message in that endpoint's queue, acknowledging the feed
-  entry in the same Lua step;
+  endpoints and turns every match into a message in that endpoint's queue (one Lua step per endpoint),
+  then acknowledges the feed entries;
 - read: takes entries from the queues of endpoints that have a free slot (at most
   WEBHOOK_OUT_ENDPOINT_CONCURRENCY attempts in flight per endpoint), so a slow endpoint only ever
   occupies its own slots and never the reader;
-- schedule: moves retries whose time has come from the retry set back into their queues;
+- schedule: moves retries whose time has come from each endpoint's retry schedule back into its queue
+  (one step per endpoint, all endpoints in one round trip per Redis node);
 - claim: takes over entries left pending by a delivery process that died (its heartbeat expired) or
   that no one has touched for much longer than an attempt can take;
 - heartbeat, and a pub/sub listener that wakes the reader when something is queued.
@@ -16,6 +17,9 @@ Greenlets of one process, each a loop that outlives Redis outages:
 Every entry read stays in the consumer group's pending list until the Lua step that records its
 attempt acknowledges it, so a process killed mid-attempt loses nothing: another one (or its
 successor) claims the entry and sends the message again with the same `webhook-id`.
+
+On a Redis Cluster nothing changes but the round trips: every command names keys of one hash slot (a
+queue per command when reading), and an outage of one node (a failover) is an outage like any other.
 """
 
 from __future__ import annotations
@@ -47,11 +51,21 @@ CLAIM_INTERVAL = 1.0
 CLAIM_MIN_IDLE_MS = 1000
 DISPATCH_BATCH = 100
 READ_REFRESH = 0.1  # the reader looks for new endpoints (new queues) at most this often
+FULL_RELOAD = 10.0  # endpoints are reloaded at least this often, even if no change was counted
 IDLE_WAIT = 1.0  # the longest a reader waits without a wake-up before looking at the queues again
 SCHEDULE_WAIT = 0.5  # the longest the scheduler sleeps; a due retry waits at most this long
 RECORD_PATIENCE = 60.0  # how long an attempt's outcome is kept trying to be written while Redis is away
 BACKOFF_START, BACKOFF_CAP = 0.1, 5.0
-REDIS_DOWN = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+# Redis (or, on a cluster, one of its nodes) unavailable for now: a failover is one of these for seconds.
+# RedisClusterException also covers "no node reachable" (redis-py raises it when it cannot map the slots);
+# a message must not be marked failed for any of them, only tried again later.
+REDIS_DOWN = (
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+    redis.exceptions.ClusterError,
+    redis.exceptions.TryAgainError,
+    redis.exceptions.RedisClusterException,
+)
 
 
 class DeliveryWorker:
@@ -69,6 +83,7 @@ class DeliveryWorker:
         self.stale_ms = int((2 * self.settings.timeout_seconds + RECORD_PATIENCE + 30) * 1000)
         self.endpoints: dict[str, Endpoint] = {}
         self.version: str | None = None
+        self.loaded = 0.0  # when the endpoints were last loaded
         self.refreshed = 0.0  # when the reader last looked for new endpoints
         self.active: dict[str, int] = defaultdict(int)
         self.in_flight: set[tuple[str, str]] = set()
@@ -129,12 +144,15 @@ class DeliveryWorker:
 
     # Endpoints
 
-    def _refresh_endpoints(self, version: str | None = None) -> None:
-        """Reload the endpoints when any changed (every change bumps the version)."""
-        version = version or self.store.endpoints_version()
-        if version != self.version:
+    def _refresh_endpoints(self) -> None:
+        """Reload the endpoints when any changed (every change bumps the version), and now and then anyway:
+        a process that died between a change and its bump leaves the version as it was."""
+        version = self.store.endpoints_version()
+        if version != self.version or time.monotonic() - self.loaded > FULL_RELOAD:
+            if time.monotonic() - self.loaded > FULL_RELOAD:
+                self.store.migrate_legacy_retries()
             self.endpoints = {endpoint.id: endpoint for endpoint in self.store.load_endpoints()}
-            self.version = version
+            self.version, self.loaded = version, time.monotonic()
             self.sender.forget(set(self.endpoints))
 
     # Loops (each function is one step; _forever repeats it)
@@ -180,29 +198,26 @@ class DeliveryWorker:
 
     def _dispatch_entries(self, entries) -> None:
         self._refresh_endpoints()  # after the read: an endpoint made before an event was published is seen
-        pipe = self.client.pipeline(transaction=False)
-        for entry_id, fields in entries:
-            if not fields:  # deleted while pending: only acknowledge it
-                self.store.enqueue([], force=False, feed_entry=entry_id, pipe=pipe)
+        matches: dict[str, list[tuple[str, str, str, str]]] = defaultdict(list)
+        for _, fields in entries:
+            if not fields:  # deleted while pending: only acknowledged
                 continue
             event = Event(fields["id"], fields["channel"], fields["event"], fields["data"], fields["ts"])
             body = event.as_json()
-            items = [
-                (endpoint.id, event.id, event.channel, event.event, body)
-                for endpoint in self.endpoints.values()
-                if not endpoint.disabled and endpoint.wants(event.channel, event.event)
-            ]
-            self.store.enqueue(items, force=False, feed_entry=entry_id, pipe=pipe)
-        created = sum(pipe.execute())
+            for endpoint in self.endpoints.values():
+                if not endpoint.disabled and endpoint.wants(event.channel, event.event):
+                    matches[endpoint.id].append((event.id, event.channel, event.event, body))
+        created = self.store.dispatch(matches, [entry_id for entry_id, _ in entries])
         if created:
             WEBHOOK_MESSAGES.labels("created").inc(created)
 
     def _schedule(self) -> None:
         """Move due retries into their queues; sleep until the next is due (at most SCHEDULE_WAIT)."""
+        self._refresh_endpoints()
         now = time.time()
-        if self.store.release_due_retries(now):
+        moved, due = self.store.release_due_retries(list(self.endpoints), now)
+        if moved:
             return
-        due = self.store.next_retry_due()
         gevent.sleep(SCHEDULE_WAIT if due is None else min(max(due - now, 0.01), SCHEDULE_WAIT))
 
     def _read(self) -> None:
@@ -216,22 +231,22 @@ class DeliveryWorker:
         started = 0
         for start in range(0, len(ready), 500):
             chunk = ready[start : start + 500]
-            free = min(self.bound - self.active[ep] for ep in chunk)
-            streams = {Keys.outgoing_queue(ep): "0" if own else ">" for ep in chunk}
-            try:
-                found = self.client.xreadgroup(DELIVER_GROUP, self.name, streams, count=None if own else free)
-            except redis.exceptions.ResponseError as error:
-                if "NOGROUP" not in str(error):
-                    raise
-                for endpoint_id in chunk:  # a queue lost its group (deleted endpoint, restored Redis)
-                    self.store.ensure_group(endpoint_id)
-                self.version = None
-                return
-            for stream, entries in found or []:
-                endpoint_id = stream.split("{", 1)[1].split("}", 1)[0]
-                for entry_id, fields in entries:
-                    if self._start_attempt(endpoint_id, entry_id, fields):
-                        started += 1
+            # One read per queue (on a cluster queues live in different slots), one round trip per node.
+            pipe = self.client.pipeline(transaction=False)
+            for endpoint_id in chunk:
+                queue = {Keys.outgoing_queue(endpoint_id): "0" if own else ">"}
+                pipe.xreadgroup(DELIVER_GROUP, self.name, queue, None if own else self.bound - self.active[endpoint_id])
+            for endpoint_id, found in zip(chunk, pipe.execute(raise_on_error=False), strict=True):
+                if isinstance(found, redis.exceptions.ResponseError) and "NOGROUP" in str(found):
+                    self.store.ensure_group(endpoint_id)  # lost its group (deleted endpoint, restored Redis)
+                    self.version = None
+                    continue
+                if isinstance(found, Exception):
+                    raise found
+                for _, entries in found or []:
+                    for entry_id, fields in entries:
+                        if self._start_attempt(endpoint_id, entry_id, fields):
+                            started += 1
         if own:
             self.recover_queues = False
         if not started and not self.stopping:
@@ -255,11 +270,10 @@ class DeliveryWorker:
             if consumer["name"] != self.name
         }
         others = sorted(others)
-        alive = (
-            dict(zip(others, self.client.mget([Keys.outgoing_consumer(n) for n in others]), strict=True))
-            if others
-            else {}
-        )
+        pipe = self.client.pipeline(transaction=False)  # heartbeats live in different slots: no MGET
+        for name in others:
+            pipe.get(Keys.outgoing_consumer(name))
+        alive = dict(zip(others, pipe.execute(), strict=True)) if others else {}
         for (stream, group, endpoint_id), answer in zip(queues, answers, strict=True):
             if isinstance(answer, Exception):
                 continue
@@ -336,14 +350,13 @@ class DeliveryWorker:
             self.wake.set()
 
     def _attempt_once(self, endpoint_id: str, entry_id: str, msg_id: str) -> None:
+        # The endpoint as it is now, read with the message (same slot, one round trip), so a PATCH or
+        # DELETE applies to messages already queued.
         pipe = self.client.pipeline(transaction=False)
         pipe.hgetall(Keys.outgoing_message(endpoint_id, msg_id))
-        pipe.get(Keys.outgoing_endpoints_version())
-        record, version = pipe.execute()
-        # The endpoint as it is now: the version read with the message says whether the copy is current,
-        # so a PATCH or DELETE applies to messages already queued.
-        self._refresh_endpoints(version or "0")
-        endpoint = self.endpoints.get(endpoint_id)
+        pipe.hgetall(Keys.outgoing_endpoint(endpoint_id))
+        record, stored = pipe.execute()
+        endpoint = Endpoint.from_record(stored) if stored else None
         if not record or endpoint is None or endpoint.disabled:
             self.store.give_up(endpoint_id, msg_id, entry_id)
             if record:

@@ -15,7 +15,6 @@ from ..redis import Keys
 from .store import Endpoint, OutgoingStore
 
 REPLAY_LIMIT = 10_000  # events per request; a later `since` replays what lies beyond
-ENQUEUE_CHUNK = 100
 
 
 def history_channels(client: redis.Redis, filters: tuple[str, ...]) -> list[str]:
@@ -46,5 +45,5 @@ def replay_events(
             if endpoint.wants(channel, fields["event"]):
                 events.append(Event(event_id, channel, fields["event"], fields["data"], fields["ts"]))
     events.sort(key=lambda event: parse_id(event.id))
-    items = [(endpoint.id, e.id, e.channel, e.event, e.as_json()) for e in events[:REPLAY_LIMIT]]
-    return sum(store.enqueue(items[i : i + ENQUEUE_CHUNK], force=True) for i in range(0, len(items), ENQUEUE_CHUNK))
+    items = [(e.id, e.channel, e.event, e.as_json()) for e in events[:REPLAY_LIMIT]]
+    return store.enqueue(endpoint.id, items, force=True)

@@ -1,15 +1,34 @@
-"""Outgoing endpoints and their messages in Redis; every change of state is one Lua step.
+"""Outgoing endpoints and their messages in Redis.
 
-A message is created at most once per (endpoint, event): its id is derived from both, so a dispatcher
-that runs an event twice (after a crash) or a replay of an event already sent reuses the same
-message and the same `webhook-id`. A message is `pending` from creation until an attempt succeeds
-(`delivered`) or the retry schedule runs out (`failed`); while pending it is either in its endpoint's
-queue (a stream read by a consumer group) or in the retry set, scored by when it is next due.
+Every Lua step touches the keys of one hash slot only, all passed in KEYS, so the same code runs on one
+Redis and on a Redis Cluster. An endpoint's keys (record, queue, messages, pending set, retry schedule,
+attempts) share the tag `{<endpoint id>}`, so everything that happens to its messages is one atomic step.
+The few global keys (the set of endpoint ids, the change counter, the feed of published events, the
+heartbeats) are changed as separate steps, in an order that leaves nothing wrong if a process dies
+between two of them:
+
+- creating an endpoint writes its record (and queue) first, then adds its id to the set, then bumps the
+  counter; deleting removes the record (and everything under its tag) first, then the id, then bumps.
+  An id whose record is missing is an interrupted deletion and counts as gone (delivery prunes it);
+  a record whose id never reached the set belongs to a creation that was never answered and is unseen;
+- a change, rotation or disabling writes the record, then bumps the counter; attempts read the record
+  itself (same slot as the message), so a change applies at once even if the bump never happened, and
+  delivery processes also reload every endpoint now and then;
+- dispatching an event creates its messages (one step per endpoint), and only then acknowledges the feed
+  entry: a process that dies between them leaves the entry pending, another one claims it and creates
+  nothing twice, because a message is created at most once per (endpoint, event): its id is derived
+  from both, so a dispatcher that runs an event twice (after a crash) or a replay of an event already
+  sent reuses the same message and the same `webhook-id`.
+
+A message is `pending` from creation until an attempt succeeds (`delivered`) or the retry schedule runs
+out (`failed`); while pending it is either in its endpoint's queue (a stream read by a consumer group)
+or in its endpoint's retry schedule, scored by when it is next due.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import re
@@ -22,101 +41,95 @@ import redis
 
 from ..events.bus import USER_CHANNEL_PREFIX
 from ..http import rfc3339
-from ..redis import Keys
+from ..redis import Keys, is_cluster
+from .replicas import execute_replicated
 
 DELIVER_GROUP = "deliver"
 DISPATCH_GROUP = "dispatch"
 WAKE_CHANNEL = "outgoing:wake"  # pub/sub: "a queue has new entries", so readers need not poll
 RECENT_MESSAGES = 1000  # per endpoint, in its list of messages
 ATTEMPTS_KEPT = 50  # per message
+ENQUEUE_BATCH = 100  # messages per enqueue step
 ENDPOINT_ID = re.compile(r"ep_[0-9a-f]{32}")
 MESSAGE_ID = re.compile(r"msg_[a-z2-7]{26}")
 STATUSES = ("pending", "delivered", "failed")
 
-# KEYS: endpoint set, endpoint, queue, version. ARGV: endpoint id, group, then the record's field/value
-# pairs. The endpoint, its queue and the queue's consumer group come into being together.
+# KEYS: endpoint, queue. ARGV: group, then the record's field/value pairs. The record, its queue and
+# the queue's consumer group come into being together (the id joins the set of endpoints afterwards).
 CREATE_ENDPOINT = """
-redis.call('HSET', KEYS[2], unpack(ARGV, 3))
-redis.call('SADD', KEYS[1], ARGV[1])
-redis.pcall('XGROUP', 'CREATE', KEYS[3], ARGV[2], '0', 'MKSTREAM')
-redis.call('INCR', KEYS[4])
+redis.call('HSET', KEYS[1], unpack(ARGV, 2))
+redis.pcall('XGROUP', 'CREATE', KEYS[2], ARGV[1], '0', 'MKSTREAM')
 return 1
 """
 
-# KEYS: endpoint, version. ARGV: field/value pairs. 0 when the endpoint does not exist (any more).
+# KEYS: endpoint. ARGV: field/value pairs. 0 when the endpoint does not exist (any more).
 UPDATE_ENDPOINT = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 redis.call('HSET', KEYS[1], unpack(ARGV))
-redis.call('INCR', KEYS[2])
 return 1
 """
 
-# KEYS: endpoint, version. ARGV: new secret, now, overlap. The current secret keeps signing until
-# now + overlap; a secret older than that one is dropped.
+# KEYS: endpoint. ARGV: new secret, now, overlap. The current secret keeps signing until now + overlap;
+# a secret older than that one is dropped.
 ROTATE_SIGNING = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 local current = redis.call('HGET', KEYS[1], 'secret')
 redis.call('HSET', KEYS[1], 'previous_secret', current,
            'previous_secret_until', tonumber(ARGV[2]) + tonumber(ARGV[3]), 'secret', ARGV[1])
-redis.call('INCR', KEYS[2])
 return 1
 """
 
-# KEYS: endpoint set, endpoint, queue, messages, pending, version. ARGV: endpoint id.
-# The queue goes with the endpoint, so nothing queued is sent; scheduled retries find no endpoint and
-# are dropped; messages and attempts expire on their own.
+# KEYS: endpoint, queue, messages, pending, retries. The queue and the retry schedule go with the
+# endpoint, so nothing queued or scheduled is sent; messages and attempts expire on their own.
 DELETE_ENDPOINT = """
-if redis.call('SREM', KEYS[1], ARGV[1]) == 0 then return 0 end
-redis.call('DEL', KEYS[2], KEYS[3], KEYS[4], KEYS[5])
-redis.call('INCR', KEYS[6])
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5])
 return 1
 """
 
-# KEYS: feed, retries, then per message: endpoint, queue, messages, pending, message (5 each).
-# ARGV: dispatch group, feed entry id ('' for none), now, ttl, recent-list length, force ('1': send an
-# existing message again), then per message: endpoint id, message id, event id, channel, event name,
-# body (6 each). Creates each message its enabled endpoint does not have yet (or, forced, queues it
-# again with a fresh schedule), acknowledges the feed entry, and wakes the readers; all or nothing.
+# KEYS: endpoint, queue, messages, pending, retries, then one message key per message. ARGV: now, ttl,
+# recent-list length, force ('1': send an existing message again), endpoint id, then per message:
+# message id, event id, channel, event name, body (5 each). Creates each message the (enabled) endpoint
+# does not have yet, or, forced, queues it again with a fresh schedule. How many were queued.
 ENQUEUE = """
-local now, ttl, keep, force = ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6] == '1'
+if redis.call('HGET', KEYS[1], 'disabled') ~= '0' then return 0 end
+local now, ttl, keep, force, ep_id = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4] == '1', ARGV[5]
 local queued = 0
-for i = 0, (#KEYS - 2) / 5 - 1 do
-  local ep, queue, messages, pending, msg = KEYS[3 + i * 5], KEYS[4 + i * 5], KEYS[5 + i * 5],
-                                            KEYS[6 + i * 5], KEYS[7 + i * 5]
-  local a = 7 + i * 6
-  local ep_id, msg_id = ARGV[a], ARGV[a + 1]
-  if redis.call('HGET', ep, 'disabled') == '0' then
-    local exists = redis.call('EXISTS', msg) == 1
-    if not exists then
-      redis.call('HSET', msg, 'id', msg_id, 'endpoint_id', ep_id, 'event_id', ARGV[a + 2],
-                 'channel', ARGV[a + 3], 'event', ARGV[a + 4], 'body', ARGV[a + 5], 'status', 'pending',
-                 'created_at', now, 'next_attempt_at', now, 'failures', 0)
-      redis.call('ZADD', messages, now, msg_id)
-      redis.call('ZREMRANGEBYRANK', messages, 0, -keep - 1)
-    elseif force then
-      redis.call('ZREM', KEYS[2], ep_id .. '\\n' .. msg_id)
-      redis.call('HSET', msg, 'status', 'pending', 'next_attempt_at', now, 'failures', 0)
-    end
-    if force or not exists then
-      redis.call('EXPIRE', msg, ttl)
-      redis.call('ZADD', pending, 'NX', now, msg_id)
-      redis.call('XADD', queue, '*', 'm', msg_id)
-      queued = queued + 1
-    end
+for i = 6, #KEYS do
+  local msg, a = KEYS[i], 6 + (i - 6) * 5
+  local msg_id = ARGV[a]
+  local exists = redis.call('EXISTS', msg) == 1
+  if not exists then
+    redis.call('HSET', msg, 'id', msg_id, 'endpoint_id', ep_id, 'event_id', ARGV[a + 1],
+               'channel', ARGV[a + 2], 'event', ARGV[a + 3], 'body', ARGV[a + 4], 'status', 'pending',
+               'created_at', now, 'next_attempt_at', now, 'failures', 0)
+    redis.call('ZADD', KEYS[3], now, msg_id)
+    redis.call('ZREMRANGEBYRANK', KEYS[3], 0, -keep - 1)
+  elseif force then
+    redis.call('ZREM', KEYS[5], msg_id)
+    redis.call('HSET', msg, 'status', 'pending', 'next_attempt_at', now, 'failures', 0)
+  end
+  if force or not exists then
+    redis.call('EXPIRE', msg, ttl)
+    redis.call('ZADD', KEYS[4], 'NX', now, msg_id)
+    redis.call('XADD', KEYS[2], '*', 'm', msg_id)
+    queued = queued + 1
   end
 end
-if ARGV[2] ~= '' then
-  redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
-  redis.call('XDEL', KEYS[1], ARGV[2])
-end
-if queued > 0 then redis.call('PUBLISH', 'outgoing:wake', '') end
 return queued
 """
 
-# KEYS: queue, message, attempts, pending, endpoint, retries, version. ARGV: group, entry id, attempt
-# (JSON), succeeded ('1'/'0'), now, disable after (s), ttl, attempts kept, retry member, then the
-# retry schedule (seconds after the 1st, 2nd ... failure). The attempt, the message's next state, the
-# endpoint's failing streak and the queue entry's acknowledgement change together.
+# KEYS: the feed. ARGV: group, then entry ids. Entries whose messages exist now: acknowledged and gone.
+ACK_FEED = """
+redis.call('XACK', KEYS[1], ARGV[1], unpack(ARGV, 2))
+redis.call('XDEL', KEYS[1], unpack(ARGV, 2))
+return #ARGV - 1
+"""
+
+# KEYS: queue, message, attempts, pending, endpoint, retries. ARGV: group, entry id, attempt (JSON),
+# succeeded ('1'/'0'), now, disable after (s), ttl, attempts kept, then the retry schedule (seconds
+# after the 1st, 2nd ... failure). The attempt, the message's next state (and its place in the retry
+# schedule), the endpoint's failing streak and the queue entry's acknowledgement change together.
 RECORD_ATTEMPT = """
 redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
 redis.call('XDEL', KEYS[1], ARGV[2])
@@ -135,12 +148,12 @@ if ARGV[4] == '1' then
   return 'delivered'
 end
 local failures = redis.call('HINCRBY', KEYS[2], 'failures', 1)
-local delay = tonumber(ARGV[9 + failures])
+local delay = tonumber(ARGV[8 + failures])
 local outcome = 'failed'
 if delay and endpoint then
   local due = now + delay
   redis.call('HSET', KEYS[2], 'status', 'pending', 'next_attempt_at', tostring(due))
-  redis.call('ZADD', KEYS[6], due, ARGV[9])
+  redis.call('ZADD', KEYS[6], due, msg_id)
   outcome = 'pending'
 else
   redis.call('HSET', KEYS[2], 'status', 'failed', 'next_attempt_at', '')
@@ -152,7 +165,6 @@ if endpoint then
     redis.call('HSET', KEYS[5], 'failing_since', ARGV[5])
   elseif now - since >= tonumber(ARGV[6]) and redis.call('HGET', KEYS[5], 'disabled') == '0' then
     redis.call('HSET', KEYS[5], 'disabled', '1', 'disabled_at', ARGV[5])
-    redis.call('INCR', KEYS[7])
     outcome = outcome .. ':disabled'
   end
 end
@@ -170,23 +182,93 @@ redis.call('ZREM', KEYS[3], redis.call('HGET', KEYS[2], 'id'))
 return 1
 """
 
-# KEYS: retries, endpoint, queue, message. ARGV: retry member, message id. Moves one due retry into
-# its endpoint's queue; the ZREM decides which process does it, so it happens once.
-RELEASE_RETRY = """
-if redis.call('ZREM', KEYS[1], ARGV[1]) == 0 then return 0 end
-if redis.call('EXISTS', KEYS[2]) == 0 or redis.call('EXISTS', KEYS[4]) == 0 then return 0 end
-redis.call('XADD', KEYS[3], '*', 'm', ARGV[2])
-redis.call('PUBLISH', 'outgoing:wake', '')
+# KEYS: retries, endpoint, queue. ARGV: now, limit. Moves the endpoint's retries that are due into its
+# queue (the ZREM and the XADD are one step, so each happens once whichever process runs it); then how
+# many moved and when the next one is due (false when none is scheduled). A message that expired
+# meanwhile is given up by the attempt that finds no record.
+RELEASE_DUE = """
+local moved = 0
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
+if #due > 0 then
+  redis.call('ZREM', KEYS[1], unpack(due))
+  if redis.call('EXISTS', KEYS[2]) == 1 then
+    for _, msg_id in ipairs(due) do redis.call('XADD', KEYS[3], '*', 'm', msg_id) end
+    moved = #due
+  end
+end
+local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+return {moved, first[2] or false}
+"""
+
+# KEYS: endpoint, queue. ARGV: group. The queue's group, made again after it went missing (a Redis
+# restored from an older file), but only for an endpoint that still exists.
+ENSURE_GROUP = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('XGROUP', 'CREATE', KEYS[2], ARGV[1], '0', 'MKSTREAM')
 return 1
 """
 
-# KEYS: endpoint set, queue. ARGV: endpoint id, group. The queue's group, made again after it went
-# missing (a Redis restored from an older file), but only for an endpoint that still exists.
-ENSURE_GROUP = """
-if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 0 then return 0 end
-redis.call('XGROUP', 'CREATE', KEYS[2], ARGV[2], '0', 'MKSTREAM')
-return 1
-"""
+
+class ScriptCalls:
+    """Script calls sent together: one pipeline, so one round trip per Redis node.
+
+    redis-py's cluster pipeline sends EVALSHA but, unlike its single-node pipeline, never loads a script
+    a node lacks (a fresh node, a replica just promoted). A call refused for that did not run, so it is
+    run again on its own, which loads the script first. Any other error is raised (the first one) after
+    the others ran: every caller's steps are safe to repeat.
+    """
+
+    def __init__(self, client, replicated: bool = False):
+        self.client = client
+        self.replicated = replicated  # each node's calls confirmed by a replica (see replicas.py)
+        self.calls: list[tuple] = []
+
+    def add(self, script, keys: list[str], args: list) -> None:
+        """Queue one call of a registered script."""
+        self.calls.append((script, keys, args))
+
+    def execute(self) -> list:
+        """Every call's result, in order."""
+        if not self.calls:
+            return []
+        if self.replicated:
+            return self._execute_replicated()
+        pipe = self.client.pipeline(transaction=False)
+        for script, keys, args in self.calls:
+            pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+        results = pipe.execute(raise_on_error=False)
+        failure = None
+        for index, result in enumerate(results):
+            if isinstance(result, redis.exceptions.NoScriptError):
+                script, keys, args = self.calls[index]
+                results[index] = script(keys=keys, args=args)
+            elif isinstance(result, Exception) and failure is None:
+                failure = result
+        self.calls = []
+        if failure is not None:
+            raise failure
+        return results
+
+    def _execute_replicated(self) -> list:
+        """The calls of each node in one pipeline on that node's connection, then its WAIT (the node's own
+        pipeline loads missing scripts itself)."""
+        by_node: dict[str, list[int]] = {}
+        for index, (_, keys, _) in enumerate(self.calls):
+            node = self.client.get_node_from_key(keys[0]).name if is_cluster(self.client) else ""
+            by_node.setdefault(node, []).append(index)
+        results: list = [None] * len(self.calls)
+        for indexes in by_node.values():
+
+            def queue(pipe, indexes=indexes):
+                for index in indexes:
+                    script, keys, args = self.calls[index]
+                    script(keys=keys, args=args, client=pipe)
+
+            for index, result in zip(indexes, execute_replicated(self.client, self.calls[indexes[0]][1][0], queue),
+                                     strict=True):  # fmt: skip
+                results[index] = result
+        self.calls = []
+        return results
 
 
 def new_endpoint_id() -> str:
@@ -198,11 +280,6 @@ def message_id(endpoint_id: str, channel: str, event_id: str) -> str:
     """The id of the message that carries one event to one endpoint (also its `webhook-id`)."""
     digest = hashlib.sha256(f"{endpoint_id}\n{channel}\n{event_id}".encode()).digest()
     return "msg_" + base64.b32encode(digest).decode().lower()[:26]
-
-
-def retry_member(endpoint_id: str, msg_id: str) -> str:
-    """A message's member in the retry set."""
-    return f"{endpoint_id}\n{msg_id}"
 
 
 def event_pattern(pattern: str) -> re.Pattern:
@@ -294,25 +371,32 @@ def public_message(record: dict, attempts: list[str]) -> dict:
 
 
 class OutgoingStore:
-    """Endpoints, messages and their transitions, over one Redis client."""
+    """Endpoints, messages and their transitions, over one Redis client (one Redis or a cluster)."""
 
-    def __init__(self, client: redis.Redis, settings):
+    def __init__(self, client: redis.Redis, settings, replicated: bool = False):
         self.client = client
         self.settings = settings  # OutgoingWebhooks
+        # EVENT_DURABILITY=replicated: a message made from an acknowledged event is on a replica before
+        # its feed entry is acknowledged, and a manual retry or replay before it is answered.
+        self.replicated = replicated
         self._create = client.register_script(CREATE_ENDPOINT)
         self._update = client.register_script(UPDATE_ENDPOINT)
         self._rotate = client.register_script(ROTATE_SIGNING)
         self._delete = client.register_script(DELETE_ENDPOINT)
         self._enqueue = client.register_script(ENQUEUE)
+        self._ack_feed = client.register_script(ACK_FEED)
         self._record = client.register_script(RECORD_ATTEMPT)
         self._give_up = client.register_script(GIVE_UP)
-        self._release = client.register_script(RELEASE_RETRY)
+        self._release_due = client.register_script(RELEASE_DUE)
         self._ensure_group = client.register_script(ENSURE_GROUP)
 
     # Endpoints
 
     def create_endpoint(self, url: str, channels: list[str], events: list[str] | None, description: str | None):
-        """A new endpoint; its record W and its secret (shown this once)."""
+        """A new endpoint; its record W and its secret (shown this once).
+
+        Record and queue first, then the id in the set, then the bump (see the module docstring).
+        """
         from .signing import new_secret
 
         endpoint_id, secret = new_endpoint_id(), new_secret()
@@ -330,14 +414,11 @@ class OutgoingStore:
             "failing_since": "",
         }
         self._create(
-            keys=[
-                Keys.outgoing_endpoints(),
-                Keys.outgoing_endpoint(endpoint_id),
-                Keys.outgoing_queue(endpoint_id),
-                Keys.outgoing_endpoints_version(),
-            ],
-            args=[endpoint_id, DELIVER_GROUP] + [item for pair in record.items() for item in pair],
+            keys=[Keys.outgoing_endpoint(endpoint_id), Keys.outgoing_queue(endpoint_id)],
+            args=[DELIVER_GROUP] + [item for pair in record.items() for item in pair],
         )
+        self.client.sadd(Keys.outgoing_endpoints(), endpoint_id)
+        self._bump()
         return public_endpoint(record), secret
 
     def endpoint_record(self, endpoint_id: str) -> dict | None:
@@ -348,12 +429,17 @@ class OutgoingStore:
 
     def list_endpoints(self) -> list[dict]:
         """Every endpoint's stored hash, oldest first."""
+        return [record for _, record in self._endpoint_records() if record]
+
+    def _endpoint_records(self) -> list[tuple[str, dict | None]]:
+        """(id, record or None) for every id in the set; None: a deletion interrupted half-way."""
         ids = sorted(self.client.smembers(Keys.outgoing_endpoints()))
         pipe = self.client.pipeline(transaction=False)
         for endpoint_id in ids:
             pipe.hgetall(Keys.outgoing_endpoint(endpoint_id))
-        records = [record for record in pipe.execute() if record]
-        return sorted(records, key=lambda r: float(r["created_at"]))
+        found = [(endpoint_id, record or None) for endpoint_id, record in zip(ids, pipe.execute(), strict=True)]
+        present = sorted((pair for pair in found if pair[1]), key=lambda pair: float(pair[1]["created_at"]))
+        return present + [pair for pair in found if not pair[1]]
 
     def update_endpoint(self, endpoint_id: str, changes: dict) -> dict | None:
         """Apply changes (already checked) at once; the new record, or None when there is none."""
@@ -371,11 +457,11 @@ class OutgoingStore:
                 fields[name] = value or ""
         if fields:
             done = self._update(
-                keys=[Keys.outgoing_endpoint(endpoint_id), Keys.outgoing_endpoints_version()],
-                args=[item for pair in fields.items() for item in pair],
+                keys=[Keys.outgoing_endpoint(endpoint_id)], args=[item for pair in fields.items() for item in pair]
             )
             if not done:
                 return None
+            self._bump()
         return self.endpoint_record(endpoint_id)
 
     def rotate_secret(self, endpoint_id: str) -> str | None:
@@ -384,34 +470,49 @@ class OutgoingStore:
 
         secret = new_secret()
         done = self._rotate(
-            keys=[Keys.outgoing_endpoint(endpoint_id), Keys.outgoing_endpoints_version()],
+            keys=[Keys.outgoing_endpoint(endpoint_id)],
             args=[secret, f"{time.time():.3f}", self.settings.secret_overlap_seconds],
         )
-        return secret if done else None
+        if not done:
+            return None
+        self._bump()
+        return secret
 
     def delete_endpoint(self, endpoint_id: str) -> bool:
-        """Delete an endpoint and its queue; False when there was none."""
-        return bool(
-            self._delete(
-                keys=[
-                    Keys.outgoing_endpoints(),
-                    Keys.outgoing_endpoint(endpoint_id),
-                    Keys.outgoing_queue(endpoint_id),
-                    Keys.outgoing_messages(endpoint_id),
-                    Keys.outgoing_pending(endpoint_id),
-                    Keys.outgoing_endpoints_version(),
-                ],
-                args=[endpoint_id],
-            )
+        """Delete an endpoint, its queue and its retries, then its id; False when there was none.
+
+        A deletion interrupted after the first step is completed by the next one (or by delivery's pruning).
+        """
+        removed = self._delete(
+            keys=[
+                Keys.outgoing_endpoint(endpoint_id),
+                Keys.outgoing_queue(endpoint_id),
+                Keys.outgoing_messages(endpoint_id),
+                Keys.outgoing_pending(endpoint_id),
+                Keys.outgoing_retries(endpoint_id),
+            ]
         )
+        unlisted = self.client.srem(Keys.outgoing_endpoints(), endpoint_id)
+        if removed or unlisted:
+            self._bump()
+        return bool(removed or unlisted)
+
+    def _bump(self) -> None:
+        self.client.incr(Keys.outgoing_endpoints_version())
 
     def endpoints_version(self) -> str:
         """The counter every endpoint change bumps."""
         return self.client.get(Keys.outgoing_endpoints_version()) or "0"
 
     def load_endpoints(self) -> list[Endpoint]:
-        """Every endpoint, for matching and delivery."""
-        return [Endpoint.from_record(record) for record in self.list_endpoints()]
+        """Every endpoint, for matching and delivery; ids left by interrupted deletions are pruned."""
+        pairs = self._endpoint_records()
+        dangling = [endpoint_id for endpoint_id, record in pairs if record is None]
+        if dangling:
+            # The record goes before the id, and a creation writes the record before the id: an id
+            # without a record is never one being created.
+            self.client.srem(Keys.outgoing_endpoints(), *dangling)
+        return [Endpoint.from_record(record) for _, record in pairs if record]
 
     # Messages
 
@@ -442,39 +543,75 @@ class OutgoingStore:
             return None
         return self.client.hgetall(Keys.outgoing_message(endpoint_id, msg_id)) or None
 
-    def enqueue(self, items: list[tuple[str, str, str, str, str]], force: bool, feed_entry: str = "", pipe=None):
-        """Queue messages for (endpoint id, event id, channel, event name, body) items; see ENQUEUE."""
-        keys = [Keys.outgoing_feed(), Keys.outgoing_retries()]
-        args = [DISPATCH_GROUP, feed_entry, f"{time.time():.3f}", self.settings.retention_seconds, RECENT_MESSAGES]
-        args.append("1" if force else "0")
-        for endpoint_id, event_id, channel, event, body in items:
-            msg_id = message_id(endpoint_id, channel, event_id)
-            keys += [
-                Keys.outgoing_endpoint(endpoint_id),
-                Keys.outgoing_queue(endpoint_id),
-                Keys.outgoing_messages(endpoint_id),
-                Keys.outgoing_pending(endpoint_id),
-                Keys.outgoing_message(endpoint_id, msg_id),
-            ]
-            args += [endpoint_id, msg_id, event_id, channel, event, body]
-        return self._enqueue(keys=keys, args=args, client=pipe or self.client)
+    def add_enqueue(self, calls: ScriptCalls, endpoint_id: str, items: list[tuple[str, str, str, str]], force: bool):
+        """Queue on `calls` the steps that make (or, forced, queue again) one endpoint's messages for
+        (event id, channel, event name, body) items; see ENQUEUE. Each step's result: how many were queued."""
+        head = [
+            Keys.outgoing_endpoint(endpoint_id),
+            Keys.outgoing_queue(endpoint_id),
+            Keys.outgoing_messages(endpoint_id),
+            Keys.outgoing_pending(endpoint_id),
+            Keys.outgoing_retries(endpoint_id),
+        ]
+        common = [f"{time.time():.3f}", self.settings.retention_seconds, RECENT_MESSAGES, "1" if force else "0"]
+        for start in range(0, len(items), ENQUEUE_BATCH):
+            keys, args = list(head), [*common, endpoint_id]
+            for event_id, channel, event, body in items[start : start + ENQUEUE_BATCH]:
+                msg_id = message_id(endpoint_id, channel, event_id)
+                keys.append(Keys.outgoing_message(endpoint_id, msg_id))
+                args += [msg_id, event_id, channel, event, body]
+            calls.add(self._enqueue, keys, args)
+
+    def enqueue(self, endpoint_id: str, items: list[tuple[str, str, str, str]], force: bool) -> int:
+        """Make (or, forced, queue again) one endpoint's messages; how many were queued."""
+        calls = ScriptCalls(self.client, self.replicated)
+        self.add_enqueue(calls, endpoint_id, items, force)
+        queued = sum(calls.execute())
+        if queued:
+            self.wake()
+        return queued
+
+    def dispatch(self, matches: dict[str, list[tuple[str, str, str, str]]], feed_entries: list[str]) -> int:
+        """Make the messages matched from a batch of feed entries, then acknowledge the entries.
+
+        Two steps, in this order: an entry is acknowledged only once its messages exist, so a process
+        dying in between leaves it pending for another one, whose enqueue finds them made already.
+        """
+        calls = ScriptCalls(self.client, self.replicated)
+        for endpoint_id, items in matches.items():
+            self.add_enqueue(calls, endpoint_id, items, force=False)
+        created = sum(calls.execute())
+        if created:
+            self.wake()
+        if feed_entries:
+            self._ack_feed(keys=[Keys.outgoing_feed()], args=[DISPATCH_GROUP, *feed_entries])
+        return created
+
+    def wake(self) -> None:
+        """Tell every delivery process's reader that a queue has new entries.
+
+        Only a hint (readers look at their queues every second anyway): a node that cannot take it now
+        (a cluster failing over) must not fail the step it follows.
+        """
+        with contextlib.suppress(redis.exceptions.RedisError, redis.exceptions.RedisClusterException):
+            self.client.publish(WAKE_CHANNEL, "")
 
     def retry_message(self, endpoint_id: str, record: dict) -> int:
         """Send a message again now, with a fresh retry schedule (its webhook-id stays)."""
-        item = (endpoint_id, record["event_id"], record["channel"], record["event"], record["body"])
-        return self.enqueue([item], force=True)
+        return self.enqueue(
+            endpoint_id, [(record["event_id"], record["channel"], record["event"], record["body"])], force=True
+        )
 
     def record_attempt(self, endpoint_id: str, msg_id: str, entry_id: str, attempt: dict, succeeded: bool) -> str:
         """Store an attempt's outcome and the message's next state; acknowledge its queue entry."""
-        return self._record(
+        outcome = self._record(
             keys=[
                 Keys.outgoing_queue(endpoint_id),
                 Keys.outgoing_message(endpoint_id, msg_id),
                 Keys.outgoing_attempts(endpoint_id, msg_id),
                 Keys.outgoing_pending(endpoint_id),
                 Keys.outgoing_endpoint(endpoint_id),
-                Keys.outgoing_retries(),
-                Keys.outgoing_endpoints_version(),
+                Keys.outgoing_retries(endpoint_id),
             ],
             args=[
                 DELIVER_GROUP,
@@ -485,10 +622,12 @@ class OutgoingStore:
                 self.settings.disable_after_seconds,
                 self.settings.retention_seconds,
                 ATTEMPTS_KEPT,
-                retry_member(endpoint_id, msg_id),
                 *self.settings.retry_schedule,
             ],
         )
+        if outcome.endswith(":disabled"):
+            self._bump()  # the record says disabled already; the bump only tells copies elsewhere
+        return outcome
 
     def give_up(self, endpoint_id: str, msg_id: str, entry_id: str) -> None:
         """Acknowledge an entry that will not be attempted; its message (if any) is `failed`."""
@@ -501,36 +640,57 @@ class OutgoingStore:
             args=[DELIVER_GROUP, entry_id],
         )
 
-    def release_due_retries(self, now: float, limit: int = 200) -> int:
-        """Move retries that are due into their endpoints' queues; how many moved."""
-        due = self.client.zrangebyscore(Keys.outgoing_retries(), "-inf", now, start=0, num=limit)
-        if not due:
-            return 0
-        pipe = self.client.pipeline(transaction=False)
-        for member in due:
-            endpoint_id, _, msg_id = member.partition("\n")
-            self._release(
-                keys=[
-                    Keys.outgoing_retries(),
-                    Keys.outgoing_endpoint(endpoint_id),
-                    Keys.outgoing_queue(endpoint_id),
-                    Keys.outgoing_message(endpoint_id, msg_id),
-                ],
-                args=[member, msg_id],
-                client=pipe,
-            )
-        return sum(pipe.execute())
+    def release_due_retries(self, endpoint_ids: list[str], now: float, limit: int = 200) -> tuple[int, float | None]:
+        """Move the retries that are due into their endpoints' queues (one step per endpoint, all in one
+        round trip per node); how many moved, and when the next one is due (None: none scheduled)."""
+        calls = ScriptCalls(self.client)  # a release lost in a failover is released again
+        for endpoint_id in endpoint_ids:
+            keys = [
+                Keys.outgoing_retries(endpoint_id),
+                Keys.outgoing_endpoint(endpoint_id),
+                Keys.outgoing_queue(endpoint_id),
+            ]
+            calls.add(self._release_due, keys, [f"{now:.3f}", limit])
+        moved, upcoming = 0, None
+        for count, first in calls.execute():
+            moved += count
+            if first is not None:
+                upcoming = float(first) if upcoming is None else min(upcoming, float(first))
+        if moved:
+            self.wake()
+        return moved, upcoming
 
-    def next_retry_due(self) -> float | None:
-        """When the earliest scheduled retry is due."""
-        first = self.client.zrange(Keys.outgoing_retries(), 0, 0, withscores=True)
-        return first[0][1] if first else None
+    def migrate_legacy_retries(self, limit: int = 500) -> int:
+        """Move retries scheduled by an earlier version (one global set) into their endpoints' schedules.
+
+        Copy, then remove: a process dying between them leaves a copy that the next run adds again (NX).
+        """
+        legacy = Keys.outgoing_legacy_retries()
+        found = self.client.zrange(legacy, 0, limit - 1, withscores=True)
+        if not found:
+            return 0
+        retries = []
+        for member, due in found:
+            endpoint_id, _, msg_id = member.partition("\n")
+            if ENDPOINT_ID.fullmatch(endpoint_id) and MESSAGE_ID.fullmatch(msg_id):
+                retries.append((endpoint_id, msg_id, due))
+        pipe = self.client.pipeline(transaction=False)
+        for endpoint_id, _, _ in retries:
+            pipe.exists(Keys.outgoing_endpoint(endpoint_id))
+        alive = pipe.execute() if retries else []
+        pipe = self.client.pipeline(transaction=False)
+        for (endpoint_id, msg_id, due), exists in zip(retries, alive, strict=True):
+            if exists:  # a deleted endpoint's retries are dropped, as they always were
+                pipe.zadd(Keys.outgoing_retries(endpoint_id), {msg_id: due}, nx=True)
+        pipe.execute()
+        self.client.zrem(legacy, *[member for member, _ in found])
+        return len(found)
 
     def ensure_group(self, endpoint_id: str) -> None:
         """Make an existing endpoint's consumer group again if it went missing."""
         try:
             self._ensure_group(
-                keys=[Keys.outgoing_endpoints(), Keys.outgoing_queue(endpoint_id)], args=[endpoint_id, DELIVER_GROUP]
+                keys=[Keys.outgoing_endpoint(endpoint_id), Keys.outgoing_queue(endpoint_id)], args=[DELIVER_GROUP]
             )
         except redis.exceptions.ResponseError as error:
             if "BUSYGROUP" not in str(error):

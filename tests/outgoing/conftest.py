@@ -1,6 +1,10 @@
-"""Outgoing webhooks against real processes: gunicorn, the delivery process (`worker.py`), redis-server,
-and HTTP receivers in the test process. Processes are shared per module; each test uses its own
-channels and endpoints, so tests do not see each other's messages."""
+"""Outgoing webhooks against real processes: gunicorn, the delivery process (`worker.py`), redis-server or
+a local Redis Cluster, and HTTP receivers in the test process. Processes are shared per module; each test
+uses its own channels and endpoints, so tests do not see each other's messages.
+
+Which Redis: `outgoing_redis`, the session's one unless a module parametrises it (indirectly) with
+`ON_BOTH` below; the cluster (3 primaries, 3 replicas) is started once for the whole folder.
+"""
 
 from __future__ import annotations
 
@@ -14,8 +18,42 @@ from app import create_app
 from app.apikeys.store import create_key
 from app.auth.users import create_user
 from tests.outgoing.receivers import DeliveryProcess, Receiver
-from tests.servers import LiveServer, wait_until
+from tests.servers import LiveServer, RedisClusterServer, wait_until
 from tests.utils import DEFAULT_PASSWORD, bearer, random_email
+
+# Modules whose tests exercise the store's steps run against one redis-server and a Redis Cluster: the
+# session's Redis when it is of that kind (tests/conftest.py may parametrise it over both), else a cluster
+# started once for this folder. A case whose wanted kind differs from a parametrised session's is left out.
+ON_BOTH = pytest.mark.parametrize("outgoing_redis", ["standalone", "cluster"], indirect=True, scope="module")
+CLUSTER_ONLY = pytest.mark.parametrize("outgoing_redis", ["cluster"], indirect=True, scope="module")
+
+
+def not_on_cluster(reason: str):
+    """A test of such a module that exercises nothing of the store: run against one redis-server only."""
+    return pytest.mark.not_on_cluster(reason=reason)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "not_on_cluster(reason): run against one redis-server only")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Leave out cases whose Redis would be of the wrong kind, or a cluster for a test marked not_on_cluster."""
+    left_out = []
+    for item in items:
+        params = item.callspec.params if hasattr(item, "callspec") else {}
+        wanted = params.get("outgoing_redis")
+        if wanted is None:
+            continue
+        session = params.get("redis_server")  # set when the session's Redis is parametrised
+        if (session is not None and session != wanted) or (
+            wanted == "cluster" and item.get_closest_marker("not_on_cluster")
+        ):
+            left_out.append(item)
+    if left_out:
+        config.hook.pytest_deselected(items=left_out)
+        items[:] = [item for item in items if item not in left_out]
+
 
 # Seconds-scale: a failure is retried after 1 s, then 2 s, then the message has failed.
 FAST = {
@@ -103,6 +141,66 @@ class Service:
     email: str
 
 
+@dataclass
+class StoreRedis:
+    """The Redis the outgoing tests' services use: a redis-server or a RedisClusterServer."""
+
+    server: object
+
+    @property
+    def mode(self) -> str:
+        return "cluster" if isinstance(self.server, RedisClusterServer) else "standalone"
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def env(self) -> dict:
+        return {"REDIS_URL": self.url, "REDIS_MODE": self.mode}
+
+    def client(self):
+        return self.server.client()
+
+    def flushall(self) -> None:
+        if self.mode == "cluster":
+            self.server.flushall()
+        else:
+            self.server.client().flushall()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory):
+    """A local Redis Cluster for this folder, started on first use (about 6 s)."""
+    cluster = RedisClusterServer(tmp_path_factory.mktemp("outgoing-cluster"))
+    cluster.start()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def outgoing_redis(request, redis_server) -> StoreRedis:
+    """The session's Redis, unless the module asks for a cluster and the session's is one redis-server."""
+    session = StoreRedis(redis_server)
+    if getattr(request, "param", session.mode) == "cluster" and session.mode != "cluster":
+        return StoreRedis(request.getfixturevalue("redis_cluster"))
+    return session
+
+
+@pytest.fixture
+def rdb(outgoing_redis):
+    """A clean database for each test (the folder's choice of Redis)."""
+    outgoing_redis.flushall()
+    return outgoing_redis.client()
+
+
+@pytest.fixture
+def make_app(base_env, rdb, outgoing_redis):
+    def make(**overrides):
+        return create_app({**base_env, **outgoing_redis.env(), **{k: str(v) for k, v in overrides.items()}})
+
+    return make
+
+
 @pytest.fixture(scope="module")
 def receiver():
     started = Receiver().start()
@@ -111,7 +209,7 @@ def receiver():
 
 
 @pytest.fixture(scope="module")
-def make_service(base_env, redis_server, tmp_path_factory, receiver):
+def make_service(base_env, outgoing_redis, tmp_path_factory, receiver):
     """Start a service with extra settings (web and delivery processes alike); stopped after the module."""
     started: list[Service] = []
 
@@ -120,9 +218,9 @@ def make_service(base_env, redis_server, tmp_path_factory, receiver):
         while started:
             stop(started.pop())
         logs = tmp_path_factory.mktemp("outgoing")
-        full = {**base_env, **FAST, "PROMETHEUS_MULTIPROC_DIR": str(logs / "metrics"), **env}
-        if full["REDIS_URL"] == redis_server.url:
-            redis_server.client().flushall()  # endpoints other modules left must not receive this one's events
+        full = {**base_env, **outgoing_redis.env(), **FAST, "PROMETHEUS_MULTIPROC_DIR": str(logs / "metrics"), **env}
+        if full["REDIS_URL"] == outgoing_redis.url:
+            outgoing_redis.flushall()  # endpoints other modules left must not receive this one's events
         (logs / "metrics").mkdir()
         web = LiveServer(full, workers=2, log_path=logs / "gunicorn.log")
         web.start()

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-import redis
 from standardwebhooks import Webhook
 
+from app.redis import connect
 from tests.servers import ROOT, VENV_BIN, LiveServer, process_env, wait_until
 
 
@@ -158,7 +158,7 @@ class DeliveryProcess:
             self.process = subprocess.Popen(
                 [str(VENV_BIN / "python"), "worker.py"], cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT
             )
-        client = redis.Redis.from_url(self.env["REDIS_URL"], decode_responses=True)
+        client = connect(self.env["REDIS_URL"], 4, self.env.get("REDIS_MODE", "standalone"))
 
         def running():
             assert self.process.poll() is None, f"worker.py exited; see {self.log_path}"

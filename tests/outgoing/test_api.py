@@ -10,7 +10,10 @@ import pytest
 
 from app.apikeys.store import create_key
 from app.auth.users import create_user
+from tests.outgoing.conftest import ON_BOTH
 from tests.utils import DEFAULT_PASSWORD, bearer, random_email, redis_snapshot
+
+pytestmark = ON_BOTH
 
 JSON = "application/json"
 BASE = "/admin/webhook-endpoints"

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from tests.outgoing.conftest import channel
+from tests.outgoing.conftest import ON_BOTH, channel
 from tests.servers import wait_until
+
+pytestmark = ON_BOTH
 
 
 @pytest.fixture(scope="module")

@@ -9,9 +9,28 @@ import time
 
 import requests
 
-from tests.outgoing.conftest import channel
+from app.redis import Keys
+from tests.outgoing.conftest import ON_BOTH, channel, not_on_cluster
 from tests.outgoing.receivers import DeliveryProcess
 from tests.servers import RedisServer, wait_until
+
+pytestmark = ON_BOTH
+
+
+def test_killed_gunicorn_workers_lose_no_published_event(service):
+    """The dispatcher's feed has an event before POST /events answers (on one Redis in the same atomic step,
+    on a cluster as the next step): once answered, the message is on its way whatever happens to the web
+    worker. First in the module: gunicorn's new workers finish booting during the next tests (a worker
+    still booting when the module's server is stopped ignores the quit and is killed 10 s later)."""
+    receiver, api = service.receiver, service.admin
+    orders = channel()
+    path = f"/web-killed/{orders}"
+    endpoint = api.create_endpoint(receiver.behave(path), [orders])
+    ids = [api.publish(orders, data={"n": n}) for n in range(20)]
+    for pid in service.web.worker_pids():
+        os.kill(pid, signal.SIGKILL)
+    received = receiver.wait_for(path, 20)
+    assert sorted(r.verify(endpoint["secret"])["id"] for r in received) == sorted(ids)
 
 
 def test_a_message_in_flight_when_its_delivery_process_is_killed_is_sent_again(service):
@@ -33,20 +52,7 @@ def test_a_message_in_flight_when_its_delivery_process_is_killed_is_sent_again(s
     assert [a["status_code"] for a in delivered["attempts"]] == [204]
 
 
-def test_killed_gunicorn_workers_lose_no_published_event(service):
-    """Publishing and feeding the dispatcher are one atomic step: once POST /events answered, the message
-    is on its way whatever happens to the web worker."""
-    receiver, api = service.receiver, service.admin
-    orders = channel()
-    path = f"/web-killed/{orders}"
-    endpoint = api.create_endpoint(receiver.behave(path), [orders])
-    ids = [api.publish(orders, data={"n": n}) for n in range(20)]
-    for pid in service.web.worker_pids():
-        os.kill(pid, signal.SIGKILL)
-    received = receiver.wait_for(path, 20)
-    assert sorted(r.verify(endpoint["secret"])["id"] for r in received) == sorted(ids)
-
-
+@not_on_cluster("the sender's isolation, not the store")
 def test_a_never_answering_endpoint_does_not_delay_a_healthy_one(service):
     receiver, api = service.receiver, service.admin
     orders = channel()
@@ -65,7 +71,8 @@ def test_a_never_answering_endpoint_does_not_delay_a_healthy_one(service):
     assert max(delays) < 1.0, delays
 
 
-def test_two_delivery_processes_share_the_work_and_one_takes_over_from_the_other(make_service, redis_server):
+@not_on_cluster("claiming on the cluster: the killed-process test and test_cluster.py")
+def test_two_delivery_processes_share_the_work_and_one_takes_over_from_the_other(make_service, outgoing_redis):
     service = make_service(workers=2)
     receiver, api = service.receiver, service.admin
     orders = channel()
@@ -79,7 +86,7 @@ def test_two_delivery_processes_share_the_work_and_one_takes_over_from_the_other
     held = api.create_endpoint(receiver.behave(path, hang=True), [channel_two := channel()])
     api.publish(channel_two)
     (first,) = receiver.wait_for(path, 1)
-    (pending,) = redis_server.client().xpending_range(f"outgoing:{{{held['id']}}}:queue", "deliver", "-", "+", 10)
+    (pending,) = outgoing_redis.client().xpending_range(Keys.outgoing_queue(held["id"]), "deliver", "-", "+", 10)
     owner = next(w for w in service.workers if f"-{w.process.pid}-" in pending["consumer"])
     owner.kill()
     receiver.behave(path)
@@ -90,7 +97,9 @@ def test_two_delivery_processes_share_the_work_and_one_takes_over_from_the_other
     assert len(receiver.at(f"/shared/{orders}")) == 30  # what was acknowledged is not sent again
 
 
+@not_on_cluster("one redis-server's file; a cluster's failover is test_cluster.py's")
 def test_nothing_is_lost_when_redis_restarts_from_its_append_only_file(make_service, tmp_path):
+    """One redis-server restarting from its file (a cluster's failover: test_cluster.py)."""
     persistent = RedisServer(tmp_path, persistent=True)
     persistent.start()
     try:
