@@ -23,6 +23,7 @@ import redis
 from ..auth.sessions import session_is_valid
 from ..errors import ApiError, bad_request, validation_failed
 from ..metrics import EVENTS_PUBLISHED
+from ..outgoing.feed import feed_events
 from ..redis import Keys, is_cluster
 from .cursor import LAST_POSSIBLE_ID, is_after
 
@@ -298,13 +299,8 @@ class Bus:
         publication answers 503 although its events are published (a retry may publish them twice: at
         least once for acknowledged events).
         """
-        if not self.cluster or not self.client.exists(Keys.outgoing_endpoints()):
-            return
-        pipe = self.client.pipeline(transaction=False)
-        for event in events:
-            fields = {"id": event.id, "channel": event.channel, "event": event.event, "data": event.data}
-            pipe.xadd(Keys.outgoing_feed(), {**fields, "ts": event.ts})
-        pipe.execute()
+        if self.cluster:
+            feed_events(self.client, events, replicated=self.replicated)
 
     def announce_sessions_ended(self, user_id: str, session_ids: list[str], whole_user: bool = False) -> None:
         """Tell every worker of every instance to close these sessions' connections."""

@@ -9,8 +9,6 @@ from auth_rt_client import ApiError, Client, Introspection, PublishedEvent, Serv
 from tests.events.clients import Api
 from tests.servers import free_port
 
-pytestmark = pytest.mark.not_on_cluster("live delivery on a cluster: events helper")
-
 
 def read_all(user: Api, cursor: str) -> list[dict]:
     """Every event after `cursor`, read with a plain HTTP poll (independently of the client)."""

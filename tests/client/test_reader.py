@@ -17,8 +17,6 @@ from tests.events.clients import SSE, Api, held_long_polls
 from tests.events.conftest import FAST
 from tests.servers import LiveServer, wait_until
 
-pytestmark = pytest.mark.not_on_cluster("live delivery on a cluster: events helper")
-
 TRANSPORTS = ["sse", "long-poll"]
 
 

@@ -20,8 +20,6 @@ from tests.fuzzing import (
     with_examples,
 )
 
-pytestmark = pytest.mark.not_on_cluster("live delivery on a cluster: events helper")
-
 ANSWERS = {"error", "ack", "event", "pong"}
 ERROR_CODES = {"bad_request", "validation_failed", "payload_too_large"}
 

@@ -12,8 +12,6 @@ import websocket
 from tests.events.clients import SSE, Api, held_long_polls, open_ws, ws_json
 from tests.servers import wait_until
 
-pytestmark = pytest.mark.not_on_cluster("live delivery on a cluster: events helper")
-
 
 def test_hostile_frames_get_error_frames_and_the_socket_stays_usable(server):
     user = Api(server.url)

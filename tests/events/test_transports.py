@@ -13,8 +13,6 @@ from app.events.sse import sse_frame
 from tests.events.clients import SSE, Api, held_long_polls, open_ws, parse_block, ws_close_code, ws_json
 from tests.servers import wait_until
 
-pytestmark = pytest.mark.not_on_cluster("live delivery on a cluster: events helper")
-
 E_FIELDS = {"id", "channel", "event", "data", "ts"}
 
 
