@@ -241,6 +241,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         # Links in mails must not be built from a request's Host header: a forged Host would send a
         # victim's reset link to another site.
         raise SettingsError("PUBLIC_BASE_URL is required in production when SMTP_URL is set (links in mails)")
+    _check_redis_url(settings.redis_url, settings.redis_mode)
     if settings.long_poll_timeout > settings.long_poll_max_timeout:
         raise SettingsError("LONG_POLL_TIMEOUT_SECONDS must not exceed LONG_POLL_MAX_TIMEOUT_SECONDS")
     outgoing = settings.outgoing_webhooks
@@ -322,6 +323,36 @@ def _redis_url(reader: _Reader) -> str:
     if parts.scheme == "rediss" and cert_reqs != "default" and "ssl_cert_reqs" not in query:
         url = urlunsplit(parts._replace(query=urlencode({**query, "ssl_cert_reqs": cert_reqs})))
     return url
+
+
+def _check_redis_url(url: str, mode: str) -> None:
+    """One redis:// or rediss:// URL; with REDIS_MODE=cluster, one or more (comma-separated) seed nodes."""
+    if mode != "cluster":
+        return
+    seeds = [seed.strip() for seed in url.split(",")]
+    example = "redis://10.0.0.1:6379/0,redis://10.0.0.2:6379/0"
+    if not all(seeds):
+        raise SettingsError(f"REDIS_URL (cluster seeds) has an empty entry; write them like {example}")
+    for seed in seeds:
+        parts = urlsplit(seed)
+        try:
+            port = parts.port
+        except ValueError:
+            port = None
+        if parts.scheme not in {"redis", "rediss"} or not parts.hostname or port is None:
+            raise SettingsError(
+                f"REDIS_URL (cluster seeds): {_without_credentials(seed)!r} is not redis://host:port; "
+                f"write the seeds like {example}"
+            )
+        if parts.path not in {"", "/", "/0"}:
+            raise SettingsError("REDIS_URL (cluster seeds): a Redis Cluster has only database 0")
+    if len({urlsplit(seed).scheme for seed in seeds}) > 1:
+        raise SettingsError("REDIS_URL (cluster seeds): use redis:// for every seed or rediss:// for every seed")
+
+
+def _without_credentials(url: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
 
 
 def _secrets(env: dict, names: list[str], production: bool, data_dir: Path) -> dict[str, Secret]:

@@ -70,21 +70,39 @@ def pytest_collection_modifyitems(config, items):
         items[:] = kept
 
 
+@pytest.fixture(scope="session")
+def redis_servers(tmp_path_factory):
+    """The session's Redis servers by mode, each started on first use and stopped at the session's end.
+
+    Kept apart from the parametrised `redis_server`: pytest finishes a parametrised session fixture
+    whenever the next test wants the other mode, which happens at every test file under pytest-xdist
+    (a process runs one file's tests of both modes, then the next file's). The servers stay up.
+    """
+    servers: dict[str, RedisServer | RedisClusterServer] = {}
+
+    def get(mode: str):
+        if mode not in servers:
+            if mode == "cluster":
+                server = RedisClusterServer(tmp_path_factory.mktemp("redis-cluster"))
+            else:
+                server = RedisServer(tmp_path_factory.mktemp("redis"))
+            server.mode = mode
+            server.start()
+            servers[mode] = server
+        return servers[mode]
+
+    yield get
+    for server in servers.values():
+        server.stop()
+
+
 @pytest.fixture(scope="session", params=REDIS_MODES)
-def redis_server(request, tmp_path_factory):
+def redis_server(request, redis_servers):
     """The session's Redis: one redis-server, or a local Redis Cluster (3 primaries, 3 replicas).
 
-    Every test that touches Redis (through `base_env`, `rdb` or this) runs once against each; pytest
-    groups the tests by mode, so each server starts once per session.
+    Every test that touches Redis (through `base_env`, `rdb` or this) runs once against each.
     """
-    if request.param == "cluster":
-        server = RedisClusterServer(tmp_path_factory.mktemp("redis-cluster"))
-    else:
-        server = RedisServer(tmp_path_factory.mktemp("redis"))
-    server.mode = request.param
-    server.start()
-    yield server
-    server.stop()
+    return redis_servers(request.param)
 
 
 @pytest.fixture(scope="session")
