@@ -15,7 +15,7 @@ from tests.utils import random_email
 
 @pytest.fixture(scope="module")
 def down_smtp(smtp_certificate, redis_server):
-    """An smtps server on a port where nothing listens yet (the test starts it); a new one per Redis mode."""
+    """An smtps server on a port where nothing listens yet (the test starts it); one per Redis mode."""
     server = SmtpServer(smtp_certificate, mode="smtps", auth=False)
     yield server
     server.stop()
