@@ -305,6 +305,8 @@ def model(
     """Instances and Redis shards for a load, from the unit figures (the arithmetic of docs/capacity.md).
 
     `batched`: the publishers send /events/batch requests of 100 events instead of one request per event.
+    Pessimistic about placement: each reader of an event is taken to be on its own instance, so Redis
+    sends the event once per reader (it sends it once per instance that has readers of the channel).
     """
     cores = limits.get("cores_per_instance", 2)
     memory_gb = limits.get("memory_gb_per_instance", 4)
@@ -324,7 +326,7 @@ def model(
         "by_descriptors": connections / (fds * 0.8),
     }
     redis_cpu = (
-        events_per_second * (redis_publish_us + unit["redis_cpu_us_per_read_event"]) / 1e6
+        events_per_second * (redis_publish_us + readers_per_event * unit["redis_cpu_us_per_read_event"]) / 1e6
         + connections * unit["redis_commands_per_connection_second"] * limits.get("redis_us_per_command", 5) / 1e6
     )
     redis_commands = (
@@ -342,7 +344,9 @@ def model(
         "instances_needed": max(1, -(-max(instances.values()) // 1)),
         "redis_cores": round(redis_cpu, 3),
         "redis_commands_per_second": round(redis_commands),
-        "redis_out_bytes_per_second": round(events_per_second * unit["redis_out_bytes_per_read_event"]),
+        "redis_out_bytes_per_second": round(
+            events_per_second * readers_per_event * unit["redis_out_bytes_per_read_event"]
+        ),
         "shards": {k: round(v, 2) for k, v in shards.items()},
         "primaries_needed": int(max(1, -(-max(shards.values()) // 1))),
     }
