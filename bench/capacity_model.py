@@ -300,14 +300,22 @@ def _unit_figures(server, client, env, users, per_user, events, rate, idle_secon
 
 
 def model(
-    unit: dict, connections: int, events_per_second: float, readers_per_event: float, batched: bool = False, **limits
+    unit: dict,
+    connections: int,
+    events_per_second: float,
+    readers_per_event: float,
+    batched: bool = False,
+    reading_instances: float | None = None,
+    **limits,
 ) -> dict:
     """Instances and Redis shards for a load, from the unit figures (the arithmetic of docs/capacity.md).
 
     `batched`: the publishers send /events/batch requests of 100 events instead of one request per event.
-    Pessimistic about placement: each reader of an event is taken to be on its own instance, so Redis
-    sends the event once per reader (it sends it once per instance that has readers of the channel).
+    `reading_instances`: how many instances have readers of an event's channel (Redis sends the event
+    once to each); by default each reader is taken to be on its own instance, the pessimistic placement.
     """
+    if reading_instances is None:
+        reading_instances = readers_per_event
     cores = limits.get("cores_per_instance", 2)
     memory_gb = limits.get("memory_gb_per_instance", 4)
     fds = limits.get("fds_per_worker", 20_000) * cores
@@ -326,7 +334,7 @@ def model(
         "by_descriptors": connections / (fds * 0.8),
     }
     redis_cpu = (
-        events_per_second * (redis_publish_us + readers_per_event * unit["redis_cpu_us_per_read_event"]) / 1e6
+        events_per_second * (redis_publish_us + reading_instances * unit["redis_cpu_us_per_read_event"]) / 1e6
         + connections * unit["redis_commands_per_connection_second"] * limits.get("redis_us_per_command", 5) / 1e6
     )
     redis_commands = (
@@ -345,7 +353,7 @@ def model(
         "redis_cores": round(redis_cpu, 3),
         "redis_commands_per_second": round(redis_commands),
         "redis_out_bytes_per_second": round(
-            events_per_second * readers_per_event * unit["redis_out_bytes_per_read_event"]
+            events_per_second * reading_instances * unit["redis_out_bytes_per_read_event"]
         ),
         "shards": {k: round(v, 2) for k, v in shards.items()},
         "primaries_needed": int(max(1, -(-max(shards.values()) // 1))),
@@ -393,7 +401,7 @@ def _cluster_check(unit, cluster, servers, env, users, per_user, events, rate) -
     after = (redis_reading(primaries), process_cpu(pids))
     measured_redis = redis_delta(before[0], after[0])
     achieved = events / seconds
-    predicted = model(unit, len(targets), achieved, per_user)
+    predicted = model(unit, len(targets), achieved, per_user, reading_instances=1)  # a user's streams: one instance
     window = seconds
     return {
         "instances": len(servers),
