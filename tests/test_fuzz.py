@@ -14,8 +14,6 @@ from hypothesis import strategies as st
 from tests.fuzzing import HOSTILE_FRAGMENTS, bodies, bounded, hostile_objects, hostile_text, value_texts, with_examples
 from tests.utils import DEFAULT_PASSWORD, bearer, random_email, redis_snapshot
 
-pytestmark = pytest.mark.not_on_cluster("fuzzes input validation (no Redis logic of its own); suite time")
-
 
 def templates(tokens: dict) -> dict[str, dict]:
     """Per endpoint, a body that is valid but for the one field the explicit examples make hostile."""

@@ -37,7 +37,8 @@ def attempts(redis_client) -> list[int]:
     return [int(redis_client.hget(key, "attempts") or 0) for key in redis_client.scan_iter(Keys.mail_job("*"))]
 
 
-def test_mail_queued_while_smtp_is_down_arrives_once_when_it_is_back(outage_server, down_smtp, redis_client):
+def test_mail_queued_while_smtp_is_down_arrives_once_when_it_is_back(outage_server, down_smtp, redis_client, rdb):
+    # `rdb`: an empty mail queue, so that only this test's four jobs are counted (not one another module left)
     base = outage_server.url
     addresses = [random_email() for _ in range(3)]
     for address in addresses:

@@ -9,8 +9,6 @@ import pytest
 
 from tests.utils import DEFAULT_PASSWORD, bearer, random_email, redis_snapshot
 
-pytestmark = pytest.mark.not_on_cluster("input validation before any Redis step; suite time")
-
 JSON = "application/json"
 
 

@@ -8,8 +8,6 @@ from app.auth.cookies import ACCESS_COOKIE, REFRESH_COOKIE
 from tests.conftest import https_client
 from tests.utils import DEFAULT_PASSWORD, bearer, parse_set_cookies
 
-pytestmark = pytest.mark.not_on_cluster("cookie attributes and the CSRF rule, no Redis logic of its own; suite time")
-
 OWN_ORIGIN = "https://localhost"
 EVIL_ORIGIN = "https://evil.example"
 FRIEND_ORIGIN = "https://app.example"

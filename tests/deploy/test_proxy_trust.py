@@ -11,8 +11,6 @@ import pytest
 from tests.servers import LiveServer
 from tests.utils import DEFAULT_PASSWORD, random_email
 
-pytestmark = pytest.mark.not_on_cluster("forwarded-header trust, no Redis logic of its own; suite time")
-
 UNTRUSTED_SOURCE = "127.0.0.2"  # on loopback, but not the proxy named in FORWARDED_ALLOW_IPS
 
 
