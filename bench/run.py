@@ -17,6 +17,7 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
 
@@ -83,47 +84,62 @@ def publish_paced(system, token: str, events: int, rate: float, first: float, nu
         system.publish(tag(token, n))
 
 
+@dataclass
+class Delivery:
+    """What reached a fleet of streams from one paced publishing run."""
+
+    fleet: StreamFleet
+    arrivals: list[list[float]]
+    client_cpu: float
+    first_published: float
+    last_published: float
+
+    def exactness(self) -> dict:
+        """Events missing, delivered twice and out of order, summed over the streams."""
+        verdicts = self.fleet.verdicts
+        return {key: sum(v[key] for v in verdicts) for key in ("missing", "duplicates", "out_of_order")}
+
+
+def paced_run(system, target, count: int, events: int, rate: float, timeout: float, label: str, wait_ready=None):
+    """Open `count` streams, publish `events` numbered events at `rate` from PUBLISHERS threads, collect."""
+    token = f"{label}-{uuid.uuid4().hex}"
+    fleet = StreamFleet(
+        target, count, token, expected=events, processes=fleet_processes(count), timeout=timeout, publishers=PUBLISHERS
+    )
+    fleet.open()
+    if wait_ready:
+        wait_ready(count)
+    time.sleep(0.5)
+    first = time.time()
+    with ThreadPoolExecutor(PUBLISHERS) as pool:
+        list(pool.map(functools.partial(publish_paced, system, token, events, rate, first), range(PUBLISHERS)))
+    last_published = time.time()
+    arrivals, cpu = fleet.collect()
+    return Delivery(fleet, arrivals, cpu, first, last_published)
+
+
 def sustained(system, target, count: int, rates: list[int], seconds: float = 2.0, wait_ready=None) -> list[dict]:
     """With `count` streams open, publish at each rate for `seconds`; deliveries/s and the lag behind."""
     steps = []
     for rate in rates:
         events = max(1, int(rate * seconds))
-        token = f"rate-{uuid.uuid4().hex}"
-        fleet = StreamFleet(
-            # a saturated service publishes slower than asked: allow for ten times the planned duration
-            target,
-            count,
-            token,
-            expected=events,
-            processes=fleet_processes(count),
-            timeout=seconds * 10 + 15,
-            publishers=PUBLISHERS,
-        )
-        fleet.open()
-        if wait_ready:
-            wait_ready(count)
-        time.sleep(0.5)
-        first = time.time()
-        with ThreadPoolExecutor(PUBLISHERS) as pool:
-            paced = functools.partial(publish_paced, system, token, events, rate, first)
-            list(pool.map(paced, range(PUBLISHERS)))
-        last_published = time.time()
-        arrivals, cpu = fleet.collect()
-        exact = [not any(v.values()) for v in fleet.verdicts]
-        complete = [a for a, ok in zip(arrivals, exact, strict=True) if ok]
+        # a saturated service publishes slower than asked: allow for ten times the planned duration
+        run = paced_run(system, target, count, events, rate, seconds * 10 + 15, "rate", wait_ready)
+        exact = [not any(v.values()) for v in run.fleet.verdicts]
+        complete = [a for a, ok in zip(run.arrivals, exact, strict=True) if ok]
         finished = max((a[-1] for a in complete), default=float("nan"))
         step = {
             "system": target.name,
             "streams": count,
             "rate_per_second": rate,
-            "achieved_publish_rate": round(events / (last_published - first), 1),
-            "deliveries_per_second": round(len(complete) * events / (finished - first), 0) if complete else 0,
-            "lag_after_last_publish_ms": round((finished - last_published) * 1000, 1),
+            "achieved_publish_rate": round(events / (run.last_published - run.first_published), 1),
+            "deliveries_per_second": (
+                round(len(complete) * events / (finished - run.first_published), 0) if complete else 0
+            ),
+            "lag_after_last_publish_ms": round((finished - run.last_published) * 1000, 1),
             "incomplete_clients": count - len(complete),
-            "missing": sum(v["missing"] for v in fleet.verdicts),
-            "duplicates": sum(v["duplicates"] for v in fleet.verdicts),
-            "out_of_order": sum(v["out_of_order"] for v in fleet.verdicts),
-            "client_cpu_seconds": round(cpu, 2),
+            **run.exactness(),
+            "client_cpu_seconds": round(run.client_cpu, 2),
         }
         print(json.dumps(step), flush=True)
         steps.append(step)
@@ -139,37 +155,20 @@ def overload(system, target, count: int, rate: float, seconds: float = 4.0) -> d
     stream catches up exactly (every event once, in order) once the rate drops.
     """
     events = max(1, int(rate * seconds))
-    token = f"overload-{uuid.uuid4().hex}"
-    fleet = StreamFleet(
-        target,
-        count,
-        token,
-        expected=events,
-        processes=fleet_processes(count),
-        timeout=seconds * 15 + 30,
-        publishers=PUBLISHERS,
-    )
-    fleet.open()
-    time.sleep(0.5)
-    first = time.time()
-    with ThreadPoolExecutor(PUBLISHERS) as pool:
-        list(pool.map(functools.partial(publish_paced, system, token, events, rate, first), range(PUBLISHERS)))
-    last_published = time.time()
-    arrivals, cpu = fleet.collect()
-    finished = max((a[-1] for a in arrivals if a), default=float("nan"))
+    run = paced_run(system, target, count, events, rate, seconds * 15 + 30, "overload")
+    finished = max((a[-1] for a in run.arrivals if a), default=float("nan"))
+    verdicts = run.fleet.verdicts
     result = {
         "system": target.name,
         "streams": count,
         "rate_per_second": round(rate, 1),
-        "achieved_publish_rate": round(events / (last_published - first), 1),
+        "achieved_publish_rate": round(events / (run.last_published - run.first_published), 1),
         "events": events,
-        "closed_by_server": sum(v["closed_by_server"] for v in fleet.verdicts),
-        "exact_clients": sum(not any(v.values()) for v in fleet.verdicts),
-        "missing": sum(v["missing"] for v in fleet.verdicts),
-        "duplicates": sum(v["duplicates"] for v in fleet.verdicts),
-        "out_of_order": sum(v["out_of_order"] for v in fleet.verdicts),
-        "caught_up_ms_after_last_publish": round((finished - last_published) * 1000, 1),
-        "client_cpu_seconds": round(cpu, 2),
+        "closed_by_server": sum(v["closed_by_server"] for v in verdicts),
+        "exact_clients": sum(not any(v.values()) for v in verdicts),
+        **run.exactness(),
+        "caught_up_ms_after_last_publish": round((finished - run.last_published) * 1000, 1),
+        "client_cpu_seconds": round(run.client_cpu, 2),
     }
     print(json.dumps(result), flush=True)
     return result

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
+import redis
 
 from tests.conftest import TEST_JWT_SECRET, TEST_SECRET_KEY
-from tests.servers import LiveServer
+from tests.servers import LiveServer, RedisClusterServer
 
 FAST = {
     "SSE_HEARTBEAT_SECONDS": "0.5",
@@ -33,6 +34,27 @@ def own_redis_env(directory, **env: str) -> dict:
         **FAST,
         **env,
     }
+
+
+@pytest.fixture(scope="module")
+def own_cluster(tmp_path_factory):
+    """A Redis Cluster of the module's own (3+3), for tests that kill nodes or move slots."""
+    cluster = RedisClusterServer(tmp_path_factory.mktemp("cluster"))
+    cluster.start()
+    for port in cluster.ports:  # a node back after a kill syncs at once (not after Redis's 5 s default)
+        redis.Redis("127.0.0.1", port).config_set("repl-diskless-sync-delay", 0)
+    yield cluster
+    cluster.stop()
+
+
+def start_on_cluster(cluster: RedisClusterServer, tmp_path_factory, workers: int) -> LiveServer:
+    """gunicorn on `cluster` with EVENT_DURABILITY=replicated (the caller stops it)."""
+    env = own_redis_env(
+        tmp_path_factory.mktemp("var"), REDIS_MODE="cluster", REDIS_URL=cluster.url, EVENT_DURABILITY="replicated"
+    )
+    live = LiveServer(env, workers=workers, log_path=tmp_path_factory.mktemp("logs") / "gunicorn.log")
+    live.start()
+    return live
 
 
 @pytest.fixture(scope="module")

@@ -14,26 +14,19 @@ import redis
 from app.events.bus import CONTROL_CHANNEL, Bus, wake_channel
 from app.redis import Keys, connect
 from tests.events.clients import SSE, Api
-from tests.events.conftest import own_redis_env
+from tests.events.conftest import start_on_cluster
 from tests.servers import LiveServer, RedisClusterServer, wait_until
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    server = RedisClusterServer(tmp_path_factory.mktemp("cluster"))
-    server.start()
-    yield server
-    server.stop()
+def cluster(own_cluster):
+    return own_cluster
 
 
 @pytest.fixture(scope="module")
 def live(cluster, tmp_path_factory):
     """One worker (so counts of subscribers are exact), replicated durability."""
-    env = own_redis_env(
-        tmp_path_factory.mktemp("var"), REDIS_MODE="cluster", REDIS_URL=cluster.url, EVENT_DURABILITY="replicated"
-    )
-    server = LiveServer(env, workers=1, log_path=tmp_path_factory.mktemp("logs") / "gunicorn.log")
-    server.start()
+    server = start_on_cluster(cluster, tmp_path_factory, workers=1)
     yield server
     server.stop()
 

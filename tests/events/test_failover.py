@@ -15,35 +15,25 @@ import threading
 import time
 
 import pytest
-import redis
 import requests
 import websocket
 
 from app.redis import Keys
 from tests.events.clients import SSE, Api, open_ws
-from tests.events.conftest import own_redis_env
-from tests.servers import LiveServer, RedisClusterServer, wait_until
+from tests.events.conftest import start_on_cluster
+from tests.servers import wait_until
 
 TRANSPORTS = ("poll", "long_poll", "sse", "websocket")
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    server = RedisClusterServer(tmp_path_factory.mktemp("cluster"))
-    server.start()
-    for port in server.ports:  # a node back after the drill syncs at once (not after Redis's 5 s default)
-        redis.Redis("127.0.0.1", port).config_set("repl-diskless-sync-delay", 0)
-    yield server
-    server.stop()
+def cluster(own_cluster):
+    return own_cluster
 
 
 @pytest.fixture(scope="module")
 def live(cluster, tmp_path_factory):
-    env = own_redis_env(
-        tmp_path_factory.mktemp("var"), REDIS_MODE="cluster", REDIS_URL=cluster.url, EVENT_DURABILITY="replicated"
-    )
-    server = LiveServer(env, workers=2, log_path=tmp_path_factory.mktemp("logs") / "gunicorn.log")
-    server.start()
+    server = start_on_cluster(cluster, tmp_path_factory, workers=2)
     yield server
     server.stop()
 
