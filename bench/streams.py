@@ -155,8 +155,17 @@ class Stream:
                 return data
 
 
-async def open_stream(target: Target) -> Stream:
-    reader, writer = await asyncio.open_connection(target.host, target.port, limit=2**20)
+def source_address(index: int, target: Target) -> tuple[str, int] | None:
+    """A loopback source address of its own for client process `index`.
+
+    One source address has about 28,000 ephemeral ports towards one server port: 40,000 streams need more
+    than one. Every 127.x.y.z is this machine, so each client process connects from its own.
+    """
+    return (f"127.0.1.{index + 1}", 0) if target.host.startswith("127.") else None
+
+
+async def open_stream(target: Target, source: tuple[str, int] | None = None) -> Stream:
+    reader, writer = await asyncio.open_connection(target.host, target.port, limit=2**20, local_addr=source)
     lines = [f"GET {target.path} HTTP/1.1", f"Host: {target.host}:{target.port}"]
     if target.transport == "ws":
         key = base64.b64encode(os.urandom(16)).decode()
@@ -240,7 +249,15 @@ def verdict(seen: list[int], expected: int, publishers: int) -> dict:
 
 
 def _client_process(
-    target: Target, count: int, token: bytes, expected: int, publishers: int, timeout: float, ready, results
+    target: Target,
+    count: int,
+    token: bytes,
+    expected: int,
+    publishers: int,
+    timeout: float,
+    ready,
+    results,
+    source: tuple[str, int] | None = None,
 ) -> None:
     raise_fd_limit()
 
@@ -250,7 +267,7 @@ def _client_process(
 
         async def one():
             async with gate:
-                return await open_stream(target)
+                return await open_stream(target, source)
 
         streams = await asyncio.gather(*(one() for _ in range(count)))
         ready.put((count, time.perf_counter() - started))
@@ -307,8 +324,9 @@ class StreamFleet:
             context.Process(
                 target=_client_process,
                 args=(target, n, self.token, expected, publishers, timeout, self.ready, self.results),
+                kwargs={"source": source_address(index, target)},
             )
-            for n in shares
+            for index, n in enumerate(shares)
         ]
 
     def open(self, timeout: float = 300) -> float:
