@@ -44,8 +44,10 @@ def process_env(*environments: dict, **variables: str) -> dict[str, str]:
 
 
 def free_port() -> int:
+    """A port free on every local address: gunicorn binds 0.0.0.0, which a connection from another
+    loopback address (the load generator's 127.0.1.x) using the port as its source would block."""
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind(("0.0.0.0", 0))
         return sock.getsockname()[1]
 
 
