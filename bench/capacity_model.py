@@ -13,11 +13,8 @@ round-robin over the users' channels (so each event is read by `per_user` stream
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 import itertools
 import json
-import multiprocessing
 import os
 import sys
 import tempfile
@@ -29,7 +26,7 @@ import redis
 import requests
 
 from bench.common import machine, publisher_key, service_env
-from bench.streams import Target, open_stream, raise_fd_limit, read_tags, tag
+from bench.streams import StreamFleet, Target, tag
 from tests.events.clients import Api
 from tests.servers import LiveServer, RedisClusterServer, RedisServer
 
@@ -95,58 +92,6 @@ def redis_delta(before: dict, after: dict) -> dict:
 
 
 # --- the load: streams in client processes, events from a thread pool ----------------------------------
-
-
-def _stream_process(targets: list[Target], token: bytes, expected: int, timeout: float, ready, results) -> None:
-    raise_fd_limit()
-
-    async def main():
-        gate = asyncio.Semaphore(100)
-
-        async def one(target):
-            async with gate:
-                return await open_stream(target)
-
-        connections = await asyncio.gather(*(one(t) for t in targets))
-        ready.put(len(connections))
-        arrivals = [[] for _ in connections]
-        readers = [read_tags(s, token, expected, a, []) for s, a in zip(connections, arrivals, strict=True)]
-        reading = asyncio.gather(*readers)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(reading, timeout)
-        results.put(sum(len(a) for a in arrivals))
-        for stream in connections:
-            stream.writer.close()
-
-    asyncio.run(main())
-
-
-class Streams:
-    """SSE streams opened from two client processes; `received()` counts the token's arrivals in all."""
-
-    def __init__(self, targets: list[Target], token: str, expected: int, timeout: float = 120):
-        context = multiprocessing.get_context("fork")
-        self.ready, self.results = context.Queue(), context.Queue()
-        halves = [targets[0::2], targets[1::2]]
-        self.processes = [
-            context.Process(
-                target=_stream_process, args=(h, token.encode(), expected, timeout, self.ready, self.results)
-            )
-            for h in halves
-            if h
-        ]
-
-    def open(self) -> None:
-        for process in self.processes:
-            process.start()
-        for _ in self.processes:
-            self.ready.get(timeout=300)
-
-    def received(self, timeout: float = 150) -> int:
-        total = sum(self.results.get(timeout=timeout) for _ in self.processes)
-        for process in self.processes:
-            process.join(10)
-        return total
 
 
 def sse_target(base: str, headers: dict) -> Target:
@@ -231,7 +176,7 @@ def _unit_figures(server, client, env, users, per_user, events, rate, idle_secon
     token = f"cap{os.getpid()}x"
     targets = [sse_target(base, user.auth) for base, user in accounts for _ in range(per_user)]
     connections = len(targets)
-    streams = Streams(targets, token, expected=events // users)
+    streams = StreamFleet(targets[0], len(targets), token, expected=events // users, targets=targets)
 
     quiet = (redis_reading([client]), process_cpu(pids))
     time.sleep(idle_seconds)  # no connection: the workers' own background work
@@ -242,7 +187,7 @@ def _unit_figures(server, client, env, users, per_user, events, rate, idle_secon
     time.sleep(idle_seconds)  # heartbeats and lease renewals only
     idle = (redis_reading([client]), process_cpu(pids))
     seconds = publish_round_robin([server.url], key, [u.channel for _, u in accounts], events, rate, token)
-    delivered = streams.received()
+    delivered = sum(len(arrivals) for arrivals in streams.collect()[0])
     published = (redis_reading([client]), process_cpu(pids))
 
     # The same number of events to a channel nobody reads: the cost of publishing alone.
@@ -392,12 +337,12 @@ def _cluster_check(unit, cluster, servers, env, users, per_user, events, rate) -
     key = publisher_key(env)
     token = f"cap{os.getpid()}c"
     targets = [sse_target(base, user.auth) for base, user in accounts for _ in range(per_user)]
-    streams = Streams(targets, token, expected=events // users)
+    streams = StreamFleet(targets[0], len(targets), token, expected=events // users, targets=targets)
     streams.open()
     time.sleep(1)
     before = (redis_reading(primaries), process_cpu(pids))
     seconds = publish_round_robin(bases, key, [u.channel for _, u in accounts], events, rate, token)
-    delivered = streams.received()
+    delivered = sum(len(arrivals) for arrivals in streams.collect()[0])
     after = (redis_reading(primaries), process_cpu(pids))
     measured_redis = redis_delta(before[0], after[0])
     achieved = events / seconds

@@ -448,7 +448,7 @@ def verdict_row(target: str, value: str, passed: bool | None) -> str:
 
 
 def targets(results: dict) -> str:
-    """Issue 17's targets, each with where this run stands and PASS or MISS."""
+    """The fan-out targets, each with where this run stands and PASS or MISS."""
     lines = ["| target | this run | |", "|---|---|---|"]
     sse10k, nchan10k = _row(results, "service sse", 10000), _row(results, "nchan", 10000)
     sse20k, sse40k, ws10k = (

@@ -249,8 +249,7 @@ def verdict(seen: list[int], expected: int, publishers: int) -> dict:
 
 
 def _client_process(
-    target: Target,
-    count: int,
+    targets: list[Target],
     token: bytes,
     expected: int,
     publishers: int,
@@ -265,12 +264,12 @@ def _client_process(
         started = time.perf_counter()
         gate = asyncio.Semaphore(OPEN_CONCURRENCY)
 
-        async def one():
+        async def one(target: Target):
             async with gate:
                 return await open_stream(target, source)
 
-        streams = await asyncio.gather(*(one() for _ in range(count)))
-        ready.put((count, time.perf_counter() - started))
+        streams = await asyncio.gather(*(one(target) for target in targets))
+        ready.put((len(streams), time.perf_counter() - started))
         per_connection = [[] for _ in streams]
         numbers = [[] for _ in streams]
         readers = [
@@ -313,20 +312,23 @@ class StreamFleet:
         processes: int = 2,
         timeout: float = READ_TIMEOUT,
         publishers: int = 1,
+        targets: list[Target] | None = None,
     ):
-        self.target, self.count, self.token, self.expected = target, count, token.encode(), expected
+        """`targets`: one target per stream (e.g. each user's own), instead of `count` streams to `target`."""
+        every = targets if targets is not None else [target] * count
+        self.target, self.count, self.token, self.expected = target, len(every), token.encode(), expected
         self.timeout = timeout
-        self.processes = max(1, min(processes, count))
+        self.processes = max(1, min(processes, self.count))
         context = multiprocessing.get_context("fork")
         self.ready, self.results = context.Queue(), context.Queue()
-        shares = [count // self.processes + (1 if i < count % self.processes else 0) for i in range(self.processes)]
+        shares = [every[i :: self.processes] for i in range(self.processes)]
         self.workers = [
             context.Process(
                 target=_client_process,
-                args=(target, n, self.token, expected, publishers, timeout, self.ready, self.results),
-                kwargs={"source": source_address(index, target)},
+                args=(share, self.token, expected, publishers, timeout, self.ready, self.results),
+                kwargs={"source": source_address(index, share[0])},
             )
-            for index, n in enumerate(shares)
+            for index, share in enumerate(shares)
         ]
 
     def open(self, timeout: float = 300) -> float:
