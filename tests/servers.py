@@ -144,8 +144,7 @@ class RedisClusterServer:
             capture_output=True,
             timeout=60,
         )
-        wait_until(self.ready, timeout=30, message="redis cluster")
-        wait_until(self.replicas_in_sync, timeout=30, message="redis cluster replicas")
+        wait_until(self.whole, timeout=30, message="redis cluster with its replicas")
 
     def start_node(self, port: int) -> None:
         """Start (or restart, keeping its nodes.conf) the node on this port."""
@@ -155,7 +154,8 @@ class RedisClusterServer:
             ["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", ""]
             + ["--appendonly", "no", "--dir", str(node_dir), "--cluster-enabled", "yes"]
             + ["--cluster-config-file", "nodes.conf", "--cluster-node-timeout", str(self.node_timeout)]
-            + ["--cluster-replica-validity-factor", "0"],
+            + ["--cluster-replica-validity-factor", "0"]
+            + ["--repl-diskless-sync-delay", "0"],  # a node back after a kill syncs at once, not after 5 s
             stdout=subprocess.DEVNULL,
         )
         wait_until(lambda: redis.Redis("127.0.0.1", port).ping(), message=f"redis node {port}")
@@ -177,6 +177,24 @@ class RedisClusterServer:
             if info["role"] == "slave" and info.get("master_link_status") != "up":
                 return False
         return True
+
+    def whole(self) -> bool:
+        """Ready, and every primary serving slots has all its replicas online and in sync.
+
+        A restarted primary reports itself as a primary until it learns of its failover, and a node that was
+        slow to answer may have been failed over: `replicas_in_sync` alone does not see either."""
+        if not self.ready() or not self.replicas_in_sync():
+            return False
+        for port in self.primaries():
+            info = redis.Redis("127.0.0.1", port, decode_responses=True).info("replication")
+            online = [info.get(f"slave{n}", {}) for n in range(int(info["connected_slaves"]))]
+            if len([r for r in online if r.get("state") == "online"]) < self.replicas_each:
+                return False
+        return True
+
+    def replica_of(self, primary: int) -> int:
+        """The port of a replica of the primary on `primary` (wait for `whole` first)."""
+        return int(redis.Redis("127.0.0.1", primary, decode_responses=True).info("replication")["slave0"]["port"])
 
     def ready(self) -> bool:
         """Every slot served and every node agreeing that the cluster is ok."""

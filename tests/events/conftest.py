@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import redis
 
 from tests.conftest import TEST_JWT_SECRET, TEST_SECRET_KEY
 from tests.servers import LiveServer, RedisClusterServer
@@ -41,8 +40,6 @@ def own_cluster(tmp_path_factory):
     """A Redis Cluster of the module's own (3+3), for tests that kill nodes or move slots."""
     cluster = RedisClusterServer(tmp_path_factory.mktemp("cluster"))
     cluster.start()
-    for port in cluster.ports:  # a node back after a kill syncs at once (not after Redis's 5 s default)
-        redis.Redis("127.0.0.1", port).config_set("repl-diskless-sync-delay", 0)
     yield cluster
     cluster.stop()
 

@@ -107,9 +107,8 @@ def test_each_channel_is_subscribed_on_the_primary_of_its_slot_and_left_after_it
             stream.close()
 
 
-def replica_of(primary: int) -> redis.Redis:
-    """A connection to the primary's replica that may read its keys (READONLY)."""
-    port = int(node(primary).info("replication")["slave0"]["port"])
+def reading_replica(port: int) -> redis.Redis:
+    """A connection to a replica that may read its keys (READONLY)."""
     replica = redis.Redis("127.0.0.1", port, decode_responses=True, single_connection_client=True)
     replica.execute_command("READONLY")
     return replica
@@ -117,8 +116,9 @@ def replica_of(primary: int) -> redis.Redis:
 
 def test_replicated_publications_wait_for_the_primarys_replica(cluster, live):
     user = Api(live.url)
+    wait_until(cluster.whole, timeout=30, message="every primary with its replica")
     primary = cluster.primary_of(Keys.stream(user.channel))
-    replica = replica_of(primary)
+    replica = reading_replica(cluster.replica_of(primary))
     event_id = user.publish_ok({"n": 1})
     # Answered only once the replica had it: no waiting here.
     assert [entry for entry, _ in replica.xrange(Keys.stream(user.channel))] == [event_id]
@@ -133,8 +133,7 @@ def test_replicated_publications_wait_for_the_primarys_replica(cluster, live):
         os.kill(replica_pid, signal.SIGCONT)
     assert refused.status_code == 503 and refused.json()["error"]["code"] == "unavailable"
     assert 0.9 < waited < 5
-    wait_until(cluster.replicas_in_sync, message="replica back")
-    wait_until(cluster.ready, message="cluster ok")
+    wait_until(cluster.whole, timeout=30, message="replica back")
     assert user.publish({"n": 3}).status_code == 201
 
 

@@ -158,6 +158,7 @@ def test_with_replicated_durability_feed_and_dispatch_wait_for_a_replica(direct,
     a replica has them. With the replica of their node stopped, both steps fail (and are repeated later,
     making nothing twice); with it back, both succeed."""
     cluster = outgoing_redis.server
+    wait_until(cluster.whole, timeout=30, message="every primary with its replica")
     primary = cluster.primary_of(Keys.outgoing_feed())
     endpoint_id = None
     while endpoint_id is None:  # an endpoint whose keys live on the feed's node: one replica to stop
@@ -170,7 +171,7 @@ def test_with_replicated_durability_feed_and_dispatch_wait_for_a_replica(direct,
     store = OutgoingStore(direct.client, direct.store.settings, replicated=True)
     event = Event("1-1", "replicated", "order.paid", "{}", "t")
     item = (event.id, event.channel, event.event, event.as_json())
-    replica = int(redis.Redis("127.0.0.1", primary, decode_responses=True).info("replication")["slave0"]["port"])
+    replica = cluster.replica_of(primary)
     cluster.kill_node(replica)
     try:
         with pytest.raises(NotReplicated):
@@ -180,7 +181,7 @@ def test_with_replicated_durability_feed_and_dispatch_wait_for_a_replica(direct,
         assert feed_events(direct.client, [event]) == 1  # the same steps, not waiting, succeed
     finally:
         cluster.start_node(replica)
-    wait_until(lambda: cluster.ready() and cluster.replicas_in_sync(), timeout=30, message="replica back")
+    wait_until(cluster.whole, timeout=30, message="replica back")
     assert feed_events(direct.client, [event], replicated=True) == 1
     assert store.dispatch({endpoint_id: [item]}, []) == 0  # made by the failed attempt already: not twice
     (received,) = direct.receiver.wait_for(path, 1)
@@ -193,6 +194,7 @@ def test_a_failover_of_the_primary_holding_a_queue_mid_delivery_loses_no_replica
     the primary with attempts in flight: the queue, its consumer group's pending entries and the messages
     survive on the promoted replica, and every message is delivered once the cluster is whole again."""
     cluster = outgoing_redis.server
+    wait_until(cluster.whole, timeout=30, message="every primary with its replica")
     orders = channel()
     path = f"/cl-failover/{orders}"
     endpoint_id, secret = direct.endpoint(path, [orders], hang=True)
@@ -217,4 +219,4 @@ def test_a_failover_of_the_primary_holding_a_queue_mid_delivery_loses_no_replica
     wait_until(lambda: direct.statuses(endpoint_id) == ["delivered"] * 4, timeout=30, message="recorded")
     print(f"failover: every message delivered {recovered:.1f} s after the primary was killed")
     cluster.start_node(primary)  # back as a replica: the cluster is whole for whatever runs next
-    wait_until(lambda: cluster.ready() and cluster.replicas_in_sync(), timeout=30, message="cluster whole")
+    wait_until(cluster.whole, timeout=30, message="cluster whole")
