@@ -74,7 +74,7 @@ def publishing_session() -> requests.Session:
 class Service:
     """The service with WEB_CONCURRENCY workers, and nginx in front of it."""
 
-    def __init__(self, redis_server: RedisServer, workers: int = 2):
+    def __init__(self, redis_server: RedisServer, workers: int = 2, extra_env: dict | None = None):
         self.redis = redis_server
         self.directory = Path(tempfile.mkdtemp(prefix="bench-service-"))
         env = {
@@ -86,6 +86,7 @@ class Service:
             # Load generators open thousands of streams as a handful of users.
             "MAX_CONNECTIONS_PER_USER": "1000000",
             **SECRET_ENV,
+            **(extra_env or {}),
         }
         self.app = LiveServer(env, workers=workers, log_path=self.directory / "app.log")
         self.nginx = NginxServer(self.directory / "nginx", [f"127.0.0.1:{self.app.port}"])
@@ -141,7 +142,7 @@ class FlaskSse:
 
     name = "flask-sse"
 
-    def __init__(self, redis_server: RedisServer, workers: int = 2):
+    def __init__(self, redis_server: RedisServer, workers: int = 2, extra_env: dict | None = None):
         self.redis = redis_server
         self.port = free_port()
         self.workers = workers

@@ -25,7 +25,7 @@ from ..errors import ApiError, bad_request, validation_failed
 from ..metrics import EVENTS_PUBLISHED
 from ..outgoing.feed import feed_events
 from ..redis import Keys, is_cluster
-from .cursor import LAST_POSSIBLE_ID, is_after
+from .cursor import LAST_POSSIBLE_ID, is_after, parse_id
 
 CONTROL_CHANNEL = "control"
 BROADCAST = "broadcast"
@@ -98,6 +98,21 @@ class Event:
     data: str  # the JSON text, kept encoded: it is written to clients as it is
     ts: str
     _json: str | None = field(default=None, repr=False, compare=False)
+    _sse_tail: bytes | None = field(default=None, repr=False, compare=False)
+    _order: tuple[int, int] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def order(self) -> tuple[int, int]:
+        """The id as numbers, for comparing with a reader's position (parsed once per event)."""
+        if self._order is None:
+            self._order = parse_id(self.id)
+        return self._order
+
+    def sse_tail(self) -> bytes:
+        """The SSE message after its `id:` line (`event:`, `data:`, blank line), made once per event."""
+        if self._sse_tail is None:
+            self._sse_tail = f"event: {self.event}\ndata: {self.as_json()}\n\n".encode()
+        return self._sse_tail
 
     def as_json(self, cursor: str | None = None, **extra) -> str:
         """`E` (docs/api.md) as JSON text, splicing in the stored data without decoding it.

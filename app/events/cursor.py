@@ -41,6 +41,23 @@ def encode_cursor(positions: dict[str, str]) -> str:
     return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
 
 
+class CursorWriter:
+    """`encode_cursor` for one reader's channels, prepared once: a live reader's cursor is made again for
+    every event it receives, and the JSON encoder is most of the cost of making it."""
+
+    __slots__ = ("channels", "template")
+
+    def __init__(self, channels: list[str]):
+        self.channels = sorted(set(channels))
+        keys = [json.dumps(channel).replace("{", "{{").replace("}", "}}") for channel in self.channels]
+        self.template = "{{" + ",".join(f'{key}:"{{}}"' for key in keys) + "}}"
+
+    def __call__(self, positions: dict[str, str]) -> str:
+        """The cursor for `positions`: a stream id (which JSON needs no escape for) for each channel."""
+        raw = self.template.format(*map(positions.__getitem__, self.channels))
+        return base64.urlsafe_b64encode(raw.encode()).rstrip(b"=").decode()
+
+
 def decode_cursor(cursor: str, channels: list[str]) -> dict[str, str]:
     """Positions for `channels` from a cursor (400 if malformed); a channel it lacks starts at 0-0.
 

@@ -8,25 +8,24 @@ any whose id is not after the position already delivered for its channel.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from .bus import Bus, Event, channels_for, reset_event
-from .cursor import decode_cursor, encode_cursor, is_after, parse_id
+from .cursor import CursorWriter, decode_cursor, parse_id
 from .hub import RESYNC, Hub
 from .leases import ConnectionLeases
 
 
 class StreamEnded(Exception):
-    """The connection must end: `reason` is token_expired, session_ended, overflow or shutdown."""
+    """The connection must end: `reason` is token_expired, session_ended, overflow, shutdown or gone."""
 
     def __init__(self, reason: str):
         super().__init__(reason)
         self.reason = reason
 
 
-@dataclass(frozen=True)
-class Delivery:
-    """An event and the cursor just after it."""
+class Delivery(NamedTuple):
+    """An event and the cursor just after it (a tuple: one is made per reader per event)."""
 
     event: Event
     cursor: str  # the position just after this event: resuming from it yields the next one
@@ -54,15 +53,16 @@ class Follower:
         self.hub = hub
         self.caller = caller
         self.channels = channels_for(caller.user_id, caller.is_admin)
+        self.write_cursor = CursorWriter(self.channels)
         self.leases, self.lease, self.subscription = leases, lease, None
         if cursor:  # validate before subscribing: a malformed cursor is a plain 400
-            self.positions = decode_cursor(cursor, self.channels)
+            self.start_at(decode_cursor(cursor, self.channels))
         try:
             if leases is not None:
                 self.lease = lease or leases.acquire(caller.user_id)  # 429 when the user has too many
                 self.subscription = hub.subscribe(self.channels, caller.user_id, caller.session_id, queue_size)
             if not cursor:
-                self.positions = bus.present(self.channels)
+                self.start_at(bus.present(self.channels))
             self.pending: list[Delivery] = []
             if cursor:
                 for channel in bus.trimmed_past(self.positions):
@@ -72,10 +72,15 @@ class Follower:
             self.close()
             raise
 
+    def start_at(self, positions: dict[str, str]) -> None:
+        """The position of each channel: a stream id, and the same as numbers for comparing."""
+        self.positions = positions
+        self.after = {channel: parse_id(position) for channel, position in positions.items()}
+
     @property
     def cursor(self) -> str:
         """The cursor just after everything delivered so far."""
-        return encode_cursor(self.positions)
+        return self.write_cursor(self.positions)
 
     def close(self) -> None:
         """Stop following: unsubscribe and give the connection's lease back (idempotent)."""
@@ -97,14 +102,20 @@ class Follower:
         taken, self.pending = (self.pending, []) if limit is None else (self.pending[:limit], self.pending[limit:])
         return taken
 
-    def wait(self, timeout: float) -> list[Delivery]:
-        """Deliveries, waiting up to `timeout` s (less if the access token expires first); [] on time-out."""
+    def wait(self, timeout: float, outlet=None) -> list[Delivery]:
+        """Deliveries, waiting up to `timeout` s (less if the access token expires first); [] on time-out.
+
+        With an `outlet` (outlet.py), events arriving while waiting are written by the hub through it;
+        what it could not write is finished here first, before anything else reaches the client.
+        """
         if self.pending:
             return self.take_ready()
         remaining = self.caller.expires_at - time.time()
         if remaining <= 0:
             raise StreamEnded("token_expired")
-        items = self.subscription.take(min(timeout, remaining))
+        items = self.subscription.take(min(timeout, remaining), outlet)
+        if outlet is not None:
+            outlet.finish()
         if self.subscription.ended:
             raise StreamEnded(self.subscription.ended)
         for item in items:
@@ -118,10 +129,18 @@ class Follower:
             raise StreamEnded("token_expired")
         return self.take_ready()
 
+    def accept(self, event: Event) -> Delivery | None:
+        """Move past a live event and return its delivery; None if it is not after the position (seen)."""
+        after = self.after.get(event.channel)
+        if after is None or event.order <= after:
+            return None
+        self.after[event.channel], self.positions[event.channel] = event.order, event.id
+        return Delivery(event, self.write_cursor(self.positions))
+
     def _accept(self, event: Event) -> None:
-        if event.channel in self.positions and is_after(event.id, self.positions[event.channel]):
-            self.positions[event.channel] = event.id
-            self.pending.append(Delivery(event, self.cursor))
+        delivery = self.accept(event)
+        if delivery is not None:
+            self.pending.append(delivery)
 
     def _catch_up(self) -> None:
         while True:

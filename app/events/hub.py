@@ -45,9 +45,14 @@ CONFIRM_TIMEOUT = 5.0  # seconds a reader waits for Redis to confirm its channel
 
 
 class Subscription:
-    """One live connection's inbox: a bounded queue of events, plus why it must end (if it must)."""
+    """One live connection's inbox: a bounded queue of events, plus why it must end (if it must).
 
-    __slots__ = ("channels", "user_id", "session_id", "maxsize", "items", "ready", "ended", "__weakref__")
+    While its reader is parked with nothing queued, the reader may lend an `outlet` (outlet.py): events
+    are then written to the client at once, in the hub's greenlet, and the reader is woken only when the
+    outlet stalls (its socket would block, or the client left).
+    """
+
+    __slots__ = ("channels", "user_id", "session_id", "maxsize", "items", "ready", "ended", "outlet", "__weakref__")
 
     def __init__(self, channels: list[str], user_id: str, session_id: str, maxsize: int):
         self.channels = channels
@@ -56,10 +61,20 @@ class Subscription:
         self.maxsize = maxsize
         self.items: deque = deque()
         self.ready = gevent.event.Event()
-        self.ended: str | None = None  # session_ended | overflow | shutdown
+        self.ended: str | None = None  # session_ended | overflow | shutdown | gone
+        self.outlet = None
 
     def offer(self, item) -> None:
-        """Queue an event (or a resync); past the bound the connection ends as overflowed."""
+        """Deliver an event through the outlet, or queue it (or a resync); past the bound the connection ends."""
+        outlet = self.outlet
+        if outlet is not None:
+            if item is not RESYNC and outlet.write(item):
+                if not outlet.stalled:
+                    return
+                self.outlet = None  # the reader finishes the write, then queued items follow it
+                self.ready.set()
+                return
+            self.outlet = None
         if len(self.items) >= self.maxsize:
             self.end("overflow")
             return
@@ -70,12 +85,20 @@ class Subscription:
         """Mark the connection to end, with the reason, and wake its reader."""
         if self.ended is None:
             self.ended = reason
+        self.outlet = None
         self.ready.set()
 
-    def take(self, timeout: float | None) -> list:
-        """Everything queued, waiting up to `timeout` seconds for something (or for an end)."""
+    def take(self, timeout: float | None, outlet=None) -> list:
+        """Everything queued, waiting up to `timeout` seconds for something (or for an end).
+
+        With an `outlet`, events that arrive meanwhile are written through it instead of queued.
+        """
         if not self.items and self.ended is None:
-            self.ready.wait(timeout)
+            self.outlet = outlet
+            try:
+                self.ready.wait(timeout)
+            finally:
+                self.outlet = None
         self.ready.clear()
         taken = list(self.items)
         self.items.clear()
@@ -262,7 +285,11 @@ class Hub:
             return
         event = Event.from_wire(data)
         for subscription in list(self.by_channel.get(event.channel, ())):
-            subscription.offer(event)
+            try:
+                subscription.offer(event)
+            except Exception:  # one reader's failure must not keep the event from the others
+                log.exception("event hub: delivery to one connection failed")
+                subscription.end("gone")
 
     def resync(self, names: list[str]) -> None:
         """Readers of these Redis channels may have missed messages: they read again from the streams."""

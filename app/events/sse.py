@@ -13,7 +13,8 @@ from ..errors import REDIS_UNAVAILABLE
 from ..http import validated_query
 from ..metrics import EVENTS_DELIVERED, OPEN_CONNECTIONS
 from ..openapi import operation
-from .follow import StreamEnded
+from .follow import Delivery, Follower, StreamEnded
+from .outlet import Outlet, Tally, plain_socket, send_within
 from .schemas import StreamPosition
 from .views import bp, follower_for_request
 
@@ -21,6 +22,7 @@ log = logging.getLogger(__name__)
 
 RETRY_MILLISECONDS = 2000
 DELIVERED = EVENTS_DELIVERED.labels("sse")
+DELIVERED_BY_HUB = Tally(DELIVERED)
 
 
 def sse_frame(data: str, event: str | None = None, id: str | None = None) -> str:
@@ -41,6 +43,24 @@ def sse_frame(data: str, event: str | None = None, id: str | None = None) -> str
     return "\n".join(lines) + "\n\n"
 
 
+def message_bytes(delivery: Delivery) -> bytes:
+    """One event's SSE message: the reader's cursor as its id, then the event's shared encoding."""
+    return b"id: " + delivery.cursor.encode() + b"\n" + delivery.event.sse_tail()
+
+
+def sse_outlet(follower: Follower, sock, chunked: bool, send_timeout: float) -> Outlet:
+    """An outlet writing SSE messages straight to the response's socket, in the WSGI server's framing."""
+
+    def frame(delivery: Delivery) -> bytes:
+        message = message_bytes(delivery)
+        return b"%x\r\n%b\r\n" % (len(message), message) if chunked else message
+
+    def finish_rest(rest: bytes) -> None:
+        send_within(sock, rest, time.monotonic() + send_timeout)
+
+    return Outlet(follower, sock, frame, DELIVERED_BY_HUB, finish_rest)
+
+
 @bp.get("/events/stream")
 @operation(
     "Server-sent events: every event after the cursor (or Last-Event-ID), then live",
@@ -57,27 +77,34 @@ def stream():
     cursor = request.headers.get("Last-Event-ID") or validated_query(StreamPosition).cursor or None
     # 400 for a bad cursor and 429 past the user's connection cap, both before streaming.
     follower = follower_for_request(live=True, cursor=cursor)
-    heartbeat = current_app.config["SETTINGS"].sse_heartbeat_seconds
+    settings = current_app.config["SETTINGS"]
+    heartbeat = settings.sse_heartbeat_seconds
+    # Under gunicorn, the hub may write events to the response's socket itself (outlet.py), framed as
+    # gunicorn frames the body: chunked, unless the client speaks HTTP/1.0. A HEAD has no body at all.
+    sock = plain_socket(request.environ.get("gunicorn.socket")) if request.method == "GET" else None
+    chunked = request.environ.get("SERVER_PROTOCOL") != "HTTP/1.0"
 
     def generate():
         OPEN_CONNECTIONS.labels("sse").inc()
         try:
             yield f"retry: {RETRY_MILLISECONDS}\n: stream open\n\n"
+            outlet = sse_outlet(follower, sock, chunked, settings.ws_send_timeout) if sock is not None else None
             deliveries, last_write = follower.take_ready(), time.monotonic()
             while True:
                 if deliveries:
-                    yield "".join(sse_frame(d.event.as_json(), d.event.event, d.cursor) for d in deliveries)
+                    yield b"".join(message_bytes(d) for d in deliveries)
                     DELIVERED.inc(len(deliveries))
                     last_write = time.monotonic()
-                elif time.monotonic() - last_write >= heartbeat:
+                elif time.monotonic() - max(last_write, outlet.wrote_at if outlet else 0) >= heartbeat:
                     yield ": ping\n\n"  # heartbeat: keeps proxies from closing an idle stream
                     last_write = time.monotonic()
+                quiet = time.monotonic() - max(last_write, outlet.wrote_at if outlet else 0)
                 try:
-                    deliveries = follower.wait(max(0.0, heartbeat - (time.monotonic() - last_write)))
+                    deliveries = follower.wait(max(0.0, heartbeat - quiet), outlet)
                 except StreamEnded as ended:
                     if ended.reason in ("session_ended", "token_expired"):
                         yield sse_frame(json.dumps({"reason": ended.reason}), "session_ended")
-                    return  # shutdown or overflow: the client reconnects with Last-Event-ID
+                    return  # shutdown, overflow or gone: the client reconnects with Last-Event-ID
                 except REDIS_UNAVAILABLE as error:  # e.g. catching up during a failover
                     log.warning("sse stream ended: redis unavailable (%s)", type(error).__name__)
                     return  # the client reconnects with Last-Event-ID

@@ -28,7 +28,8 @@ from ..metrics import EVENTS_DELIVERED, OPEN_CONNECTIONS
 from ..openapi import operation
 from .bus import channels_for, user_channel
 from .cursor import decode_cursor
-from .follow import Follower, StreamEnded
+from .follow import Delivery, Follower, StreamEnded
+from .outlet import FellBehind, Outlet, Tally, plain_socket, send_within
 from .schemas import StreamPosition
 from .views import bp, follower_for_request, get_leases
 
@@ -39,12 +40,14 @@ CLOSE_NORMAL, CLOSE_GOING_AWAY, CLOSE_POLICY, CLOSE_TOO_BIG = 1000, 1001, 1008, 
 CLOSE_INTERNAL_ERROR, CLOSE_TRY_AGAIN = 1011, 1013
 MESSAGE_LIMIT = 64 * 1024
 DELIVERED = EVENTS_DELIVERED.labels("websocket")
+DELIVERED_BY_HUB = Tally(DELIVERED)
 PING_INTERVAL = 25
 CLOSE_REASONS = {
     "token_expired": (CLOSE_POLICY, "token expired"),
     "session_ended": (CLOSE_POLICY, "session ended"),
     "shutdown": (CLOSE_GOING_AWAY, "server shutting down"),
     "overflow": (CLOSE_TRY_AGAIN, "client fell behind; reconnect with your cursor"),
+    "gone": (CLOSE_NORMAL, ""),
 }
 
 
@@ -54,12 +57,6 @@ def log_failure(what: str, error: Exception) -> None:
         log.warning("%s: redis unavailable (%s)", what, type(error).__name__)
     else:
         log.exception(what)
-
-
-class FellBehind(Exception):
-    """A client that could not take an event frame within the send time-out."""
-
-    pass
 
 
 class FrameWriter:
@@ -76,34 +73,27 @@ class FrameWriter:
         self.send_timeout = send_timeout
         self.lock = gevent.lock.RLock()
         self.unsent = b""
+        self.outlet: Outlet | None = None  # the hub's writer of events: its half-written frame goes first
 
     def __getattr__(self, name):  # recv, fileno, close, ... go straight to the socket
         return getattr(self.raw, name)
 
     def send(self, data: bytes) -> int:
-        """simple-websocket's own frames (pong, ping, close)."""
+        """simple-websocket's own frames (pong, ping, close), after the rest of a frame the hub began."""
         with self.lock:
-            self.raw.sendall(data)
+            rest = b""
+            if self.outlet is not None:
+                rest, self.outlet.unsent = self.outlet.unsent, b""
+            self.raw.sendall(rest + data)
         return len(data)
 
     def send_with_deadline(self, data: bytes) -> None:
-        # Wait for writability rather than setting a socket time-out: the reader greenlet is in recv()
-        # on the same socket, and a time-out there would end the connection.
         """Write one frame whole, waiting for the socket no longer than the send time-out."""
         with self.lock:
-            view, deadline = memoryview(data), time.monotonic() + self.send_timeout
             try:
-                while view:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        raise FellBehind()
-                    try:
-                        gevent.socket.wait_write(self.raw.fileno(), timeout=remaining)
-                    except TimeoutError:
-                        raise FellBehind() from None
-                    view = view[self.raw.send(view) :]
-            except FellBehind:
-                self.unsent = bytes(view)
+                send_within(self.raw, data, time.monotonic() + self.send_timeout)
+            except FellBehind as behind:
+                self.unsent = behind.args[0]
                 raise
 
     def finish_and_close(self, close_frame: bytes, grace: float) -> None:
@@ -237,12 +227,13 @@ class Connection:
         """Forward events to the client until the stream must end; then close with the matching code."""
         try:
             self.send(json.dumps({"type": "welcome", "cursor": self.follower.cursor, "user": self.caller.user}))
+            outlet = self.outlet()
             deliveries = self.follower.take_ready()
             while True:
                 for delivery in deliveries:
-                    self.send(delivery.event.as_json(delivery.cursor, type="event"))
+                    self.send(event_message(delivery))
                 DELIVERED.inc(len(deliveries))
-                deliveries = self.follower.wait(PING_INTERVAL)
+                deliveries = self.follower.wait(PING_INTERVAL, outlet)
         except StreamEnded as ended:
             self.close(*CLOSE_REASONS[ended.reason])
         except FellBehind:
@@ -252,6 +243,28 @@ class Connection:
         except Exception as error:  # e.g. Redis failing mid-catch-up: the client reconnects and resumes by cursor
             log_failure("websocket pump failed", error)
             self.close(CLOSE_INTERNAL_ERROR, "internal error; reconnect with your cursor")
+
+    def outlet(self) -> Outlet | None:
+        """The hub's way to write this connection's events while the pump is parked (none over TLS)."""
+        writer = self.socket.writer
+        if plain_socket(writer.raw) is None:
+            return None
+
+        def frame(delivery: Delivery) -> bytes:
+            try:
+                return self.socket.text_frame(event_message(delivery))
+            except LocalProtocolError as error:  # the connection is closing: nothing more may be sent
+                raise ConnectionResetError() from error
+
+        writer.outlet = Outlet(
+            self.follower,
+            writer.raw,
+            frame,
+            DELIVERED_BY_HUB,
+            writer.send_with_deadline,
+            busy=writer.lock.locked,
+        )
+        return writer.outlet
 
     def send(self, message: str) -> None:
         """One event frame, written whole within the send time-out (else FellBehind)."""
@@ -268,6 +281,11 @@ class Connection:
                 frame = b""
             self.socket.writer.finish_and_close(frame, grace=self.send_timeout)
         self.socket.wake_receiver()
+
+
+def event_message(delivery: Delivery) -> str:
+    """An event frame's text: E with its type and the cursor after it."""
+    return delivery.event.as_json(delivery.cursor, type="event")
 
 
 def handle_client_message(bus, caller, message) -> dict | None:

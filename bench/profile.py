@@ -1,0 +1,127 @@
+"""Where the service's workers spend their CPU while they broadcast to many open streams.
+
+Run: .venv/bin/python -m bench.profile [--streams 10000] [--transport sse|ws] [--events 20]
+
+It starts the service (two workers) with a statistical profiler in each worker: every 4 ms of the
+process's CPU time (ITIMER_PROF) it records the Python stack that was running. It opens the streams,
+publishes `--events` broadcasts half a second apart, and prints the functions that used the CPU, by
+their own time and with what they called. Samples taken while the worker waits in its event loop are
+not counted (the timer counts CPU time only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import json
+import os
+import signal
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+SAMPLE_SECONDS = 0.004
+OUT_VARIABLE = "BENCH_PROFILE_DIR"
+
+
+class Sampler:
+    """Counts the stacks that SIGPROF interrupts; writes them out as JSON every second, and forgets
+    what it counted when the driver writes a new `generation` into its directory."""
+
+    def __init__(self, directory: str):
+        self.path = Path(directory) / f"worker-{os.getpid()}.json"
+        self.stacks: collections.Counter = collections.Counter()
+        self.written = time.monotonic()
+        self.generation = ""
+
+    def start(self) -> None:
+        signal.signal(signal.SIGPROF, self.sample)
+        signal.setitimer(signal.ITIMER_PROF, SAMPLE_SECONDS, SAMPLE_SECONDS)
+
+    def sample(self, _signum, frame) -> None:
+        stack = []
+        while frame is not None:
+            code = frame.f_code
+            stack.append(f"{Path(code.co_filename).name}:{code.co_name}")
+            frame = frame.f_back
+        self.stacks[";".join(reversed(stack))] += 1
+        if time.monotonic() - self.written > 1:
+            self.written = time.monotonic()
+            with contextlib.suppress(OSError):
+                generation = (self.path.parent / "generation").read_text()
+                if generation != self.generation:  # counted before the driver's last reset: forget it
+                    self.stacks.clear()
+                    self.generation = generation
+                self.path.write_text(json.dumps(dict(self.stacks)))
+
+
+def start_in_workers() -> None:
+    """Called from the sitecustomize this module writes: profile every process forked from now on."""
+    directory = os.environ.get(OUT_VARIABLE)
+    if directory:
+        os.register_at_fork(after_in_child=lambda: Sampler(directory).start())
+
+
+def report(directory: Path, top: int = 30) -> str:
+    own, within = collections.Counter(), collections.Counter()
+    total = 0
+    for path in directory.glob("worker-*.json"):
+        for stack, count in json.loads(path.read_text()).items():
+            frames = stack.split(";")
+            total += count
+            own[frames[-1]] += count
+            for name in set(frames):
+                within[name] += count
+    lines = [f"{total} samples of {SAMPLE_SECONDS * 1000:.0f} ms CPU", "", "own time:"]
+    lines += [f"{count / total:6.1%}  {name}" for name, count in own.most_common(top)]
+    lines += ["", "with what it called:"]
+    lines += [f"{count / total:6.1%}  {name}" for name, count in within.most_common(top + 20)]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    from bench.run import fleet_processes
+    from bench.streams import StreamFleet, tag
+    from bench.targets import Service, shared_redis
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--streams", type=int, default=10000)
+    parser.add_argument("--transport", choices=("sse", "ws"), default="sse")
+    parser.add_argument("--events", type=int, default=20)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        hook = Path(tmp) / "hook"
+        hook.mkdir()
+        (hook / "sitecustomize.py").write_text("import bench.profile\nbench.profile.start_in_workers()\n")
+        out = Path(tmp) / "samples"
+        out.mkdir()
+        (out / "generation").write_text("opening")
+        root = Path(__file__).resolve().parent.parent
+        env = {OUT_VARIABLE: str(out), "PYTHONPATH": f"{hook}{os.pathsep}{root}"}
+        with shared_redis() as redis_server, Service(redis_server, extra_env=env) as service:
+            token = f"profile-{uuid.uuid4().hex}"
+            fleet = StreamFleet(
+                service.target(args.transport),
+                args.streams,
+                token,
+                expected=args.events,
+                processes=fleet_processes(args.streams),
+                timeout=120,
+            )
+            fleet.open()
+            (out / "generation").write_text("broadcasts")  # what opening the streams cost is not measured
+            for n in range(args.events):
+                service.publish(tag(token, n))
+                time.sleep(0.5)
+            fleet.collect()
+            time.sleep(1.5)  # a last write of the samples
+            missing = sum(v["missing"] for v in fleet.verdicts)
+            print(f"{args.streams} {args.transport} streams, {args.events} broadcasts, {missing} deliveries missing")
+            print(report(out))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,187 @@
+"""The outlet (app/events/outlet.py): the hub writes a parked reader's events to its socket itself, and
+wakes the reader's greenlet only when the socket would block, the client left, or the reader is needed.
+
+Over a real socket pair, with gevent's own sockets and greenlets, and the hub's Subscription; the reader's
+position is a small stand-in for the Follower (whose own rules test_guarantees.py proves end to end).
+"""
+
+from __future__ import annotations
+
+import time
+
+import gevent
+import gevent.lock
+import gevent.socket
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from app.events.bus import Event, channels_for
+from app.events.cursor import CursorWriter, decode_cursor, encode_cursor
+from app.events.follow import Delivery, StreamEnded
+from app.events.hub import RESYNC, Subscription
+from app.events.outlet import FellBehind, Outlet, plain_socket, send_within
+from tests.fuzzing import bounded
+
+
+class Positions:
+    """What the outlet needs of a Follower: accept an event once, in order, with the cursor after it."""
+
+    def __init__(self):
+        self.last = 0
+
+    def accept(self, event: Event) -> Delivery | None:
+        number = int(event.id.split("-")[0])
+        if number <= self.last:
+            return None
+        self.last = number
+        return Delivery(event, f"c{number}")
+
+
+class Count:
+    def __init__(self):
+        self.value = 0
+
+    def inc(self, by: int = 1) -> None:
+        self.value += by
+
+
+def event(n: int, size: int = 10) -> Event:
+    return Event(f"{n}-0", "broadcast", "tick", '"' + "x" * size + '"', "t")
+
+
+def frame(delivery: Delivery) -> bytes:
+    return f"[{delivery.cursor}]".encode() + delivery.event.data.encode()
+
+
+@pytest.fixture
+def pair():
+    server, client = gevent.socket.socketpair()
+    yield server, client
+    server.close()
+    client.close()
+
+
+def outlet_on(server, send_timeout: float = 2.0, busy=None) -> tuple[Outlet, Count]:
+    delivered = Count()
+
+    def finish_rest(rest: bytes) -> None:
+        send_within(server, rest, time.monotonic() + send_timeout)
+
+    return Outlet(Positions(), server, frame, delivered, finish_rest, busy), delivered
+
+
+def read_exactly(client, count: int) -> bytes:
+    data = b""
+    with gevent.Timeout(5):
+        while len(data) < count:
+            data += client.recv(count - len(data))
+    return data
+
+
+def parked(subscription: Subscription, outlet: Outlet) -> gevent.Greenlet:
+    reader = gevent.spawn(subscription.take, 30, outlet)
+    gevent.sleep(0)  # let it park (start waiting)
+    assert subscription.outlet is outlet
+    return reader
+
+
+def test_events_to_a_parked_reader_are_written_without_waking_it(pair):
+    server, client = pair
+    subscription = Subscription(["broadcast"], "u", "s", maxsize=10)
+    outlet, delivered = outlet_on(server)
+    reader = parked(subscription, outlet)
+    for n in (1, 2, 3, 2):  # the repeated 2 (history and live overlapping) is not written twice
+        subscription.offer(event(n))
+    expected = b"".join(frame(Delivery(event(n), f"c{n}")) for n in (1, 2, 3))
+    assert read_exactly(client, len(expected)) == expected
+    assert not reader.ready() and delivered.value == 3  # still parked: nothing woke it
+    subscription.end("shutdown")  # and it does wake for what needs it
+    assert reader.get(timeout=5) == [] and subscription.ended == "shutdown"
+
+
+def test_a_resync_or_a_busy_socket_queues_and_wakes_the_reader(pair):
+    server, _ = pair
+    for item, busy in ((RESYNC, None), (event(1), lambda: True)):
+        subscription = Subscription(["broadcast"], "u", "s", maxsize=10)
+        outlet, delivered = outlet_on(server, busy=busy)
+        reader = parked(subscription, outlet)
+        subscription.offer(item)
+        assert reader.get(timeout=5) == [item] and delivered.value == 0
+
+
+def test_a_socket_that_would_block_hands_the_rest_to_the_reader_then_queues_in_order(pair):
+    server, client = pair
+    subscription = Subscription(["broadcast"], "u", "s", maxsize=10)
+    outlet, _ = outlet_on(server)
+    reader = parked(subscription, outlet)
+    big = event(1, size=4 * 2**20)  # more than the socket buffers take at once
+    subscription.offer(big)
+    assert outlet.unsent and reader.get(timeout=5) == []  # woken: the rest is the reader's to write
+    subscription.offer(event(2))  # while the reader is busy: queued, behind the rest
+    assert list(subscription.items) == [event(2)]
+    finishing = gevent.spawn(outlet.finish)
+    expected = frame(Delivery(big, "c1"))
+    assert read_exactly(client, len(expected)) == expected
+    finishing.get(timeout=5)
+    assert not outlet.unsent
+
+
+def test_a_reader_that_cannot_take_the_rest_in_time_has_fallen_behind(pair):
+    server, _ = pair
+    subscription = Subscription(["broadcast"], "u", "s", maxsize=10)
+    outlet, _ = outlet_on(server, send_timeout=0.2)
+    parked(subscription, outlet)
+    subscription.offer(event(1, size=4 * 2**20))  # and the client reads nothing
+    with pytest.raises(StreamEnded) as ended:
+        outlet.finish()
+    assert ended.value.reason == "overflow"
+
+
+def test_a_client_gone_wakes_the_reader_to_end(pair):
+    server, client = pair
+    subscription = Subscription(["broadcast"], "u", "s", maxsize=10)
+    outlet, delivered = outlet_on(server)
+    reader = parked(subscription, outlet)
+    subscription.offer(event(1))
+    assert read_exactly(client, 3)  # delivered while the client was there
+    client.close()
+    subscription.offer(event(2))  # its send fails: the reader is woken
+    subscription.offer(event(3))  # and this one is queued for it
+    assert reader.get(timeout=5) == [event(3)] and delivered.value == 1
+    with pytest.raises(StreamEnded) as ended:
+        outlet.finish()
+    assert ended.value.reason == "gone"
+
+
+def test_send_within_raises_with_the_unsent_rest(pair):
+    server, _ = pair
+    data = b"y" * (4 * 2**20)
+    with pytest.raises(FellBehind) as behind:
+        send_within(server, data, time.monotonic() + 0.2)
+    rest = behind.value.args[0]
+    assert 0 < len(rest) < len(data) and data.endswith(rest)
+
+
+def test_only_plain_gevent_sockets_get_an_outlet(pair):
+    server, _ = pair
+    assert plain_socket(server) is server
+    assert plain_socket(None) is None
+    assert plain_socket(object()) is None
+
+
+stream_ids = st.tuples(st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1)).map(lambda p: f"{p[0]}-{p[1]}")
+
+
+@bounded
+@given(
+    user=st.from_regex(r"[A-Za-z0-9_.:-]{1,40}", fullmatch=True),
+    admin=st.booleans(),
+    ids=st.lists(stream_ids, min_size=3, max_size=3),
+)
+def test_a_readers_cursor_writer_makes_the_same_cursor_as_encode_cursor(user, admin, ids):
+    channels = channels_for(user, admin)
+    positions = dict(zip(channels, ids, strict=False))
+    cursor = CursorWriter(channels)(positions)
+    assert cursor == encode_cursor(positions)
+    assert decode_cursor(cursor, channels) == positions
