@@ -100,6 +100,15 @@ class Event:
     _json: str | None = field(default=None, repr=False, compare=False)
     _sse_tail: bytes | None = field(default=None, repr=False, compare=False)
     _order: tuple[int, int] | None = field(default=None, repr=False, compare=False)
+    _message_parts: tuple[bytes, bytes] | None = field(default=None, repr=False, compare=False)
+
+    def message_parts(self) -> tuple[bytes, bytes]:
+        """The WebSocket event message, `as_json(cursor, type="event")`, cut where the cursor goes: each
+        reader's message is head + its cursor + tail, and the two parts are made once per event."""
+        if self._message_parts is None:
+            head, _, tail = self._render({"type": "event", "cursor": "\0"}).partition('"\\u0000"')
+            self._message_parts = (f'{head}"'.encode(), f'"{tail}'.encode())
+        return self._message_parts
 
     @property
     def order(self) -> tuple[int, int]:

@@ -141,7 +141,9 @@ def websocket(ws):
     g.log_at_once = True  # the session is over when this returns; its response is never iterated
     try:
         follower = follower_for_request(live=True, cursor=request.args.get("cursor") or None, lease=lease)
-        Connection(ws, follower, current_app.config["SETTINGS"].ws_send_timeout).serve()
+        # simple-websocket accepts permessage-deflate whenever the client offers it.
+        offered = "permessage-deflate" in request.headers.get("Sec-WebSocket-Extensions", "")
+        Connection(ws, follower, current_app.config["SETTINGS"].ws_send_timeout, offered).serve()
     except Exception as error:  # e.g. Redis gone between handshake and catch-up: the client resumes by cursor
         log_failure("websocket failed", error)
         with contextlib.suppress(Exception):
@@ -194,8 +196,10 @@ class SocketControl:
 class Connection:
     """One upgraded WebSocket: a pump greenlet sends events while `serve` reads the client's frames."""
 
-    def __init__(self, ws, follower: Follower, send_timeout: float):
+    def __init__(self, ws, follower: Follower, send_timeout: float, compressed: bool = True):
+        """`compressed`: whether the client may have agreed to permessage-deflate (then wsproto frames)."""
         self.ws = ws
+        self.compressed = compressed
         self.follower = follower
         self.caller = follower.caller
         self.socket = SocketControl(ws, send_timeout)
@@ -251,10 +255,15 @@ class Connection:
             return None
 
         def frame(delivery: Delivery) -> bytes:
-            try:
-                return self.socket.text_frame(event_message(delivery))
-            except LocalProtocolError as error:  # the connection is closing: nothing more may be sent
-                raise ConnectionResetError() from error
+            if not self.socket.open:  # closing: nothing more may be sent
+                raise ConnectionResetError()
+            if self.compressed:  # framed by wsproto, which keeps the compression state
+                try:
+                    return self.socket.text_frame(event_message(delivery))
+                except LocalProtocolError as error:
+                    raise ConnectionResetError() from error
+            head, tail = delivery.event.message_parts()
+            return text_frame(head + delivery.cursor.encode() + tail)
 
         writer.outlet = Outlet(
             self.follower,
@@ -281,6 +290,18 @@ class Connection:
                 frame = b""
             self.socket.writer.finish_and_close(frame, grace=self.send_timeout)
         self.socket.wake_receiver()
+
+
+def text_frame(payload: bytes) -> bytes:
+    """One final, unmasked, uncompressed text frame (a server's) carrying `payload` (UTF-8)."""
+    length = len(payload)
+    if length < 126:
+        head = bytes((0x81, length))
+    elif length < 65536:
+        head = b"\x81\x7e" + length.to_bytes(2, "big")
+    else:
+        head = b"\x81\x7f" + length.to_bytes(8, "big")
+    return head + payload
 
 
 def event_message(delivery: Delivery) -> str:

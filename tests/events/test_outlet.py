@@ -7,6 +7,7 @@ position is a small stand-in for the Follower (whose own rules test_guarantees.p
 
 from __future__ import annotations
 
+import json
 import time
 
 import gevent
@@ -15,12 +16,15 @@ import gevent.socket
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from wsproto import ConnectionType, WSConnection
+from wsproto.events import AcceptConnection, TextMessage
 
 from app.events.bus import Event, channels_for
 from app.events.cursor import CursorWriter, decode_cursor, encode_cursor
 from app.events.follow import Delivery, StreamEnded
 from app.events.hub import RESYNC, Subscription
 from app.events.outlet import FellBehind, Outlet, plain_socket, send_within
+from app.events.ws import text_frame
 from tests.fuzzing import bounded
 
 
@@ -185,3 +189,33 @@ def test_a_readers_cursor_writer_makes_the_same_cursor_as_encode_cursor(user, ad
     cursor = CursorWriter(channels)(positions)
     assert cursor == encode_cursor(positions)
     assert decode_cursor(cursor, channels) == positions
+
+
+@pytest.mark.parametrize("size", [0, 1, 125, 126, 127, 65535, 65536, 70000])
+def test_a_text_frame_is_what_wsproto_makes_without_compression(size):
+    server = WSConnection(ConnectionType.SERVER)
+    server.initiate_upgrade_connection(
+        [
+            (b"sec-websocket-key", b"dGhlIHNhbXBsZSBub25jZQ=="),
+            (b"sec-websocket-version", b"13"),
+            (b"upgrade", b"websocket"),
+            (b"connection", b"Upgrade"),
+            (b"host", b"localhost"),
+        ],
+        "/ws",
+    )
+    server.send(AcceptConnection())
+    payload = "é" * (size // 2) + "x" * (size % 2)
+    assert text_frame(payload.encode()) == server.send(TextMessage(data=payload))
+
+
+@bounded
+@given(
+    event_name=st.from_regex(r"[A-Za-z0-9_.:-]{1,20}", fullmatch=True),
+    data=st.text(max_size=50),
+    cursor=st.text(alphabet="ABCDEFabcdef0123456789-_", max_size=40),
+)
+def test_an_events_message_parts_around_a_cursor_are_its_websocket_message(event_name, data, cursor):
+    event = Event("7-1", "broadcast", event_name, json.dumps(data), "2026-11-23T18:00:00.000Z")
+    head, tail = event.message_parts()
+    assert (head + cursor.encode() + tail).decode() == event.as_json(cursor, type="event")
