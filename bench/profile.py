@@ -58,11 +58,44 @@ class Sampler:
                 self.path.write_text(json.dumps(dict(self.stacks)))
 
 
+class MemoryTracer:
+    """tracemalloc in a worker: a snapshot when the driver writes `before`, the difference at `after`."""
+
+    def __init__(self, directory: str):
+        self.directory = Path(directory)
+        self.before = None
+
+    def start(self) -> None:
+        import tracemalloc
+
+        tracemalloc.start(1)
+        signal.signal(signal.SIGALRM, self.check)
+        signal.setitimer(signal.ITIMER_REAL, 0.5, 0.5)
+
+    def check(self, _signum, _frame) -> None:
+        import tracemalloc
+
+        signal.setitimer(signal.ITIMER_REAL, 0)  # a snapshot takes longer than the interval: no re-entry
+        with contextlib.suppress(OSError):
+            stage = (self.directory / "stage").read_text()
+            if stage == "before" and self.before is None:
+                self.before = tracemalloc.take_snapshot()
+            elif stage == "after" and self.before is not None:
+                difference = tracemalloc.take_snapshot().compare_to(self.before, "lineno")
+                rows = [(str(d.traceback[0]), d.size_diff, d.count_diff) for d in difference[:400]]
+                total = sum(d.size_diff for d in difference)
+                path = self.directory / f"memory-{os.getpid()}.json"
+                path.write_text(json.dumps({"total": total, "rows": rows}))
+                self.before = None
+        signal.setitimer(signal.ITIMER_REAL, 0.5, 0.5)
+
+
 def start_in_workers() -> None:
     """Called from the sitecustomize this module writes: profile every process forked from now on."""
     directory = os.environ.get(OUT_VARIABLE)
     if directory:
-        os.register_at_fork(after_in_child=lambda: Sampler(directory).start())
+        kind = MemoryTracer if os.environ.get("BENCH_PROFILE_MEMORY") else Sampler
+        os.register_at_fork(after_in_child=lambda: kind(directory).start())
 
 
 def report(directory: Path, top: int = 30) -> str:
@@ -82,6 +115,35 @@ def report(directory: Path, top: int = 30) -> str:
     return "\n".join(lines)
 
 
+def memory_per_stream(service, transport: str, count: int, out: Path) -> str:
+    """Open `count` streams between two tracemalloc snapshots in each worker; what they hold, per stream."""
+    from bench.run import fleet_processes
+    from bench.streams import StreamFleet
+
+    (out / "stage").write_text("before")
+    time.sleep(1.5)
+    fleet = StreamFleet(service.target(transport), count, "memory", expected=1, processes=fleet_processes(count))
+    fleet.open()
+    time.sleep(1.0)
+    (out / "stage").write_text("after")
+    deadline = time.monotonic() + 120
+    while len(list(out.glob("memory-*.json"))) < 2 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    by_line, total = collections.Counter(), 0
+    for path in out.glob("memory-*.json"):
+        measured = json.loads(path.read_text())
+        total += measured["total"]
+        for line, size, _count in measured["rows"]:
+            by_line[line] += size
+    lines = [f"{count} {transport} streams: {total / count:,.0f} bytes per stream traced by tracemalloc", ""]
+    by_file = collections.Counter()
+    for line, size in by_line.items():
+        by_file[line.rpartition(":")[0].rpartition("site-packages/")[2]] += size
+    lines += [f"{size / count:8,.0f} B  {line}" for line, size in by_line.most_common(30)]
+    lines += ["", "by file:"] + [f"{size / count:8,.0f} B  {name}" for name, size in by_file.most_common(25)]
+    return "\n".join(lines)
+
+
 def main() -> None:
     from bench.run import fleet_processes
     from bench.streams import StreamFleet, tag
@@ -91,6 +153,7 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=10000)
     parser.add_argument("--transport", choices=("sse", "ws"), default="sse")
     parser.add_argument("--events", type=int, default=20)
+    parser.add_argument("--memory", action="store_true", help="what one open stream holds, by allocating line")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         hook = Path(tmp) / "hook"
@@ -101,7 +164,13 @@ def main() -> None:
         (out / "generation").write_text("opening")
         root = Path(__file__).resolve().parent.parent
         env = {OUT_VARIABLE: str(out), "PYTHONPATH": f"{hook}{os.pathsep}{root}"}
+        if args.memory:
+            env |= {"BENCH_PROFILE_MEMORY": "1", "GUNICORN_TIMEOUT": "600"}  # a snapshot takes its time
+            (out / "stage").write_text("starting")
         with shared_redis() as redis_server, Service(redis_server, extra_env=env) as service:
+            if args.memory:
+                print(memory_per_stream(service, args.transport, args.streams, out))
+                return
             token = f"profile-{uuid.uuid4().hex}"
             fleet = StreamFleet(
                 service.target(args.transport),

@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections import defaultdict, deque
+from collections import defaultdict
 from urllib.parse import urlsplit
 
 import gevent
@@ -59,7 +59,7 @@ class Subscription:
         self.user_id = user_id
         self.session_id = session_id
         self.maxsize = maxsize
-        self.items: deque = deque()
+        self.items: list = []  # rarely used (the outlet writes most events): an empty list is the smallest
         self.ready = gevent.event.Event()
         self.ended: str | None = None  # session_ended | overflow | shutdown | gone
         self.outlet = None
@@ -100,8 +100,7 @@ class Subscription:
             finally:
                 self.outlet = None
         self.ready.clear()
-        taken = list(self.items)
-        self.items.clear()
+        taken, self.items = self.items, []
         return taken
 
 

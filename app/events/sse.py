@@ -61,6 +61,28 @@ def sse_outlet(follower: Follower, sock, chunked: bool, send_timeout: float) -> 
     return Outlet(follower, sock, frame, DELIVERED_BY_HUB, finish_rest)
 
 
+class StreamBody:
+    """The response body, handed to the WSGI server as it is (direct passthrough): iterating it iterates
+    the generator itself, without werkzeug's wrappers around it, so a parked stream's greenlet keeps a
+    shallower stack; closing it closes the response (its call_on_close callbacks), as the wrappers did."""
+
+    __slots__ = ("generator", "response")
+
+    def __init__(self, generator):
+        self.generator = generator
+        self.response: Response | None = None
+
+    def __iter__(self):
+        return self.generator
+
+    def close(self) -> None:
+        """Close the generator, then the response (which closes this again: it stops here)."""
+        self.generator.close()
+        response, self.response = self.response, None
+        if response is not None:
+            response.close()
+
+
 @bp.get("/events/stream")
 @operation(
     "Server-sent events: every event after the cursor (or Last-Event-ID), then live",
@@ -87,7 +109,7 @@ def stream():
     def generate():
         OPEN_CONNECTIONS.labels("sse").inc()
         try:
-            yield f"retry: {RETRY_MILLISECONDS}\n: stream open\n\n"
+            yield f"retry: {RETRY_MILLISECONDS}\n: stream open\n\n".encode()
             outlet = sse_outlet(follower, sock, chunked, settings.ws_send_timeout) if sock is not None else None
             deliveries, last_write = follower.take_ready(), time.monotonic()
             while True:
@@ -96,14 +118,14 @@ def stream():
                     DELIVERED.inc(len(deliveries))
                     last_write = time.monotonic()
                 elif time.monotonic() - max(last_write, outlet.wrote_at if outlet else 0) >= heartbeat:
-                    yield ": ping\n\n"  # heartbeat: keeps proxies from closing an idle stream
+                    yield b": ping\n\n"  # heartbeat: keeps proxies from closing an idle stream
                     last_write = time.monotonic()
                 quiet = time.monotonic() - max(last_write, outlet.wrote_at if outlet else 0)
                 try:
                     deliveries = follower.wait(max(0.0, heartbeat - quiet), outlet)
                 except StreamEnded as ended:
                     if ended.reason in ("session_ended", "token_expired"):
-                        yield sse_frame(json.dumps({"reason": ended.reason}), "session_ended")
+                        yield sse_frame(json.dumps({"reason": ended.reason}), "session_ended").encode()
                     return  # shutdown, overflow or gone: the client reconnects with Last-Event-ID
                 except REDIS_UNAVAILABLE as error:  # e.g. catching up during a failover
                     log.warning("sse stream ended: redis unavailable (%s)", type(error).__name__)
@@ -112,7 +134,9 @@ def stream():
             OPEN_CONNECTIONS.labels("sse").dec()
             follower.close()
 
-    response = Response(generate(), status=200, mimetype="text/event-stream")
+    body = StreamBody(generate())
+    response = Response(body, status=200, mimetype="text/event-stream", direct_passthrough=True)
+    body.response = response
     # The server closes every response, also one it never started iterating (the client left first).
     response.call_on_close(follower.close)
     response.headers["Cache-Control"] = "no-cache"
