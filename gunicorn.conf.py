@@ -7,6 +7,7 @@ import json
 import logging
 import math
 import os
+import resource
 import time
 
 # PaaS platforms hand out the port in $PORT; listen on every interface so their router reaches us.
@@ -41,9 +42,24 @@ def usable_cpus(cpu_max: str = "/sys/fs/cgroup/cpu.max") -> int:
 # memory is tight (each worker holds its own app, Redis pool and event hub, ~60-100 MB).
 workers = int(os.environ.get("WEB_CONCURRENCY") or usable_cpus())
 
-# Open connections per worker. Streams are long-lived, so this is sized for thousands each;
-# the process file-descriptor limit (ulimit -n) must be at least this much.
-worker_connections = int(os.environ.get("WORKER_CONNECTIONS", "20000"))
+DESCRIPTOR_MARGIN = 100  # a worker's own descriptors besides its clients: Redis, logs, metrics files, epoll
+
+
+def connections_within_descriptor_limit(cap: int = 20000) -> int:
+    """Up to `cap` connections, but fewer than the file-descriptor limit allows, less a margin.
+
+    A full worker stops accepting and leaves new connections to the others; a worker past its limit
+    would fail to accept, or fail its own Redis and log writes, with the connections already open.
+    """
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return cap
+    return max(1, min(cap, soft - DESCRIPTOR_MARGIN))
+
+
+# Open connections per worker. Streams are long-lived, so this is sized for thousands each:
+# 20,000 by default, fewer when the descriptor limit (ulimit -n) would not hold them.
+worker_connections = int(os.environ.get("WORKER_CONNECTIONS") or connections_within_descriptor_limit())
 
 # Seconds a worker may go without notifying the arbiter. With gevent that only happens when the
 # hub is blocked (CPU work on the hub, an un-patched call): kept to catch exactly that bug.

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import resource
 import runpy
 import subprocess
 
@@ -78,6 +79,28 @@ def test_workers_default_to_the_cpus_the_process_may_use(cpus, expected):
     result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=True)
     workers = next(line for line in result.stdout.splitlines() if line.startswith("workers "))
     assert workers.split("=")[1].strip() == str(expected)
+
+
+@pytest.mark.parametrize("soft_limit, expected", [(1000, 900), (20000, 19900), (40000, 20000)])
+def test_connections_per_worker_stay_within_the_descriptor_limit(soft_limit, expected):
+    """gunicorn's own view of its settings, started under a given `ulimit -n` (soft limit)."""
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard != resource.RLIM_INFINITY and hard < soft_limit:
+        soft_limit, expected = hard, min(20000, hard - 100)
+    command = [str(VENV_BIN / "gunicorn"), "-c", "gunicorn.conf.py", "--print-config", "wsgi:app"]
+    env = {key: value for key, value in process_env().items() if key != "WORKER_CONNECTIONS"}
+    result = subprocess.run(
+        command,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (soft_limit, hard)),
+    )
+    connections = next(line for line in result.stdout.splitlines() if line.startswith("worker_connections "))
+    assert connections.split("=")[1].strip() == str(expected)
 
 
 @pytest.mark.parametrize(
