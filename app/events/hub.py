@@ -81,6 +81,19 @@ class Subscription:
         self.items.append(item)
         self.ready.set()
 
+    def offer_all(self, events: list) -> None:
+        """Several events of one channel: through the outlet in one write, or queued one by one."""
+        outlet = self.outlet
+        if outlet is not None and len(events) > 1:
+            if outlet.write_all(events):
+                if outlet.stalled:
+                    self.outlet = None
+                    self.ready.set()
+                return
+            self.outlet = None
+        for event in events:
+            self.offer(event)
+
     def end(self, reason: str) -> None:
         """Mark the connection to end, with the reason, and wake its reader."""
         if self.ended is None:
@@ -277,18 +290,30 @@ class Hub:
         for node, count in moved.items():
             log.warning("event hub placed %d channel(s) on redis %s", count, urlsplit(node).netloc.rpartition("@")[2])
 
-    def deliver(self, name: str, data: str) -> None:
-        """A message from Redis: a control message, or an event for local readers of its channel."""
-        if name == CONTROL_CHANNEL:
-            self._control(json.loads(data))
-            return
-        event = Event.from_wire(data)
-        for subscription in list(self.by_channel.get(event.channel, ())):
-            try:
-                subscription.offer(event)
-            except Exception:  # one reader's failure must not keep the event from the others
-                log.exception("event hub: delivery to one connection failed")
-                subscription.end("gone")
+    def deliver_all(self, messages: list[tuple[str, str]]) -> None:
+        """Messages from Redis, in order: control messages, and events for local readers of their channels.
+
+        Events of one channel that arrived together reach each reader together (one write to its socket).
+        """
+        batches: dict[str, list[Event]] = {}
+        for name, data in messages:
+            if name == CONTROL_CHANNEL:
+                self._fan_out(batches)
+                batches = {}
+                self._control(json.loads(data))
+            else:
+                event = Event.from_wire(data)
+                batches.setdefault(event.channel, []).append(event)
+        self._fan_out(batches)
+
+    def _fan_out(self, batches: dict[str, list[Event]]) -> None:
+        for channel, events in batches.items():
+            for subscription in list(self.by_channel.get(channel, ())):
+                try:
+                    subscription.offer_all(events)
+                except Exception:  # one reader's failure must not keep the events from the others
+                    log.exception("event hub: delivery to one connection failed")
+                    subscription.end("gone")
 
     def resync(self, names: list[str]) -> None:
         """Readers of these Redis channels may have missed messages: they read again from the streams."""

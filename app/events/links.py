@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(f"{__package__}.hub")  # the hub's own log: links are part of it
 
 BACKOFF_START = 0.1
+BATCH_LIMIT = 100  # messages already received that the hub fans out together
 REFRESH_TIMEOUT = 5.0  # seconds for the cluster to answer its slot map
 CONNECTION_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
 # A link is also replaced on an error reply: a MOVED answer to SSUBSCRIBE means the slot moved before
@@ -203,13 +204,25 @@ class Link:
                 self._attach(pubsub)
                 while self.pubsub is pubsub:
                     response = pubsub.parse_response(block=True)
-                    if self.pubsub is not pubsub:
-                        break
-                    message = pubsub.handle_message(response)
-                    if message is not None and self._handle(message):  # every channel subscribed again
-                        if delay > BACKOFF_START:
-                            log.warning("event hub reconnected to redis%s; subscribers resynchronise", self._where())
-                        delay = BACKOFF_START
+                    events = []  # what Redis has sent already, handed to the hub together
+                    while response is not None and self.pubsub is pubsub:
+                        message = pubsub.handle_message(response)
+                        if message is not None and message["type"] in ("message", "smessage"):
+                            events.append((message["channel"], message["data"]))
+                        elif message is not None:
+                            self.hub.deliver_all(events)
+                            events = []
+                            if self._handle(message):  # every channel subscribed again
+                                if delay > BACKOFF_START:
+                                    log.warning(
+                                        "event hub reconnected to redis%s; subscribers resynchronise", self._where()
+                                    )
+                                delay = BACKOFF_START
+                        if len(events) >= BATCH_LIMIT:
+                            break
+                        response = pubsub.parse_response(block=False)
+                    self.hub.deliver_all(events)
+                    gevent.sleep(0)  # a backlog is fanned out batch by batch, with requests running in between
             except LINK_ERRORS as error:
                 reason = type(error).__name__ + (f": {error}" if isinstance(error, redis.ResponseError) else "")
             finally:
@@ -234,7 +247,7 @@ class Link:
         """Act on one message from Redis; True when it completes a batch of subscriptions (after a loss)."""
         kind, name = message["type"], message["channel"]
         if kind in ("message", "smessage"):
-            self.hub.deliver(name, message["data"])
+            self.hub.deliver_all([(name, message["data"])])
         elif kind in ("subscribe", "ssubscribe"):
             queue = self.unconfirmed[name]
             confirmation = queue.popleft()

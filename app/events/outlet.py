@@ -103,13 +103,17 @@ class Outlet:
 
     def write(self, event) -> bool:
         """Deliver one event now; False when it must be queued for the reader instead (socket busy)."""
+        return self.write_all((event,))
+
+    def write_all(self, events) -> bool:
+        """Deliver events now, in one write; False when they must be queued for the reader (socket busy)."""
         if self.busy is not None and self.busy():
             return False
-        delivery = self.follower.accept(event)
-        if delivery is None:
+        deliveries = [delivery for delivery in map(self.follower.accept, events) if delivery is not None]
+        if not deliveries:
             return True  # already delivered (history and live overlap): nothing to write
         try:
-            data = self.frame(delivery)
+            data = b"".join(map(self.frame, deliveries))
             sent = self.raw.send(data)
         except BlockingIOError:
             sent = 0
@@ -118,7 +122,8 @@ class Outlet:
             return True
         if sent < len(data):
             self.unsent = data[sent:]
-        self.delivered.inc()
+        for _ in deliveries:
+            self.delivered.inc()
         self.wrote_at = time.monotonic()
         return True
 

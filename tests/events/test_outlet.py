@@ -22,7 +22,7 @@ from wsproto.events import AcceptConnection, TextMessage
 from app.events.bus import Event, channels_for
 from app.events.cursor import CursorWriter, decode_cursor, encode_cursor
 from app.events.follow import Delivery, StreamEnded
-from app.events.hub import RESYNC, Subscription
+from app.events.hub import RESYNC, Hub, Subscription
 from app.events.outlet import FellBehind, Outlet, plain_socket, send_within
 from app.events.ws import text_frame
 from tests.fuzzing import bounded
@@ -219,3 +219,39 @@ def test_an_events_message_parts_around_a_cursor_are_its_websocket_message(event
     event = Event("7-1", "broadcast", event_name, json.dumps(data), "2026-11-23T18:00:00.000Z")
     head, tail = event.message_parts()
     assert (head + cursor.encode() + tail).decode() == event.as_json(cursor, type="event")
+
+
+class CountingSends:
+    """The OS socket under an outlet, counting its writes."""
+
+    def __init__(self, raw):
+        self.raw, self.sends = raw, 0
+
+    def send(self, data) -> int:
+        self.sends += 1
+        return self.raw.send(data)
+
+
+def test_events_that_arrived_together_reach_a_parked_reader_in_one_write(pair):
+    server, client = pair
+    hub = Hub(topology=None)
+    subscription = Subscription(["broadcast"], "u", "s", maxsize=10)
+    hub.by_channel["broadcast"].add(subscription)
+    hub.by_user["u"].add(subscription)
+    outlet, delivered = outlet_on(server)
+    outlet.raw = CountingSends(outlet.raw)
+    reader = parked(subscription, outlet)
+    wire = [
+        (
+            "wake:{broadcast}",
+            json.dumps({"id": f"{n}-0", "channel": "broadcast", "event": "tick", "data": "1", "ts": "t"}),
+        )
+        for n in (1, 2, 3)
+    ]
+    hub.deliver_all(wire)
+    expected = b"".join(frame(Delivery(Event(f"{n}-0", "broadcast", "tick", "1", "t"), f"c{n}")) for n in (1, 2, 3))
+    assert read_exactly(client, len(expected)) == expected
+    assert outlet.raw.sends == 1 and delivered.value == 3 and not reader.ready()
+    hub.deliver_all(wire[:1] + [("control", json.dumps({"whole_user": True, "user_id": "u"}))] + wire[1:])
+    reader.get(timeout=5)  # woken by the control message, which came after event 1 and before 2 and 3
+    assert subscription.ended == "session_ended" and delivered.value == 3
