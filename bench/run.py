@@ -12,6 +12,7 @@ import functools
 import json
 import math
 import re
+import resource
 import subprocess
 import threading
 import time
@@ -68,6 +69,7 @@ def capacity(system, target, count: int, pids, wait_ready=None) -> dict:
     result["broadcast"] = summary_ms(latencies) | {
         "last_client_ms": round(max(latencies) * 1000, 1),
         "missing": count - len(latencies),
+        "never_opened": fleet.unopened,
         "duplicates": sum(v["duplicates"] for v in fleet.verdicts),
     }
     result["client_cpu_seconds"] = round(cpu, 2)
@@ -548,10 +550,14 @@ def targets(results: dict) -> str:
             )
         )
     if sse40k:
-        missing = sse40k["broadcast"]["missing"]
+        missing, unopened = sse40k["broadcast"]["missing"], sse40k["broadcast"].get("never_opened", 0)
+        limit = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
         lines.append(
             verdict_row(
-                "40,000 SSE streams on two workers, all reached by one broadcast", f"{missing} missed", not missing
+                "40,000 SSE streams on two workers, all reached by one broadcast",
+                f"{sse40k['streams'] - unopened:,} opened, {missing:,} missed; the descriptor limit ({limit:,} per "
+                f"process, less each worker's own) leaves room for at most {2 * (limit - 100):,}",
+                not missing,
             )
         )
     else:
