@@ -192,9 +192,21 @@ class SocketControl:
         """Wake a receive() that is waiting without a time-out."""
         self.ws.event.set()
 
+    def share_wakeups(self, event) -> None:
+        """Have simple-websocket set `event` (instead of its own) when a frame arrives or the connection ends."""
+        was_set, self.ws.event = self.ws.event.is_set(), event
+        if was_set:
+            event.set()
+
 
 class Connection:
-    """One upgraded WebSocket: a pump greenlet sends events while `serve` reads the client's frames."""
+    """One upgraded WebSocket, served by one greenlet: it answers the client's frames and sends what the
+    hub cannot write itself (see outlet.py), waking for either on one event.
+
+    simple-websocket's reader sets that event when a frame arrives or the connection ends; the hub sets
+    it when the reader's greenlet is needed. So a parked WebSocket holds two greenlets (this one and
+    simple-websocket's reader), not three.
+    """
 
     def __init__(self, ws, follower: Follower, send_timeout: float, compressed: bool = True):
         """`compressed`: whether the client may have agreed to permessage-deflate (then wsproto frames)."""
@@ -204,32 +216,12 @@ class Connection:
         self.caller = follower.caller
         self.socket = SocketControl(ws, send_timeout)
         self.send_timeout = send_timeout
-        self.closing = False
 
     def serve(self) -> None:
-        """Until either side ends it: answer client frames here, deliver events from the pump."""
-        pumping = gevent.spawn(self.pump)
+        """Deliver events and answer client frames until either side ends; then close with the matching code."""
         OPEN_CONNECTIONS.labels("websocket").inc()
         try:
-            while self.socket.open and not pumping.dead:
-                # No polling time-out: with thousands of sockets a periodic wake-up of every receiver
-                # costs real CPU. The pump always ends through close(), which wakes this loop.
-                message = self.ws.receive(timeout=None)
-                if message is not None:
-                    reply = handle_client_message(self.follower.bus, self.caller, message)
-                    if reply is not None:
-                        self.socket.writer.send(self.socket.text_frame(json.dumps(reply)))
-        except (ConnectionClosed, OSError, LocalProtocolError):
-            pass
-        finally:
-            if self.closing:  # the pump is delivering its close frame: give it the grace it asked for
-                pumping.join(timeout=self.send_timeout + 1)
-            pumping.kill(block=True, timeout=1)
-            OPEN_CONNECTIONS.labels("websocket").dec()
-
-    def pump(self) -> None:
-        """Forward events to the client until the stream must end; then close with the matching code."""
-        try:
+            self.socket.share_wakeups(self.follower.subscription.ready)
             self.send(json.dumps({"type": "welcome", "cursor": self.follower.cursor, "user": self.caller.user}))
             outlet = self.outlet()
             deliveries = self.follower.take_ready()
@@ -237,6 +229,7 @@ class Connection:
                 for delivery in deliveries:
                     self.send(event_message(delivery))
                 DELIVERED.inc(len(deliveries))
+                self.answer_client()
                 deliveries = self.follower.wait(PING_INTERVAL, outlet)
         except StreamEnded as ended:
             self.close(*CLOSE_REASONS[ended.reason])
@@ -245,11 +238,20 @@ class Connection:
         except (ConnectionClosed, OSError, LocalProtocolError):  # the client left (maybe mid-send)
             self.close(CLOSE_NORMAL, "")
         except Exception as error:  # e.g. Redis failing mid-catch-up: the client reconnects and resumes by cursor
-            log_failure("websocket pump failed", error)
+            log_failure("websocket failed", error)
             self.close(CLOSE_INTERNAL_ERROR, "internal error; reconnect with your cursor")
+        finally:
+            OPEN_CONNECTIONS.labels("websocket").dec()
+
+    def answer_client(self) -> None:
+        """Every frame the client has sent so far (ConnectionClosed once it has left)."""
+        while (message := self.ws.receive(timeout=0)) is not None:
+            reply = handle_client_message(self.follower.bus, self.caller, message)
+            if reply is not None:
+                self.socket.writer.send(self.socket.text_frame(json.dumps(reply)))
 
     def outlet(self) -> Outlet | None:
-        """The hub's way to write this connection's events while the pump is parked (none over TLS)."""
+        """The hub's way to write this connection's events while its greenlet is parked (none over TLS)."""
         writer = self.socket.writer
         if plain_socket(writer.raw) is None:
             return None
@@ -280,16 +282,14 @@ class Connection:
         self.socket.writer.send_with_deadline(self.socket.text_frame(message))
 
     def close(self, code: int, reason: str) -> None:
-        """Send the close frame (after any half-written one) and wake the receiving loop."""
+        """Send the close frame (after any half-written one), then hang up."""
         if self.socket.open:
-            self.closing = True
             self.socket.mark_closed()
             try:
                 frame = self.socket.close_frame(code, reason)
             except LocalProtocolError:  # the client's close came first: nothing more to say, just hang up
                 frame = b""
             self.socket.writer.finish_and_close(frame, grace=self.send_timeout)
-        self.socket.wake_receiver()
 
 
 def text_frame(payload: bytes) -> bytes:
