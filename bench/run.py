@@ -605,6 +605,8 @@ def main() -> None:
         ):
             for count in sizes:
                 with Service(redis_server) as service:
+                    if count > 20000:  # more streams than the two workers' descriptor limits hold
+                        service.spare_publisher()
                     target = service.target(transport, through_nginx=through_nginx)
                     pids = lambda s=service, n=through_nginx: s.server_pids(n)  # noqa: E731
                     results["capacity"].append(capacity(service, target, count, pids))

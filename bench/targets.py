@@ -89,6 +89,7 @@ class Service:
             **(extra_env or {}),
         }
         self.app = LiveServer(env, workers=workers, log_path=self.directory / "app.log")
+        self.spare: LiveServer | None = None
         self.nginx = NginxServer(self.directory / "nginx", [f"127.0.0.1:{self.app.port}"])
         main = MAIN.format(dir=(self.directory / "nginx").resolve(), workers=2, connections=20000)
         self.nginx.config.write_text("worker_rlimit_nofile 20000;\n" + main)
@@ -100,10 +101,13 @@ class Service:
         self.token = self._login()
         self.publisher = {"Authorization": f"Bearer {publisher_key(self.app.env)}"}
         self.http = publishing_session()
+        self.publish_url = self.app.url
         return self
 
     def __exit__(self, *exc) -> None:
         self.nginx.stop()
+        if self.spare is not None:
+            self.spare.stop()
         self.app.stop()
 
     def _login(self) -> str:
@@ -120,9 +124,16 @@ class Service:
             return Target(name, "127.0.0.1", port, "/ws", auth, "ws", opened_when=b'"welcome"')
         return Target(name, "127.0.0.1", port, "/events/stream", auth, opened_when=b"stream open")
 
+    def spare_publisher(self) -> None:
+        """Publish through a second instance (one worker, the same Redis) from now on: when this one's
+        workers hold all the connections their descriptor limits allow, they accept no publish request."""
+        self.spare = LiveServer(self.app.env, workers=1, log_path=self.directory / "spare.log")
+        self.spare.start()
+        self.publish_url = self.spare.url
+
     def publish(self, text: str) -> None:
         response = self.http.post(
-            f"{self.app.url}/events",
+            f"{self.publish_url}/events",
             json={"channel": "broadcast", "event": "bench", "data": text},
             headers=self.publisher,
             timeout=60,
@@ -133,7 +144,7 @@ class Service:
         """Up to 100 events in one request (POST /events/batch), in this order."""
         events = [{"channel": "broadcast", "event": "bench", "data": text} for text in texts]
         response = self.http.post(
-            f"{self.app.url}/events/batch", json={"events": events}, headers=self.publisher, timeout=60
+            f"{self.publish_url}/events/batch", json={"events": events}, headers=self.publisher, timeout=60
         )
         response.raise_for_status()
 
@@ -168,6 +179,7 @@ class FlaskSse:
         )
         wait_until(lambda: requests.get(f"http://127.0.0.1:{self.port}/healthz", timeout=1).ok, timeout=20)
         self.http = publishing_session()
+        self.publish_url = self.app.url
         return self
 
     def __exit__(self, *exc) -> None:
@@ -216,6 +228,7 @@ class Nchan:
         nginx.start()
         self.nginx = nginx
         self.http = publishing_session()
+        self.publish_url = self.app.url
         return self
 
     def __exit__(self, *exc) -> None:
