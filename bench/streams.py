@@ -15,6 +15,7 @@ import multiprocessing
 import os
 import re
 import resource
+import socket
 import struct
 import time
 from dataclasses import dataclass, field
@@ -166,8 +167,34 @@ def source_address(index: int, target: Target) -> tuple[str, int] | None:
     return (f"127.0.1.{index + 1}", 0) if target.host.startswith("127.") else None
 
 
+IP_BIND_ADDRESS_NO_PORT = getattr(socket, "IP_BIND_ADDRESS_NO_PORT", 24)  # Linux 4.2+
+
+
+async def connect_from(source: tuple[str, int], host: str, port: int) -> socket.socket:
+    """A connection from the source address, its port chosen at connect time (IP_BIND_ADDRESS_NO_PORT).
+
+    A port chosen at bind time is held for every destination: 10,000 such streams to nginx would take
+    10,000 ports from the machine's ephemeral range, and nginx's own connections to the service then
+    run out of ports (EADDRNOTAVAIL, a 502).
+    """
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, 1)
+        sock.bind(source)
+        sock.setblocking(False)
+        await asyncio.get_running_loop().sock_connect(sock, (host, port))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
 async def open_stream(target: Target, source: tuple[str, int] | None = None) -> Stream:
-    reader, writer = await asyncio.open_connection(target.host, target.port, limit=2**20, local_addr=source)
+    if source is None:
+        reader, writer = await asyncio.open_connection(target.host, target.port, limit=2**20)
+    else:
+        sock = await connect_from(source, target.host, target.port)
+        reader, writer = await asyncio.open_connection(sock=sock, limit=2**20)
     lines = [f"GET {target.path} HTTP/1.1", f"Host: {target.host}:{target.port}"]
     if target.transport == "ws":
         key = base64.b64encode(os.urandom(16)).decode()
@@ -268,7 +295,7 @@ def _client_process(
 
         async def one(target: Target):
             async with gate:  # a stream the server never answers (it holds all it can) is not opened
-                with contextlib.suppress(OSError, asyncio.TimeoutError, asyncio.IncompleteReadError):
+                with contextlib.suppress(OSError, RuntimeError, asyncio.TimeoutError, asyncio.IncompleteReadError):
                     return await asyncio.wait_for(open_stream(target, source), OPEN_TIMEOUT)
                 return None
 
