@@ -25,7 +25,7 @@ from pathlib import Path
 import requests
 
 from bench import capacity_model, publish_credentials, pubsub_traffic, single_client, webhooks_out
-from bench.common import PASSWORD, machine, summary_ms
+from bench.common import PASSWORD, machine, publisher_key, summary_ms
 from bench.streams import StreamFleet, single_latency, tag
 from bench.targets import FlaskSse, Nchan, Service, fd_count, rss_bytes, shared_redis
 
@@ -202,7 +202,7 @@ def single(system, target, count: int) -> dict:
 def per_transport(service: Service, count: int, through_nginx: bool) -> list[dict]:
     """One client, publish-to-receive per transport, with bench.single_client's own clients."""
     base = service.nginx.url if through_nginx else service.app.url
-    measured = single_client.run(base, count)
+    measured = single_client.run(base, count, publisher_key(service.app.env))
     suffix = " via nginx" if through_nginx else ""
     rows = [{"system": f"service {name}{suffix}", **summary} for name, summary in measured.items()]
     for row in rows:
