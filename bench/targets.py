@@ -132,21 +132,21 @@ class Service:
         self.publish_url = self.spare.url
 
     def publish(self, text: str) -> None:
-        response = self.http.post(
-            f"{self.publish_url}/events",
-            json={"channel": "broadcast", "event": "bench", "data": text},
-            headers=self.publisher,
-            timeout=60,
-        )
-        response.raise_for_status()
+        self._post("/events", {"channel": "broadcast", "event": "bench", "data": text})
 
     def publish_batch(self, texts: list[str]) -> None:
         """Up to 100 events in one request (POST /events/batch), in this order."""
-        events = [{"channel": "broadcast", "event": "bench", "data": text} for text in texts]
-        response = self.http.post(
-            f"{self.publish_url}/events/batch", json={"events": events}, headers=self.publisher, timeout=60
-        )
-        response.raise_for_status()
+        self._post("/events/batch", {"events": [{"channel": "broadcast", "event": "bench", "data": t} for t in texts]})
+
+    def _post(self, path: str, body: dict) -> None:
+        """As a backend publishes: a 503 (a dependency briefly unavailable) is retried after its Retry-After."""
+        for attempt in range(4):
+            response = self.http.post(f"{self.publish_url}{path}", json=body, headers=self.publisher, timeout=60)
+            if response.status_code != 503 or attempt == 3:
+                response.raise_for_status()
+                return
+            print(f"publish answered 503; retried (attempt {attempt + 2})", file=sys.stderr, flush=True)
+            time.sleep(min(float(response.headers.get("Retry-After", "1")), 1.0))
 
     def server_pids(self, through_nginx: bool = False) -> list[int]:
         pids = process_tree(self.app.process.pid)
