@@ -179,7 +179,6 @@ class FlaskSse:
         )
         wait_until(lambda: requests.get(f"http://127.0.0.1:{self.port}/healthz", timeout=1).ok, timeout=20)
         self.http = publishing_session()
-        self.publish_url = self.app.url
         return self
 
     def __exit__(self, *exc) -> None:
