@@ -227,7 +227,6 @@ class Nchan:
         nginx.start()
         self.nginx = nginx
         self.http = publishing_session()
-        self.publish_url = self.app.url
         return self
 
     def __exit__(self, *exc) -> None:
