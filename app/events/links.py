@@ -244,11 +244,10 @@ class Link:
                 self.hub.changed()
 
     def _handle(self, message: dict) -> bool:
-        """Act on one message from Redis; True when it completes a batch of subscriptions (after a loss)."""
+        """Act on one (un)subscription answer from Redis (events go to the hub in batches, from `_run`); True
+        when it completes a batch of subscriptions (after a loss)."""
         kind, name = message["type"], message["channel"]
-        if kind in ("message", "smessage"):
-            self.hub.deliver_all([(name, message["data"])])
-        elif kind in ("subscribe", "ssubscribe"):
+        if kind in ("subscribe", "ssubscribe"):
             queue = self.unconfirmed[name]
             confirmation = queue.popleft()
             if not queue:

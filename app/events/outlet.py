@@ -29,11 +29,11 @@ class Tally:
         self.counter = counter
         self.count = 0
 
-    def inc(self) -> None:
-        """Count one; the first of a burst schedules the flush."""
+    def inc(self, by: int = 1) -> None:
+        """Count `by`; the first of a burst schedules the flush."""
         if not self.count:
             gevent.get_hub().loop.run_callback(self.flush)  # runs once the hub's greenlet yields
-        self.count += 1
+        self.count += by
 
     def flush(self) -> None:
         """Add what was counted to the counter."""
@@ -122,8 +122,7 @@ class Outlet:
             return True
         if sent < len(data):
             self.unsent = data[sent:]
-        for _ in deliveries:
-            self.delivered.inc()
+        self.delivered.inc(len(deliveries))
         self.wrote_at = time.monotonic()
         return True
 
