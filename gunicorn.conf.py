@@ -10,6 +10,8 @@ import os
 import resource
 import time
 
+from gunicorn.glogging import Logger
+
 # PaaS platforms hand out the port in $PORT; listen on every interface so their router reaches us.
 # Behind a local nginx (`make run`), `--bind 127.0.0.1:$PORT` on the command line overrides this.
 bind = f"0.0.0.0:{os.environ.get('PORT', '8000')}"
@@ -93,6 +95,20 @@ limit_request_field_size = 8190
 # line per request, so gunicorn's access log is left off.
 accesslog = None
 errorlog = "-"
+
+
+class AppWritesAccessLines(Logger):
+    """gunicorn's logger without its access line, which the app writes itself.
+
+    With `logconfig_dict` set, gunicorn builds every request's access atoms and hands them to a
+    logger with no handler: about 7 % of a worker's CPU per short request, for nothing.
+    """
+
+    def access(self, resp, req, environ, request_time):
+        pass
+
+
+logger_class = AppWritesAccessLines
 loglevel = os.environ.get("LOG_LEVEL", "info").lower()
 
 

@@ -7,9 +7,12 @@ share a hash tag, so each script runs on one hash slot of a Redis Cluster as wel
 from __future__ import annotations
 
 import os
+import select
 from urllib.parse import urlsplit
 
+import gevent.monkey
 import redis
+import redis._parsers.hiredis as hiredis_parser
 from flask import Flask, current_app
 from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode
@@ -554,6 +557,29 @@ def connect_pubsub(url: str) -> redis.Redis:
         retry=Retry(NoBackoff(), 0, supported_errors=()),
     )
     return redis.Redis(connection_pool=pool)
+
+
+def _check_for_stray_bytes_without_yielding(socket_can_read):
+    """redis-py's readiness check, with the real `poll` when it must not wait (a zero time-out).
+
+    Before each command redis-py asks, with a zero time-out, whether the pooled connection holds
+    stray bytes. gevent's `poll` answers that only after a turn of the event loop, so every Redis
+    command waited for one loop turn before it was sent. The real `poll` with a zero time-out
+    answers at once and never blocks. Waits with a time-out keep gevent's `poll`.
+    """
+    real_poll = gevent.monkey.get_original("select", "poll")
+
+    def can_read(sock, timeout: float) -> bool:
+        if timeout != 0 or hasattr(sock, "pending"):  # a wait, or TLS (bytes buffered above the socket)
+            return socket_can_read(sock, timeout)
+        poller = real_poll()
+        poller.register(sock, select.POLLIN)
+        return bool(poller.poll(0))
+
+    return can_read
+
+
+hiredis_parser._socket_can_read = _check_for_stray_bytes_without_yielding(hiredis_parser._socket_can_read)
 
 
 def init_app(app: Flask) -> None:

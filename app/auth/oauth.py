@@ -17,6 +17,7 @@ import requests
 from authlib.integrations.base_client import OAuthError
 from authlib.integrations.flask_client import OAuth
 from flask import Blueprint, Flask, Response, current_app, redirect, request, session, url_for
+from flask.sessions import SecureCookieSessionInterface
 
 from ..errors import ApiError, bad_request, not_found, validation_failed
 from ..http import validated_query
@@ -59,8 +60,21 @@ def _registration(provider: OAuthProvider) -> dict:
     return {key: value for key, value in options.items() if value is not None}
 
 
+class OAuthStateOnly(SecureCookieSessionInterface):
+    """Flask's signed-cookie session, opened only under the OAuth paths: the one thing it holds is the
+    state of unfinished logins. Elsewhere the session is a null one, and no request pays for reading
+    and verifying a cookie nothing else uses."""
+
+    def open_session(self, app, request):
+        """The state cookie under the OAuth paths; a null session elsewhere."""
+        if not request.path.startswith(bp.url_prefix + "/"):
+            return self.make_null_session(app)
+        return super().open_session(app, request)
+
+
 def init_app(app: Flask) -> None:
     """Register every configured OAuth provider with Authlib."""
+    app.session_interface = OAuthStateOnly()
     providers = app.config["SETTINGS"].oauth_providers
     oauth = OAuth(app)
     for provider in providers:

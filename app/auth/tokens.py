@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import json
 import secrets
@@ -16,6 +17,7 @@ from flask import Flask, current_app
 REQUIRED_CLAIMS = ["iss", "aud", "sub", "role", "ver", "sid", "jti", "iat", "exp"]
 MAX_LIFETIME_SECONDS = 900  # 15 minutes, whatever a token that was signed with our key claims
 TOKEN_TYPE = "at+jwt"  # noqa: S105 (a JWT "typ" value, not a secret)
+VERIFIED_TOKENS_KEPT = 4096  # per worker; a verified token is a few hundred bytes
 
 
 class TokenExpired(Exception):
@@ -62,6 +64,7 @@ class TokenKeys:
             self.jwks = {"keys": [{**public_jwk, "kid": self.kid, "alg": self.algorithm, "use": "sig"}]}
         else:
             self.signing_key = self.verifying_key = str(settings.jwt_secret)
+        self.verified = functools.lru_cache(maxsize=VERIFIED_TOKENS_KEPT)(functools.partial(_verify, self))
 
 
 def _thumbprint(public_jwk: dict) -> str:
@@ -103,8 +106,19 @@ def issue_access_token(user_id: str, role: str, token_version: int, session_id: 
 
 
 def decode_access_token(token: str) -> AccessClaims:
-    """Verify signature, algorithm (ours, never the header's), type, issuer, audience, expiry, claims."""
-    keys = _keys()
+    """Verify signature, algorithm (ours, never the header's), type, issuer, audience, expiry, claims.
+
+    A token verified before is not verified again: its claims are kept (up to VERIFIED_TOKENS_KEPT),
+    and only its expiry is checked against the clock. Verification gives the same answer for the same
+    token and key every time; what can change (the session, the token version) is checked in Redis.
+    """
+    claims = _keys().verified(token)
+    if claims.expires_at <= time.time():
+        raise TokenExpired()
+    return claims
+
+
+def _verify(keys: TokenKeys, token: str) -> AccessClaims:
     try:
         decoded = jwt.decode_complete(
             token,

@@ -89,6 +89,17 @@ def test_expired_token_is_refused_as_expired(client, session):
     assert_refused(client, sign({**claims, "iat": now - 1000, "exp": now - 100}), "token_expired")
 
 
+def test_a_token_accepted_before_is_refused_as_expired_once_its_time_has_passed(client, session):
+    """A verified token's claims are kept; its expiry is still checked on every request."""
+    _, claims = session
+    expires_at = int(time.time()) + 1
+    token = sign({**claims, "exp": expires_at})
+    assert client.get("/auth/me", headers=bearer(token)).status_code == 200
+    assert client.get("/auth/me", headers=bearer(token)).status_code == 200
+    time.sleep(max(0.0, expires_at - time.time()) + 0.01)  # the clock passing the expiry is what is tested
+    assert_refused(client, token, "token_expired")
+
+
 @pytest.mark.parametrize("claim", REQUIRED)
 def test_missing_required_claim_is_refused(client, session, claim):
     _, claims = session

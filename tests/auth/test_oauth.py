@@ -11,10 +11,12 @@ from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
 from urllib.parse import parse_qs, urljoin, urlparse
 
+import flask
 import pyotp
 import pytest
 import requests
 from flask import Flask
+from flask.sessions import NullSession
 
 from tests.conftest import TEST_SECRET_KEY
 from tests.servers import CLIENT_ID, CLIENT_SECRET, LiveServer, OpenIdProvider
@@ -320,3 +322,9 @@ def test_an_account_with_mfa_still_needs_its_code_after_an_oauth_login(oauth_set
         json={"mfa_token": mfa_token, "code": totp.at(time.time() + 30), "transport": "body"},
     )
     assert done.status_code == 200 and done.json()["user"]["email"] == email
+
+
+@pytest.mark.parametrize("path, opened", [("/auth/oauth/dev/login", True), ("/auth/me", False), ("/healthz", False)])
+def test_the_state_cookie_is_read_only_under_the_oauth_paths(app, path, opened):
+    with app.test_request_context(path):
+        assert isinstance(flask.session._get_current_object(), NullSession) is not opened

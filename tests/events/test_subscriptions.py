@@ -120,7 +120,7 @@ def test_readers_joining_and_leaving_one_channel_while_events_flow_miss_nothing(
     live = start_server(workers=1, REDIS_URL=own_redis.url, MAX_CONNECTIONS_PER_USER="100")
     user = Api(live.url)
     publisher = Api(live.url, email=user.email, device="publisher")
-    total = 600
+    total = None  # known once the churners have had the channel dropped often enough
     published: list[str] = []
     finished = threading.Event()
     sessions: list[tuple[str, list[str]]] = []  # (cursor, ids received) of every reader, in any order
@@ -165,15 +165,27 @@ def test_readers_joining_and_leaving_one_channel_while_events_flow_miss_nothing(
         wait_until(lambda: len(published) >= after or finished.is_set(), timeout=60, message="publishing")
         read(api, None)
 
-    # Three churners alone for most of the run, so the channel's reader count often falls to zero; then
-    # two readers join that stay to the end.
+    def drops() -> int:
+        return own_redis.client().info("commandstats").get("cmdstat_unsubscribe", {}).get("calls", 0)
+
+    # Three churners alone for most of the run, so the channel's reader count often falls to zero (until
+    # it has been dropped ten times); then two readers join that stay to the end.
     threads = [threading.Thread(target=guarded, args=(churn, i)) for i in range(3)]
-    threads += [threading.Thread(target=guarded, args=(stay, after)) for after in (450, 480)]
     for thread in threads:
         thread.start()
     wait_until(lambda: len(churning) == 3, timeout=60, message="churners logged in")
-    for n in range(total):
+    n = 0
+    while n < 440 or drops() < 10:
+        assert n < 5000, "the channel was not dropped ten times"
         published.append(publisher.publish_ok({"n": n}))
+        n += 1
+    total = n + 160
+    stayers = [threading.Thread(target=guarded, args=(stay, after)) for after in (n + 10, n + 40)]
+    for thread in stayers:
+        thread.start()
+    for number in range(n, total):
+        published.append(publisher.publish_ok({"n": number}))
+    threads += stayers
     finished.set()
     for thread in threads:
         thread.join(60)

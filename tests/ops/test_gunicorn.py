@@ -121,3 +121,14 @@ def _config() -> dict:
         return runpy.run_path(str(CONFIG))
     finally:
         logging.captureWarnings(False)
+
+
+def test_gunicorn_builds_no_access_line_of_its_own():
+    """The app writes one JSON line per request; gunicorn's line would be built and dropped."""
+    from gunicorn.glogging import Logger
+
+    enabled = type("Enabled", (), {"access_log_enabled": True, "atoms": Logger.atoms})()
+    with pytest.raises(AttributeError):  # what gunicorn's own access() does with these: it builds the line
+        Logger.access(enabled, None, None, None, 0.1)
+    logger_class = _config()["logger_class"]
+    assert logger_class.access(enabled, None, None, None, 0.1) is None
