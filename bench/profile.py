@@ -1,10 +1,11 @@
 """Where the service's workers spend their CPU while they broadcast to many open streams.
 
-Run: .venv/bin/python -m bench.profile [--streams 10000] [--transport sse|ws] [--events 20]
+Run: .venv/bin/python -m bench.profile [--streams 10000] [--transport sse|ws] [--events 20 | --rate 500]
 
 It starts the service (two workers) with a statistical profiler in each worker: every 4 ms of the
 process's CPU time (ITIMER_PROF) it records the Python stack that was running. It opens the streams,
-publishes `--events` broadcasts half a second apart, and prints the functions that used the CPU, by
+publishes `--events` broadcasts half a second apart (or, with `--rate`, paced events for 4 s as the
+sustained benchmark does), and prints the functions that used the CPU, by
 their own time and with what they called. Samples taken while the worker waits in its event loop are
 not counted (the timer counts CPU time only).
 """
@@ -145,7 +146,7 @@ def memory_per_stream(service, transport: str, count: int, out: Path) -> str:
 
 
 def main() -> None:
-    from bench.run import fleet_processes
+    from bench.run import fleet_processes, sustained
     from bench.streams import StreamFleet, tag
     from bench.targets import Service, shared_redis
 
@@ -154,6 +155,7 @@ def main() -> None:
     parser.add_argument("--transport", choices=("sse", "ws"), default="sse")
     parser.add_argument("--events", type=int, default=20)
     parser.add_argument("--memory", action="store_true", help="what one open stream holds, by allocating line")
+    parser.add_argument("--rate", type=int, help="instead of broadcasts: publish this many events/s for 4 s")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         hook = Path(tmp) / "hook"
@@ -170,6 +172,12 @@ def main() -> None:
         with shared_redis() as redis_server, Service(redis_server, extra_env=env) as service:
             if args.memory:
                 print(memory_per_stream(service, args.transport, args.streams, out))
+                return
+            if args.rate:
+                (out / "generation").write_text("paced")
+                print(json.dumps(sustained(service, service.target(args.transport), args.streams, [args.rate], 4.0)))
+                time.sleep(1.5)  # a last write of the samples
+                print(report(out))
                 return
             token = f"profile-{uuid.uuid4().hex}"
             fleet = StreamFleet(

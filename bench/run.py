@@ -193,7 +193,7 @@ def overload(system, target, count: int, rate: float, seconds: float = 4.0) -> d
 
 
 def single(system, target, count: int) -> dict:
-    latencies = single_latency(target, system.publish, count)
+    latencies = single_latency(target, system.raw_publish(), count)
     result = {"system": target.name, **summary_ms(latencies)}
     print(json.dumps(result), flush=True)
     return result
@@ -204,7 +204,7 @@ def per_transport(service: Service, count: int, through_nginx: bool) -> list[dic
     base = service.nginx.url if through_nginx else service.app.url
     measured = single_client.run(base, count, publisher_key(service.app.env))
     suffix = " via nginx" if through_nginx else ""
-    rows = [{"system": f"service {name}{suffix}", **summary} for name, summary in measured.items()]
+    rows = [{"system": f"service {name}{suffix}, Python clients", **summary} for name, summary in measured.items()]
     for row in rows:
         print(json.dumps(row), flush=True)
     return rows
@@ -615,6 +615,7 @@ def main() -> None:
             delivered = max(r["deliveries_per_second"] for r in results["sustained"]) / 1000
             results["overload"] = overload(service, service.target(), 1000, 2 * max(delivered, 1))
             results["sustained"] += sustained(service, service.target("sse", through_nginx=True), 1000, rate_steps)
+            results["single_client"].append(single(service, service.target(), single_count))
             for through_nginx in (False, True):
                 results["single_client"] += per_transport(service, single_count, through_nginx)
             results["auth_cost"] = [auth_cost(service), auth_cost(service, through_nginx=True)]

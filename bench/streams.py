@@ -18,6 +18,7 @@ import resource
 import socket
 import struct
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 OPEN_CONCURRENCY = 100
@@ -394,23 +395,53 @@ class StreamFleet:
         return arrivals, cpu
 
 
-async def _single_latency(target: Target, publish, count: int) -> list[float]:
+@dataclass
+class RawPublish:
+    """How a system takes one publish over HTTP: sent by `_single_latency` on one keep-alive connection
+    from its own event loop, so the client adds no HTTP library and no thread hop to the latency."""
+
+    host: str
+    port: int
+    path: str
+    headers: dict
+    body: Callable[[str], bytes]
+
+    def request(self, text: str) -> bytes:
+        body = self.body(text)
+        lines = [f"POST {self.path} HTTP/1.1", f"Host: {self.host}:{self.port}", f"Content-Length: {len(body)}"]
+        lines += [f"{k}: {v}" for k, v in self.headers.items()]
+        return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+async def _answered(reader: asyncio.StreamReader) -> None:
+    head = await reader.readuntil(b"\r\n\r\n")
+    if not head.startswith(b"HTTP/1.1 2"):
+        raise RuntimeError(head.split(b"\r\n", 1)[0].decode())
+    length = re.search(rb"(?i)\r\ncontent-length: *(\d+)", head)
+    await reader.readexactly(int(length.group(1)) if length else 0)
+
+
+async def _single_latency(target: Target, publish: RawPublish, count: int) -> list[float]:
     """One stream: publish, wait for that event, repeat. Publish-to-receive seconds per event."""
     if not target.headers_first:
         raise ValueError("needs a target that answers before its first event")
     stream = await open_stream(target)
-    latencies, loop = [], asyncio.get_running_loop()
+    reader, writer = await asyncio.open_connection(publish.host, publish.port)
+    writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    latencies = []
     for n in range(count):
         token = f"single-{n}-{os.getpid()}"
         arrivals: list[float] = []
         waiter = asyncio.ensure_future(read_tags(stream, token.encode(), 1, arrivals, []))
         started = time.time()
-        await loop.run_in_executor(None, publish, tag(token, 0))
+        writer.write(publish.request(tag(token, 0)))
+        await _answered(reader)
         await asyncio.wait_for(waiter, 10)
         latencies.append(arrivals[0] - started)
+    writer.close()
     stream.writer.close()
     return latencies
 
 
-def single_latency(target: Target, publish, count: int) -> list[float]:
+def single_latency(target: Target, publish: RawPublish, count: int) -> list[float]:
     return asyncio.run(_single_latency(target, publish, count))

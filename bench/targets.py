@@ -4,6 +4,7 @@ started on loopback ports with one shared redis-server, and stopped after."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -14,7 +15,7 @@ from pathlib import Path
 import requests
 
 from bench.common import PASSWORD, publisher_key
-from bench.streams import Target, raise_fd_limit
+from bench.streams import RawPublish, Target, raise_fd_limit
 from scripts.nginx_config import MAIN, render_site
 from tests.servers import ROOT, LiveServer, NginxServer, RedisServer, free_port, wait_until
 
@@ -134,6 +135,13 @@ class Service:
     def publish(self, text: str) -> None:
         self._post("/events", {"channel": "broadcast", "event": "bench", "data": text})
 
+    def raw_publish(self) -> RawPublish:
+        """POST /events as `publish` sends it, for the single-client latency."""
+        port = int(self.publish_url.rsplit(":", 1)[1])
+        headers = {**self.publisher, "Content-Type": "application/json"}
+        event = lambda text: json.dumps({"channel": "broadcast", "event": "bench", "data": text}).encode()  # noqa: E731
+        return RawPublish("127.0.0.1", port, "/events", headers, event)
+
     def publish_batch(self, texts: list[str]) -> None:
         """Up to 100 events in one request (POST /events/batch), in this order."""
         self._post("/events/batch", {"events": [{"channel": "broadcast", "event": "bench", "data": t} for t in texts]})
@@ -237,6 +245,9 @@ class Nchan:
 
     def publish(self, text: str) -> None:
         self.http.post(f"http://127.0.0.1:{self.port}/pub", data=text, timeout=60).raise_for_status()
+
+    def raw_publish(self) -> RawPublish:
+        return RawPublish("127.0.0.1", self.port, "/pub", {}, str.encode)
 
     def server_pids(self) -> list[int]:
         return process_tree(self.nginx.process.pid)
