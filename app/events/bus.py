@@ -99,7 +99,7 @@ class Event:
     ts: str
     _json: str | None = field(default=None, repr=False, compare=False)
     _sse_tail: bytes | None = field(default=None, repr=False, compare=False)
-    _order: tuple[int, int] | None = field(default=None, repr=False, compare=False)
+    order: tuple[int, int] = field(init=False, repr=False, compare=False)  # the id as numbers, for comparing
     _message_parts: tuple[bytes, bytes] | None = field(default=None, repr=False, compare=False)
 
     def message_parts(self) -> tuple[bytes, bytes]:
@@ -110,12 +110,8 @@ class Event:
             self._message_parts = (f'{head}"'.encode(), f'"{tail}'.encode())
         return self._message_parts
 
-    @property
-    def order(self) -> tuple[int, int]:
-        """The id as numbers, for comparing with a reader's position (parsed once per event)."""
-        if self._order is None:
-            self._order = parse_id(self.id)
-        return self._order
+    def __post_init__(self):
+        self.order = parse_id(self.id)  # once per event, not once per reader
 
     def sse_tail(self) -> bytes:
         """The SSE message after its `id:` line (`event:`, `data:`, blank line), made once per event."""

@@ -129,18 +129,18 @@ class Follower:
             raise StreamEnded("token_expired")
         return self.take_ready()
 
-    def accept(self, event: Event) -> Delivery | None:
-        """Move past a live event and return its delivery; None if it is not after the position (seen)."""
+    def advance(self, event: Event) -> str | None:
+        """Move past a live event; the cursor just after it, or None if it is not after the position (seen)."""
         after = self.after.get(event.channel)
         if after is None or event.order <= after:
             return None
         self.after[event.channel], self.positions[event.channel] = event.order, event.id
-        return Delivery(event, self.write_cursor(self.positions))
+        return self.write_cursor(self.positions)
 
     def _accept(self, event: Event) -> None:
-        delivery = self.accept(event)
-        if delivery is not None:
-            self.pending.append(delivery)
+        cursor = self.advance(event)
+        if cursor is not None:
+            self.pending.append(Delivery(event, cursor))
 
     def _catch_up(self) -> None:
         while True:

@@ -16,7 +16,8 @@ from collections.abc import Callable
 import gevent
 import gevent.socket
 
-from .follow import Delivery, Follower, StreamEnded
+from .bus import Event
+from .follow import Follower, StreamEnded
 
 
 class Tally:
@@ -77,14 +78,14 @@ class Outlet:
         self,
         follower: Follower,
         sock,
-        frame: Callable[[Delivery], bytes],
+        frame: Callable[[Event, str], bytes],
         delivered,
         finish_rest: Callable[[bytes], None],
         busy: Callable[[], bool] | None = None,
     ):
-        """`frame` makes a delivery's bytes (OSError: the connection is over); `finish_rest` writes a
-        frame's unsent rest from the reader's greenlet (raising FellBehind or OSError); `busy` says when
-        the socket is being written elsewhere."""
+        """`frame` makes the bytes of an event with the reader's cursor after it (OSError: the connection
+        is over); `finish_rest` writes a frame's unsent rest from the reader's greenlet (raising
+        FellBehind or OSError); `busy` says when the socket is being written elsewhere."""
         self.follower = follower
         self.sock = sock
         self.raw = sock._sock  # the non-blocking OS socket under gevent's: its send() never waits
@@ -109,11 +110,15 @@ class Outlet:
         """Deliver events now, in one write; False when they must be queued for the reader (socket busy)."""
         if self.busy is not None and self.busy():
             return False
-        deliveries = [delivery for delivery in map(self.follower.accept, events) if delivery is not None]
-        if not deliveries:
-            return True  # already delivered (history and live overlap): nothing to write
+        advance, frame, frames = self.follower.advance, self.frame, []
         try:
-            data = b"".join(map(self.frame, deliveries))
+            for event in events:
+                cursor = advance(event)
+                if cursor is not None:  # else delivered already (history and live overlap)
+                    frames.append(frame(event, cursor))
+            if not frames:
+                return True
+            data = b"".join(frames)
             sent = self.raw.send(data)
         except BlockingIOError:
             sent = 0
@@ -122,7 +127,7 @@ class Outlet:
             return True
         if sent < len(data):
             self.unsent = data[sent:]
-        self.delivered.inc(len(deliveries))
+        self.delivered.inc(len(frames))
         self.wrote_at = time.monotonic()
         return True
 

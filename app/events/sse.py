@@ -13,7 +13,8 @@ from ..errors import REDIS_UNAVAILABLE
 from ..http import validated_query
 from ..metrics import EVENTS_DELIVERED, OPEN_CONNECTIONS
 from ..openapi import operation
-from .follow import Delivery, Follower, StreamEnded
+from .bus import Event
+from .follow import Follower, StreamEnded
 from .outlet import Outlet, Tally, plain_socket, send_within
 from .schemas import StreamPosition
 from .views import bp, follower_for_request
@@ -43,17 +44,19 @@ def sse_frame(data: str, event: str | None = None, id: str | None = None) -> str
     return "\n".join(lines) + "\n\n"
 
 
-def message_bytes(delivery: Delivery) -> bytes:
+def message_bytes(event: Event, cursor: str) -> bytes:
     """One event's SSE message: the reader's cursor as its id, then the event's shared encoding."""
-    return b"id: " + delivery.cursor.encode() + b"\n" + delivery.event.sse_tail()
+    return b"id: %b\n%b" % (cursor.encode(), event.sse_tail())
 
 
 def sse_outlet(follower: Follower, sock, chunked: bool, send_timeout: float) -> Outlet:
     """An outlet writing SSE messages straight to the response's socket, in the WSGI server's framing."""
 
-    def frame(delivery: Delivery) -> bytes:
-        message = message_bytes(delivery)
-        return b"%x\r\n%b\r\n" % (len(message), message) if chunked else message
+    def frame(event: Event, cursor: str) -> bytes:
+        if not chunked:
+            return message_bytes(event, cursor)
+        cursor_bytes, tail = cursor.encode(), event.sse_tail()  # one chunk: size, "id: <cursor>\n", tail
+        return b"%x\r\nid: %b\n%b\r\n" % (len(cursor_bytes) + len(tail) + 5, cursor_bytes, tail)
 
     def finish_rest(rest: bytes) -> None:
         send_within(sock, rest, time.monotonic() + send_timeout)
@@ -114,7 +117,7 @@ def stream():
             deliveries, last_write = follower.take_ready(), time.monotonic()
             while True:
                 if deliveries:
-                    yield b"".join(message_bytes(d) for d in deliveries)
+                    yield b"".join(message_bytes(d.event, d.cursor) for d in deliveries)
                     DELIVERED.inc(len(deliveries))
                     last_write = time.monotonic()
                 elif time.monotonic() - max(last_write, outlet.wrote_at if outlet else 0) >= heartbeat:

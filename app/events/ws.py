@@ -26,7 +26,7 @@ from ..errors import REDIS_UNAVAILABLE, ApiError, bad_request
 from ..http import StrictJSONError, parse_json
 from ..metrics import EVENTS_DELIVERED, OPEN_CONNECTIONS
 from ..openapi import operation
-from .bus import channels_for, user_channel
+from .bus import Event, channels_for, user_channel
 from .cursor import decode_cursor
 from .follow import Delivery, Follower, StreamEnded
 from .outlet import FellBehind, Outlet, Tally, plain_socket, send_within
@@ -256,16 +256,16 @@ class Connection:
         if plain_socket(writer.raw) is None:
             return None
 
-        def frame(delivery: Delivery) -> bytes:
+        def frame(event: Event, cursor: str) -> bytes:
             if not self.socket.open:  # closing: nothing more may be sent
                 raise ConnectionResetError()
             if self.compressed:  # framed by wsproto, which keeps the compression state
                 try:
-                    return self.socket.text_frame(event_message(delivery))
+                    return self.socket.text_frame(event_message(Delivery(event, cursor)))
                 except LocalProtocolError as error:
                     raise ConnectionResetError() from error
-            head, tail = delivery.event.message_parts()
-            return text_frame(head + delivery.cursor.encode() + tail)
+            head, tail = event.message_parts()
+            return text_frame(head + cursor.encode() + tail)
 
         writer.outlet = Outlet(
             self.follower,
