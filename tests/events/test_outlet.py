@@ -21,25 +21,26 @@ from wsproto.events import AcceptConnection, TextMessage
 
 from app.events.bus import Event, channels_for
 from app.events.cursor import CursorWriter, decode_cursor, encode_cursor
-from app.events.follow import Delivery, StreamEnded
-from app.events.hub import RESYNC, Hub, Subscription
+from app.events.follow import StreamEnded
+from app.events.hub import FAN_OUT_SLICE, RESYNC, Hub, Subscription
 from app.events.outlet import FellBehind, Outlet, plain_socket, send_within
+from app.events.sse import message_bytes, sse_outlet
 from app.events.ws import text_frame
 from tests.fuzzing import bounded
 
 
 class Positions:
-    """What the outlet needs of a Follower: accept an event once, in order, with the cursor after it."""
+    """What the outlet needs of a Follower: move past an event once, in order, giving the cursor after it."""
 
     def __init__(self):
         self.last = 0
 
-    def accept(self, event: Event) -> Delivery | None:
+    def advance(self, event: Event) -> str | None:
         number = int(event.id.split("-")[0])
         if number <= self.last:
             return None
         self.last = number
-        return Delivery(event, f"c{number}")
+        return f"c{number}"
 
 
 class Count:
@@ -54,8 +55,8 @@ def event(n: int, size: int = 10) -> Event:
     return Event(f"{n}-0", "broadcast", "tick", '"' + "x" * size + '"', "t")
 
 
-def frame(delivery: Delivery) -> bytes:
-    return f"[{delivery.cursor}]".encode() + delivery.event.data.encode()
+def frame(event: Event, cursor: str) -> bytes:
+    return f"[{cursor}]".encode() + event.data.encode()
 
 
 @pytest.fixture
@@ -97,7 +98,7 @@ def test_events_to_a_parked_reader_are_written_without_waking_it(pair):
     reader = parked(subscription, outlet)
     for n in (1, 2, 3, 2):  # the repeated 2 (history and live overlapping) is not written twice
         subscription.offer(event(n))
-    expected = b"".join(frame(Delivery(event(n), f"c{n}")) for n in (1, 2, 3))
+    expected = b"".join(frame(event(n), f"c{n}") for n in (1, 2, 3))
     assert read_exactly(client, len(expected)) == expected
     assert not reader.ready() and delivered.value == 3  # still parked: nothing woke it
     subscription.end("shutdown")  # and it does wake for what needs it
@@ -125,7 +126,7 @@ def test_a_socket_that_would_block_hands_the_rest_to_the_reader_then_queues_in_o
     subscription.offer(event(2))  # while the reader is busy: queued, behind the rest
     assert list(subscription.items) == [event(2)]
     finishing = gevent.spawn(outlet.finish)
-    expected = frame(Delivery(big, "c1"))
+    expected = frame(big, "c1")
     assert read_exactly(client, len(expected)) == expected
     finishing.get(timeout=5)
     assert not outlet.unsent
@@ -191,6 +192,17 @@ def test_a_readers_cursor_writer_makes_the_same_cursor_as_encode_cursor(user, ad
     assert decode_cursor(cursor, channels) == positions
 
 
+@pytest.mark.parametrize("chunked", [True, False])
+@pytest.mark.parametrize("size", [0, 1, 200, 5000])
+def test_an_sse_frame_is_the_message_in_the_responses_framing(pair, chunked, size):
+    server, _ = pair
+    message_event, cursor = event(7, size), encode_cursor({"broadcast": "7-0", "user:u": "1-0"})
+    framed = sse_outlet(Positions(), server, chunked, 1.0).frame(message_event, cursor)
+    message = message_bytes(message_event, cursor)
+    assert message == f"id: {cursor}\nevent: tick\ndata: {message_event.as_json()}\n\n".encode()
+    assert framed == (b"%x\r\n%b\r\n" % (len(message), message) if chunked else message)
+
+
 @pytest.mark.parametrize("size", [0, 1, 125, 126, 127, 65535, 65536, 70000])
 def test_a_text_frame_is_what_wsproto_makes_without_compression(size):
     server = WSConnection(ConnectionType.SERVER)
@@ -249,9 +261,41 @@ def test_events_that_arrived_together_reach_a_parked_reader_in_one_write(pair):
         for n in (1, 2, 3)
     ]
     hub.deliver_all(wire)
-    expected = b"".join(frame(Delivery(Event(f"{n}-0", "broadcast", "tick", "1", "t"), f"c{n}")) for n in (1, 2, 3))
+    expected = b"".join(frame(Event(f"{n}-0", "broadcast", "tick", "1", "t"), f"c{n}") for n in (1, 2, 3))
     assert read_exactly(client, len(expected)) == expected
     assert outlet.raw.sends == 1 and delivered.value == 3 and not reader.ready()
     hub.deliver_all(wire[:1] + [("control", json.dumps({"whole_user": True, "user_id": "u"}))] + wire[1:])
     reader.get(timeout=5)  # woken by the control message, which came after event 1 and before 2 and 3
     assert subscription.ended == "session_ended" and delivered.value == 3
+
+
+class Recorder:
+    """An outlet that notes the order of its writes among everything else that runs."""
+
+    stalled = False
+
+    def __init__(self, log: list):
+        self.log = log
+
+    def write(self, event) -> bool:
+        return self.write_all([event])
+
+    def write_all(self, events) -> bool:
+        self.log.append("write")
+        return True
+
+
+def test_a_large_fan_out_lets_other_greenlets_run_between_slices():
+    hub = Hub(topology=None)
+    log: list[str] = []
+    readers = FAN_OUT_SLICE * 3
+    for n in range(readers):
+        subscription = Subscription(["broadcast"], f"u{n}", f"s{n}", maxsize=10)
+        subscription.outlet = Recorder(log)
+        hub.by_channel["broadcast"].add(subscription)
+    gevent.spawn(log.append, "request")  # ready to run from now on
+    hub.deliver_all(
+        [("wake:{broadcast}", json.dumps({"id": "1-0", "channel": "broadcast", "event": "t", "data": "1", "ts": "t"}))]
+    )
+    assert log.count("write") == readers  # every reader was written to
+    assert 0 < log.index("request") < readers  # and the other greenlet ran before the fan-out was over
