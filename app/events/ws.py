@@ -10,6 +10,7 @@ import contextlib
 import json
 import logging
 import socket
+import threading
 import time
 
 import gevent
@@ -18,7 +19,7 @@ import gevent.socket
 from flask import current_app, g, request
 from flask_sock import Sock
 from simple_websocket import ConnectionClosed
-from wsproto.events import CloseConnection, TextMessage
+from wsproto.events import CloseConnection, Ping, TextMessage
 from wsproto.utilities import LocalProtocolError
 
 from ..auth.guards import authenticate, origin_allowed
@@ -42,12 +43,15 @@ MESSAGE_LIMIT = 64 * 1024
 DELIVERED = EVENTS_DELIVERED.labels("websocket")
 DELIVERED_BY_HUB = Tally(DELIVERED)
 PING_INTERVAL = 25
+RECEIVE_BYTES = 4096
+READS_PER_TURN = 16  # a client that keeps sending is read in turns of 64 KB, between which others run
 CLOSE_REASONS = {
     "token_expired": (CLOSE_POLICY, "token expired"),
     "session_ended": (CLOSE_POLICY, "session ended"),
     "shutdown": (CLOSE_GOING_AWAY, "server shutting down"),
     "overflow": (CLOSE_TRY_AGAIN, "client fell behind; reconnect with your cursor"),
     "gone": (CLOSE_NORMAL, ""),
+    "silent": (CLOSE_POLICY, "Ping/Pong timeout"),
 }
 
 
@@ -71,7 +75,7 @@ class FrameWriter:
     def __init__(self, raw_socket, send_timeout: float):
         self.raw = raw_socket
         self.send_timeout = send_timeout
-        self.lock = gevent.lock.RLock()
+        self.lock = gevent.lock.Semaphore()  # never taken twice by one greenlet
         self.unsent = b""
         self.outlet: Outlet | None = None  # the hub's writer of events: its half-written frame goes first
 
@@ -155,21 +159,99 @@ def websocket(ws):
             get_leases().release(lease)
 
 
+class NotStarted:
+    """simple-websocket's reader, left unstarted: `Connection` reads the socket itself."""
+
+    name = "simple-websocket reader (not started)"
+
+    def start(self) -> None:
+        """Nothing to start."""
+
+    def join(self, timeout=None) -> None:
+        """Nothing to wait for."""
+
+
+def reader_thread(target):
+    """simple-websocket's reader thread (a greenlet under gevent) for one connection, started by it.
+
+    Over a plain socket it is not started: the connection's own greenlet reads what the client sends
+    when the socket is readable, so a parked WebSocket holds one greenlet, not two. Over TLS (bytes may
+    wait decrypted above the socket) simple-websocket's reader runs as it comes.
+    """
+    if plain_socket(target.__self__.sock) is not None:
+        return NotStarted()
+    return threading.Thread(target=target)
+
+
 class SocketControl:
     """Everything taken from simple-websocket beyond its public receive/send/close, in one place.
 
     Its own send may write part of a frame while its reader thread answers a ping, and has no
     deadline; so frames are built with its wsproto connection and written through a FrameWriter
-    swapped in for its socket, and a close marks it closed and wakes its receiver. If an upgrade
-    renames any of these attributes, tests/events/test_websocket_internals.py fails.
+    swapped in for its socket, and a close marks it closed and wakes its receiver. Over a plain
+    socket its reader is not started: what the client sends is read here and handed to its event
+    handling, and pings are sent from here. If an upgrade renames any of these attributes,
+    tests/events/test_websocket_internals.py fails.
     """
 
-    ATTRIBUTES = ("sock", "ws", "connected", "event")
+    ATTRIBUTES = ("sock", "ws", "connected", "event", "thread", "input_buffer", "pong_received", "_handle_events")
+    HANDSHAKE_ATTRIBUTES = ("_h11_connection", "_initiating_request")  # of wsproto's handshake
 
     def __init__(self, ws, send_timeout: float):
         self.ws = ws
         self.writer = FrameWriter(ws.sock, send_timeout)
         ws.sock = self.writer
+        self.reads_itself = isinstance(ws.thread, NotStarted)
+        # wsproto keeps the handshake's HTTP parser (h11) and request for the connection's whole life;
+        # past the upgrade nothing reads them again.
+        for name in self.HANDSHAKE_ATTRIBUTES:
+            setattr(ws.ws.handshake, name, None)
+        self.readable = gevent.get_hub().loop.io(self.writer.raw.fileno(), 1) if self.reads_itself else None
+
+    def watch_reads(self) -> None:
+        """Wake the connection's greenlet (simple-websocket's event) once the client has sent something."""
+        if self.readable is not None and not self.readable.active:
+            self.readable.start(self._readable)
+
+    def _readable(self) -> None:
+        self.readable.stop()
+        self.ws.event.set()
+
+    def stop_reading(self) -> None:
+        """Before the socket closes: no watcher may be left on its descriptor."""
+        if self.readable is not None:
+            self.readable.stop()
+            self.readable.close()
+            self.readable = None
+
+    def take_in(self) -> None:
+        """Read what the client has sent, without waiting, and have simple-websocket handle it: messages
+        queue for receive(), pings are answered, a close is answered and ends the connection."""
+        if not self.reads_itself:
+            return
+        for _ in range(READS_PER_TURN):
+            if not self.ws.connected:
+                return
+            try:
+                data = self.writer.raw._sock.recv(RECEIVE_BYTES)  # the non-blocking OS socket: never waits
+            except BlockingIOError:
+                return
+            except OSError:
+                data = b""
+            if not data:  # the client left
+                self.ws.connected = False
+                return
+            self.ws.ws.receive_data(data)
+            self.ws.connected = self.ws._handle_events()
+        # More may be waiting: the watcher, started again before the greenlet waits, wakes it at once.
+
+    def ping(self) -> bool:
+        """Ping the client; False if it has not answered the previous ping."""
+        if not self.ws.pong_received:
+            return False
+        self.ws.pong_received = False
+        self.writer.send(self.ws.ws.send(Ping()))
+        return True
 
     @property
     def open(self) -> bool:
@@ -203,9 +285,11 @@ class Connection:
     """One upgraded WebSocket, served by one greenlet: it answers the client's frames and sends what the
     hub cannot write itself (see outlet.py), waking for either on one event.
 
-    simple-websocket's reader sets that event when a frame arrives or the connection ends; the hub sets
-    it when the reader's greenlet is needed. So a parked WebSocket holds two greenlets (this one and
-    simple-websocket's reader), not three.
+    The event is set by a watcher on the socket when the client has sent something (the greenlet then
+    reads it, and simple-websocket handles it), and by the hub when the greenlet is needed. So a parked
+    WebSocket holds this one greenlet; the greenlet also pings the client every PING_INTERVAL seconds and
+    ends a connection whose client did not answer the last ping. Over TLS, simple-websocket's own reader
+    greenlet reads and pings instead.
     """
 
     def __init__(self, ws, follower: Follower, send_timeout: float, compressed: bool = True):
@@ -225,12 +309,18 @@ class Connection:
             self.send(json.dumps({"type": "welcome", "cursor": self.follower.cursor, "user": self.caller.user}))
             outlet = self.outlet()
             deliveries = self.follower.take_ready()
+            next_ping = time.monotonic() + PING_INTERVAL
             while True:
                 for delivery in deliveries:
                     self.send(event_message(delivery))
                 DELIVERED.inc(len(deliveries))
                 self.answer_client()
-                deliveries = self.follower.wait(PING_INTERVAL, outlet)
+                if self.socket.reads_itself and time.monotonic() >= next_ping:
+                    if not self.socket.ping():
+                        raise StreamEnded("silent")
+                    next_ping = time.monotonic() + PING_INTERVAL
+                self.socket.watch_reads()
+                deliveries = self.follower.wait(max(0.0, next_ping - time.monotonic()), outlet)
         except StreamEnded as ended:
             self.close(*CLOSE_REASONS[ended.reason])
         except FellBehind:
@@ -241,10 +331,12 @@ class Connection:
             log_failure("websocket failed", error)
             self.close(CLOSE_INTERNAL_ERROR, "internal error; reconnect with your cursor")
         finally:
+            self.socket.stop_reading()
             OPEN_CONNECTIONS.labels("websocket").dec()
 
     def answer_client(self) -> None:
         """Every frame the client has sent so far (ConnectionClosed once it has left)."""
+        self.socket.take_in()
         while (message := self.ws.receive(timeout=0)) is not None:
             reply = handle_client_message(self.follower.bus, self.caller, message)
             if reply is not None:
@@ -334,5 +426,9 @@ def handle_client_message(bus, caller, message) -> dict | None:
 
 def init_app(app) -> None:
     """Bind flask-sock with the ping interval and the message size limit."""
-    app.config["SOCK_SERVER_OPTIONS"] = {"ping_interval": PING_INTERVAL, "max_message_size": MESSAGE_LIMIT}
+    app.config["SOCK_SERVER_OPTIONS"] = {
+        "ping_interval": PING_INTERVAL,  # for simple-websocket's reader, where it runs (TLS)
+        "max_message_size": MESSAGE_LIMIT,
+        "thread_class": reader_thread,
+    }
     sock.init_app(app)

@@ -214,6 +214,18 @@ def test_websocket_welcome_event_ack_pong_and_errors(server):
         ws.close()
 
 
+def test_a_websocket_protocol_ping_is_answered_with_its_pong(server):
+    user = Api(server.url)
+    ws = open_ws(server.url, user.auth)
+    try:
+        assert ws_json(ws)["type"] == "welcome"
+        ws.ping("are you there")
+        opcode, frame = ws.recv_data_frame(control_frame=True)
+        assert opcode == websocket.ABNF.OPCODE_PONG and frame.data == b"are you there"
+    finally:
+        ws.close()
+
+
 def test_websocket_frame_over_64_kib_closes_with_1009(server):
     user = Api(server.url)
     ws = open_ws(server.url, user.auth)

@@ -35,6 +35,8 @@ def test_the_attributes_socket_control_uses_exist():
     try:
         for name in SocketControl.ATTRIBUTES:
             assert hasattr(server, name), f"simple-websocket no longer has Server.{name}"
+        for name in SocketControl.HANDSHAKE_ATTRIBUTES:  # what is let go of after the upgrade
+            assert hasattr(server.ws.handshake, name), f"wsproto's handshake no longer has {name}"
     finally:
         server.close()
         client.close()
@@ -67,3 +69,59 @@ def test_frames_go_out_through_our_writer_and_a_close_wakes_the_receiver():
         assert not control.open and outcome == {"closed": True}
     finally:
         client.close()
+
+
+def read_frame(client) -> tuple[int, bytes]:
+    """One unmasked server frame (opcode, payload) from a blocking socket."""
+    head = client.recv(2)
+    length = head[1] & 0x7F
+    payload = b""
+    while len(payload) < length:
+        payload += client.recv(length - len(payload))
+    return head[0] & 0x0F, payload
+
+
+def masked(opcode: int, payload: bytes) -> bytes:
+    """One final client frame (clients mask theirs), payload under 126 bytes."""
+    mask = os.urandom(4)
+    return bytes((0x80 | opcode, 0x80 | len(payload))) + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+
+
+def test_over_a_plain_socket_the_connection_reads_and_pings_without_simple_websockets_reader():
+    import gevent.event
+    import gevent.socket
+
+    from app.events.ws import NotStarted, reader_thread
+
+    server_side, client = gevent.socket.socketpair()
+    environ = {
+        "gunicorn.socket": server_side,
+        "HTTP_HOST": "localhost",
+        "HTTP_CONNECTION": "Upgrade",
+        "HTTP_UPGRADE": "websocket",
+        "HTTP_SEC_WEBSOCKET_KEY": base64.b64encode(os.urandom(16)).decode(),
+        "HTTP_SEC_WEBSOCKET_VERSION": "13",
+    }
+    server = simple_websocket.Server(environ, thread_class=reader_thread)
+    try:
+        assert isinstance(server.thread, NotStarted)
+        assert client.recv(4096).startswith(b"HTTP/1.1 101")
+        control = SocketControl(server, send_timeout=2)
+        woken = server.event = gevent.event.Event()
+        control.watch_reads()
+        client.sendall(masked(0x1, b'{"type": "ping"}') + masked(0x9, b"are you there"))
+        assert woken.wait(5)  # the watcher noticed the client's frames
+        control.take_in()
+        assert server.receive(timeout=0) == '{"type": "ping"}'
+        assert read_frame(client) == (0xA, b"are you there")  # simple-websocket answered the ping
+        assert control.ping() and read_frame(client)[0] == 0x9  # our ping went out
+        assert not control.ping()  # unanswered: the connection is to end
+        client.sendall(masked(0xA, b""))
+        control.take_in()
+        assert control.ping()  # answered, so the next one goes out
+        client.close()
+        control.take_in()
+        assert not control.open  # the client left
+    finally:
+        control.stop_reading()
+        server_side.close()
