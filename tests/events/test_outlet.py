@@ -285,17 +285,20 @@ class Recorder:
         return True
 
 
-def test_a_large_fan_out_lets_other_greenlets_run_between_slices():
+@pytest.mark.parametrize("readers, events", [(FAN_OUT_SLICE * 3, 1), (3, FAN_OUT_SLICE)])
+def test_a_large_fan_out_lets_other_greenlets_run_between_slices(readers, events):
+    """Slices count deliveries: one event to many readers, or many events to a few."""
     hub = Hub(topology=None)
     log: list[str] = []
-    readers = FAN_OUT_SLICE * 3
     for n in range(readers):
         subscription = Subscription(["broadcast"], f"u{n}", f"s{n}", maxsize=10)
         subscription.outlet = Recorder(log)
         hub.by_channel["broadcast"].add(subscription)
     gevent.spawn(log.append, "request")  # ready to run from now on
-    hub.deliver_all(
-        [("wake:{broadcast}", json.dumps({"id": "1-0", "channel": "broadcast", "event": "t", "data": "1", "ts": "t"}))]
-    )
-    assert log.count("write") == readers  # every reader was written to
+    wire = [
+        ("wake:{broadcast}", json.dumps({"id": f"{n}-0", "channel": "broadcast", "event": "t", "data": "1", "ts": "t"}))
+        for n in range(1, events + 1)
+    ]
+    hub.deliver_all(wire)
+    assert log.count("write") == readers  # every reader was written to (a batch in one write)
     assert 0 < log.index("request") < readers  # and the other greenlet ran before the fan-out was over
