@@ -13,18 +13,22 @@ import simple_websocket
 from app.events.ws import SocketControl
 
 
-def upgraded_server() -> tuple[simple_websocket.Server, socket.socket]:
-    """A real simple-websocket server over a socket pair, past its handshake."""
-    server_side, client_side = socket.socketpair()
-    environ = {
-        "werkzeug.socket": server_side,
+def upgrade_request(socket_key: str, sock) -> dict:
+    """The WSGI environ of a WebSocket handshake whose socket the server finds under `socket_key`."""
+    return {
+        socket_key: sock,
         "HTTP_HOST": "localhost",
         "HTTP_CONNECTION": "Upgrade",
         "HTTP_UPGRADE": "websocket",
         "HTTP_SEC_WEBSOCKET_KEY": base64.b64encode(os.urandom(16)).decode(),
         "HTTP_SEC_WEBSOCKET_VERSION": "13",
     }
-    server = simple_websocket.Server(environ)
+
+
+def upgraded_server() -> tuple[simple_websocket.Server, socket.socket]:
+    """A real simple-websocket server over a socket pair, past its handshake."""
+    server_side, client_side = socket.socketpair()
+    server = simple_websocket.Server(upgrade_request("werkzeug.socket", server_side))
     client_side.settimeout(5)
     assert client_side.recv(4096).startswith(b"HTTP/1.1 101")
     return server, client_side
@@ -94,15 +98,7 @@ def test_over_a_plain_socket_the_connection_reads_and_pings_without_simple_webso
     from app.events.ws import NotStarted, reader_thread
 
     server_side, client = gevent.socket.socketpair()
-    environ = {
-        "gunicorn.socket": server_side,
-        "HTTP_HOST": "localhost",
-        "HTTP_CONNECTION": "Upgrade",
-        "HTTP_UPGRADE": "websocket",
-        "HTTP_SEC_WEBSOCKET_KEY": base64.b64encode(os.urandom(16)).decode(),
-        "HTTP_SEC_WEBSOCKET_VERSION": "13",
-    }
-    server = simple_websocket.Server(environ, thread_class=reader_thread)
+    server = simple_websocket.Server(upgrade_request("gunicorn.socket", server_side), thread_class=reader_thread)
     try:
         assert isinstance(server.thread, NotStarted)
         assert client.recv(4096).startswith(b"HTTP/1.1 101")
