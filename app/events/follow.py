@@ -17,7 +17,8 @@ from .leases import ConnectionLeases
 
 
 class StreamEnded(Exception):
-    """The connection must end: `reason` is token_expired, session_ended, overflow, shutdown or gone."""
+    """The connection must end: `reason` is token_expired, session_ended, overflow, shutdown, gone, or
+    (a WebSocket whose client did not answer a ping) silent."""
 
     def __init__(self, reason: str):
         super().__init__(reason)
