@@ -95,6 +95,7 @@ limit_request_field_size = 8190
 # line per request, so gunicorn's access log is left off.
 accesslog = None
 errorlog = "-"
+loglevel = os.environ.get("LOG_LEVEL", "info").lower()
 
 
 class AppWritesAccessLines(Logger):
@@ -109,7 +110,6 @@ class AppWritesAccessLines(Logger):
 
 
 logger_class = AppWritesAccessLines
-loglevel = os.environ.get("LOG_LEVEL", "info").lower()
 
 
 class JsonFormatter(logging.Formatter):

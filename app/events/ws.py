@@ -188,7 +188,7 @@ class SocketControl:
 
     Its own send may write part of a frame while its reader thread answers a ping, and has no
     deadline; so frames are built with its wsproto connection and written through a FrameWriter
-    swapped in for its socket, and a close marks it closed and wakes its receiver. Over a plain
+    swapped in for its socket, and a close marks it closed. Over a plain
     socket its reader is not started: what the client sends is read here and handed to its event
     handling, and pings are sent from here. If an upgrade renames any of these attributes,
     tests/events/test_websocket_internals.py fails.
@@ -267,12 +267,8 @@ class SocketControl:
         return self.ws.ws.send(CloseConnection(code, reason))
 
     def mark_closed(self) -> None:
-        """Mark the connection closed, so that the receiving loop ends."""
+        """Mark the connection closed: receive() raises ConnectionClosed from now on."""
         self.ws.connected = False
-
-    def wake_receiver(self) -> None:
-        """Wake a receive() that is waiting without a time-out."""
-        self.ws.event.set()
 
     def share_wakeups(self, event) -> None:
         """Have simple-websocket set `event` (instead of its own) when a frame arrives or the connection ends."""
