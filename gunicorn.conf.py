@@ -159,10 +159,15 @@ def post_worker_init(worker):
     close 1001) sends clients to a live worker, where they resume by cursor.
     """
     import gevent
+    from gunicorn.workers import ggevent
 
     from app import mail, webhooks
     from app.events import end_live_connections
+    from app.events.handover import HandlerPool
 
+    # The worker makes its handler pools after this hook: of this class, a stream finds its own and
+    # keeps its place in it once it is parked without its handler (app/events/handover.py).
+    ggevent.Pool = HandlerPool
     webhooks.start_background_tasks(worker.wsgi)  # retries webhook deliveries whose publishing failed
     mail.start_background_tasks(worker.wsgi)  # sends queued mail, retrying while the SMTP server is down
 

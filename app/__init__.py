@@ -14,6 +14,7 @@ from .apikeys import views as apikey_views
 from .auth import account, guards, oauth, tokens
 from .auth import views as auth_views
 from .events import views as event_views
+from .events.handover import KeepsServerResponse
 from .outgoing import views as outgoing_views
 from .proxy import TrustedProxyFix
 from .settings import load_settings
@@ -45,6 +46,7 @@ def create_app(environ: Mapping[str, str] | None = None) -> Flask:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if settings.proxy_hops:
         app.wsgi_app = TrustedProxyFix(app.wsgi_app, settings.proxy_hops, settings.forwarded_allow_ips)
+    app.wsgi_app = KeepsServerResponse(app.wsgi_app)  # a stream may hand its connection over (handover.py)
 
     # Infrastructure every feature relies on: the error shape, the request log, Redis, token keys,
     # the CSRF/CORS guards.

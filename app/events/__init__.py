@@ -27,6 +27,7 @@ def init_app(app: Flask) -> None:
     topology = Cluster(client, settings.redis_url) if is_cluster(client) else OneServer(settings.redis_url)
     app.extensions["event_hub"] = Hub(topology)
     app.extensions["connection_leases"] = ConnectionLeases(client, settings.max_connections_per_user)
+    sse.init_app(app)
     ws.init_app(app)
 
     def close_live_connections(sender, user_id, session_ids, whole_user=False, **_):

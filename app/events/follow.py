@@ -114,7 +114,23 @@ class Follower:
         remaining = self.caller.expires_at - time.time()
         if remaining <= 0:
             raise StreamEnded("token_expired")
-        items = self.subscription.take(min(timeout, remaining), outlet)
+        return self._after_waiting(self.subscription.take(min(timeout, remaining), outlet), outlet)
+
+    def take_now(self, outlet) -> list[Delivery]:
+        """Like wait() without waiting, for a parked stream the hub woke (parked.py): the outlet's unsent
+        rest is written first; [] when nothing is queued."""
+        if self.pending:
+            return self.take_ready()
+        if time.time() >= self.caller.expires_at:
+            raise StreamEnded("token_expired")
+        return self._after_waiting(self.subscription.take_now(), outlet)
+
+    def idle(self) -> bool:
+        """Nothing to deliver and no reason to end: a stream may park."""
+        subscription = self.subscription
+        return not self.pending and not subscription.items and subscription.ended is None
+
+    def _after_waiting(self, items: list, outlet) -> list[Delivery]:
         if outlet is not None:
             outlet.finish()
         if self.subscription.ended:

@@ -53,10 +53,22 @@ class Subscription:
 
     While its reader is parked with nothing queued, the reader may lend an `outlet` (outlet.py): events
     are then written to the client at once, in the hub's greenlet, and the reader is woken only when the
-    outlet stalls (its socket would block, or the client left).
+    outlet stalls (its socket would block, or the client left). A stream parked without a greenlet
+    (parked.py) is woken through its `parked` record instead.
     """
 
-    __slots__ = ("channels", "user_id", "session_id", "maxsize", "items", "ready", "ended", "outlet", "__weakref__")
+    __slots__ = (
+        "channels",
+        "user_id",
+        "session_id",
+        "maxsize",
+        "items",
+        "ready",
+        "ended",
+        "outlet",
+        "parked",
+        "__weakref__",
+    )
 
     def __init__(self, channels: list[str], user_id: str, session_id: str, maxsize: int):
         self.channels = channels
@@ -67,6 +79,14 @@ class Subscription:
         self.ready = gevent.event.Event()
         self.ended: str | None = None  # session_ended | overflow | shutdown | gone
         self.outlet = None
+        self.parked = None
+
+    def wake(self) -> None:
+        """Wake the reader: its waiting greenlet, or a greenlet for its parked stream."""
+        if self.parked is None:
+            self.ready.set()
+        else:
+            self.parked.wake()
 
     def offer(self, item) -> None:
         """Deliver an event through the outlet, or queue it (or a resync); past the bound the connection ends."""
@@ -76,14 +96,14 @@ class Subscription:
                 if not outlet.stalled:
                     return
                 self.outlet = None  # the reader finishes the write, then queued items follow it
-                self.ready.set()
+                self.wake()
                 return
             self.outlet = None
         if len(self.items) >= self.maxsize:
             self.end("overflow")
             return
         self.items.append(item)
-        self.ready.set()
+        self.wake()
 
     def offer_all(self, events: list) -> None:
         """Several events of one channel: through the outlet in one write, or queued one by one."""
@@ -92,7 +112,7 @@ class Subscription:
             if outlet.write_all(events):
                 if outlet.stalled:
                     self.outlet = None
-                    self.ready.set()
+                    self.wake()
                 return
             self.outlet = None
         for event in events:
@@ -103,7 +123,7 @@ class Subscription:
         if self.ended is None:
             self.ended = reason
         self.outlet = None
-        self.ready.set()
+        self.wake()
 
     def take(self, timeout: float | None, outlet=None) -> list:
         """Everything queued, waiting up to `timeout` seconds for something (or for an end).
@@ -116,6 +136,10 @@ class Subscription:
                 self.ready.wait(timeout)
             finally:
                 self.outlet = None
+        return self.take_now()
+
+    def take_now(self) -> list:
+        """Everything queued, without waiting."""
         self.ready.clear()
         taken, self.items = self.items, []
         return taken

@@ -118,18 +118,26 @@ class Outlet:
                     frames.append(frame(event, cursor))
             if not frames:
                 return True
-            data = b"".join(frames)
+        except OSError:
+            self.gone = True
+            return True
+        self.send(b"".join(frames))
+        if not self.gone:
+            self.delivered.inc(len(frames))
+        return True
+
+    def send(self, data: bytes) -> None:
+        """Write `data` now, without waiting: what the socket does not take is left for finish()."""
+        try:
             sent = self.raw.send(data)
         except BlockingIOError:
             sent = 0
         except OSError:
             self.gone = True
-            return True
+            return
         if sent < len(data):
             self.unsent = data[sent:]
-        self.delivered.inc(len(frames))
         self.wrote_at = time.monotonic()
-        return True
 
     def finish(self) -> None:
         """In the reader's greenlet after it wakes: write what the hub could not. StreamEnded when it cannot."""

@@ -6,7 +6,7 @@ import json
 import logging
 import time
 
-from flask import Response, current_app, request
+from flask import Flask, Response, current_app, request
 
 from ..auth.guards import login_required
 from ..errors import REDIS_UNAVAILABLE
@@ -14,8 +14,10 @@ from ..http import validated_query
 from ..metrics import EVENTS_DELIVERED, OPEN_CONNECTIONS
 from ..openapi import operation
 from .bus import Event
-from .follow import Follower, StreamEnded
+from .follow import Delivery, Follower, StreamEnded
+from .handover import Handover
 from .outlet import Outlet, Tally, plain_socket, send_within
+from .parked import FAREWELL_REASONS, ParkedStream, Parking
 from .schemas import StreamPosition
 from .views import bp, follower_for_request
 
@@ -49,6 +51,24 @@ def message_bytes(event: Event, cursor: str) -> bytes:
     return b"id: %b\n%b" % (cursor.encode(), event.sse_tail())
 
 
+def messages(deliveries: list[Delivery]) -> bytes:
+    """The SSE messages of deliveries, as one piece."""
+    return b"".join(message_bytes(d.event, d.cursor) for d in deliveries)
+
+
+def farewell(reason: str) -> bytes:
+    """The event that tells the client why its stream ends (session_ended, token_expired)."""
+    return sse_frame(json.dumps({"reason": reason}), "session_ended").encode()
+
+
+def init_app(app: Flask) -> None:
+    """This worker's parked streams (parked.py)."""
+    settings = app.config["SETTINGS"]
+    app.extensions["parked_streams"] = Parking(
+        settings.sse_heartbeat_seconds, settings.ws_send_timeout, messages, farewell, DELIVERED
+    )
+
+
 def sse_outlet(follower: Follower, sock, chunked: bool, send_timeout: float) -> Outlet:
     """An outlet writing SSE messages straight to the response's socket, in the WSGI server's framing."""
 
@@ -64,25 +84,39 @@ def sse_outlet(follower: Follower, sock, chunked: bool, send_timeout: float) -> 
     return Outlet(follower, sock, frame, DELIVERED_BY_HUB, finish_rest)
 
 
+class StreamResponse(Response):
+    """A response whose closing callbacks a parked stream takes over."""
+
+    def take_close_callbacks(self) -> list:
+        """What closing the response would run, for whoever ends the stream later (a parked stream)."""
+        callbacks, self._on_close = self._on_close, []
+        return callbacks
+
+
 class StreamBody:
     """The response body, handed to the WSGI server as it is (direct passthrough): iterating it iterates
-    the generator itself, without werkzeug's wrappers around it, so a parked stream's greenlet keeps a
-    shallower stack; closing it closes the response (its call_on_close callbacks), as the wrappers did."""
+    the generator itself, without werkzeug's wrappers around it, so a stream's greenlet keeps a shallower
+    stack. Closing it closes the response (its call_on_close callbacks), as the wrappers did; or, when
+    the generator handed the connection over (`park` set), parks the stream with those callbacks."""
 
-    __slots__ = ("generator", "response")
+    __slots__ = ("generator", "response", "park")
 
     def __init__(self, generator):
         self.generator = generator
-        self.response: Response | None = None
+        self.response: StreamResponse | None = None
+        self.park = None
 
     def __iter__(self):
         return self.generator
 
     def close(self) -> None:
-        """Close the generator, then the response (which closes this again: it stops here)."""
+        """Close the generator, then the response (which closes this again: it stops here) or park it."""
         self.generator.close()
         response, self.response = self.response, None
-        if response is not None:
+        park, self.park = self.park, None
+        if park is not None and response is not None:
+            park(response.take_close_callbacks())
+        elif response is not None:
             response.close()
 
 
@@ -106,8 +140,20 @@ def stream():
     heartbeat = settings.sse_heartbeat_seconds
     # Under gunicorn, the hub may write events to the response's socket itself (outlet.py), framed as
     # gunicorn frames the body: chunked, unless the client speaks HTTP/1.0. A HEAD has no body at all.
-    sock = plain_socket(request.environ.get("gunicorn.socket")) if request.method == "GET" else None
+    # An idle stream is handed over from gunicorn's handler and parked without a greenlet (parked.py).
+    get = request.method == "GET"
+    sock = plain_socket(request.environ.get("gunicorn.socket")) if get else None
+    handover = Handover.possible(request.environ) if get else None
+    parking = current_app.extensions["parked_streams"]
     chunked = request.environ.get("SERVER_PROTOCOL") != "HTTP/1.0"
+
+    def finish() -> None:
+        OPEN_CONNECTIONS.labels("sse").dec()
+        follower.close()
+
+    def park(callbacks: list) -> None:
+        outlet = sse_outlet(follower, handover.take(), chunked, settings.ws_send_timeout)
+        parking.add(ParkedStream(parking, follower, outlet, handover, chunked, [finish, *callbacks]))
 
     def generate():
         OPEN_CONNECTIONS.labels("sse").inc()
@@ -117,28 +163,32 @@ def stream():
             deliveries, last_write = follower.take_ready(), time.monotonic()
             while True:
                 if deliveries:
-                    yield b"".join(message_bytes(d.event, d.cursor) for d in deliveries)
+                    yield messages(deliveries)
                     DELIVERED.inc(len(deliveries))
                     last_write = time.monotonic()
                 elif time.monotonic() - max(last_write, outlet.wrote_at if outlet else 0) >= heartbeat:
                     yield b": ping\n\n"  # heartbeat: keeps proxies from closing an idle stream
                     last_write = time.monotonic()
+                if handover is not None and follower.idle() and handover.can_start():
+                    handover.prepare()
+                    body.park = park
+                    return  # body.close() parks the stream
                 quiet = time.monotonic() - max(last_write, outlet.wrote_at if outlet else 0)
                 try:
                     deliveries = follower.wait(max(0.0, heartbeat - quiet), outlet)
-                except StreamEnded as ended:
-                    if ended.reason in ("session_ended", "token_expired"):
-                        yield sse_frame(json.dumps({"reason": ended.reason}), "session_ended").encode()
+                except StreamEnded as end:
+                    if end.reason in FAREWELL_REASONS:
+                        yield farewell(end.reason)
                     return  # shutdown, overflow or gone: the client reconnects with Last-Event-ID
                 except REDIS_UNAVAILABLE as error:  # e.g. catching up during a failover
                     log.warning("sse stream ended: redis unavailable (%s)", type(error).__name__)
                     return  # the client reconnects with Last-Event-ID
         finally:
-            OPEN_CONNECTIONS.labels("sse").dec()
-            follower.close()
+            if body.park is None:
+                finish()
 
     body = StreamBody(generate())
-    response = Response(body, status=200, mimetype="text/event-stream", direct_passthrough=True)
+    response = StreamResponse(body, status=200, mimetype="text/event-stream", direct_passthrough=True)
     body.response = response
     # The server closes every response, also one it never started iterating (the client left first).
     response.call_on_close(follower.close)

@@ -1,0 +1,203 @@
+"""SSE streams parked without a greenlet, once gunicorn's handler has handed their connection over.
+
+A parked stream is a small record: its follower, its outlet (through which the hub writes its events,
+as for a waiting reader) and its socket. No request, environ, WSGI frames or greenlet stack stay
+alive for it. One timer per worker writes the heartbeats of quiet streams and notices expired access
+tokens. A greenlet is spawned only for what needs one: the rest of a frame the socket could not take
+at once, queued events, a resynchronisation, the end. It parks the stream again when it is done.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import defaultdict
+from collections.abc import Callable
+
+import gevent
+
+from ..errors import REDIS_UNAVAILABLE
+from .follow import Delivery, Follower, StreamEnded
+from .handover import Handover
+from .outlet import FellBehind, Outlet, send_within
+
+log = logging.getLogger(__name__)
+
+FAREWELL_REASONS = ("session_ended", "token_expired")  # an SSE event says why; other ends just close
+SILENT_REASONS = ("gone", "overflow")  # nothing more is written: the client left or cannot keep up
+
+
+def chunk(data: bytes) -> bytes:
+    """`data` as one chunk of the chunked transfer coding."""
+    return b"%x\r\n%b\r\n" % (len(data), data)
+
+
+class ParkedStream:
+    """One handed-over SSE stream (see the module's docstring)."""
+
+    __slots__ = ("parking", "follower", "outlet", "sock", "handover", "chunked", "on_end", "serving", "done", "visit")
+
+    def __init__(self, parking: Parking, follower: Follower, outlet: Outlet, handover: Handover, chunked: bool, on_end):
+        """`outlet` writes to the socket `handover` took; `on_end` runs once the connection is closed."""
+        self.parking = parking
+        self.follower = follower
+        self.outlet = outlet
+        self.sock = outlet.sock
+        self.handover = handover
+        self.chunked = chunked
+        self.on_end: list[Callable[[], None]] = on_end
+        self.serving = False
+        self.done = False
+        self.visit = 0  # the timer's tick at which it is due (an earlier entry for it is stale)
+
+    def framed(self, data: bytes) -> bytes:
+        """`data` in the response's framing."""
+        return chunk(data) if self.chunked else data
+
+    def park(self) -> None:
+        """Lend the outlet to the hub and wait for the timer or the hub; at once if something waits."""
+        subscription = self.follower.subscription
+        subscription.parked = self
+        if self.follower.pending or subscription.items or subscription.ended is not None:
+            self.wake()
+            return
+        subscription.outlet = self.outlet
+        self.parking.schedule(self)
+
+    def wake(self) -> None:
+        """Something needs the stream's own greenlet (the hub took the outlet back first)."""
+        if not self.serving and not self.done:
+            self.serving = True
+            gevent.spawn(self.serve)
+
+    def serve(self) -> None:
+        """Write what is queued, as a waiting reader would; park again, or end."""
+        follower, parking = self.follower, self.parking
+        try:
+            while deliveries := follower.take_now(self.outlet):
+                self.send(self.framed(parking.body(deliveries)))
+                parking.delivered.inc(len(deliveries))
+        except StreamEnded as ended:
+            self.end(ended.reason)
+            return
+        except FellBehind:
+            self.end("overflow")
+            return
+        except OSError:
+            self.end("gone")
+            return
+        except REDIS_UNAVAILABLE as error:  # e.g. catching up during a failover
+            log.warning("sse stream ended: redis unavailable (%s)", type(error).__name__)
+            self.end("redis_unavailable")
+            return
+        except Exception:
+            log.exception("sse stream ended: its greenlet failed")
+            self.end("gone")
+            return
+        self.serving = False
+        self.park()
+
+    def send(self, data: bytes) -> None:
+        """Write `data` whole within the send time-out (from the stream's greenlet), else FellBehind."""
+        send_within(self.sock, data, time.monotonic() + self.parking.send_timeout)
+        self.outlet.wrote_at = time.monotonic()
+
+    def tick(self, now: float) -> None:
+        """From the timer, when the stream is due: a heartbeat, or the end of an expired access token."""
+        if self.serving or self.done:
+            return  # its greenlet parks it again, and that schedules it
+        if time.time() >= self.follower.caller.expires_at:
+            self.follower.subscription.outlet = None
+            self.wake()  # follower.take_now() ends it: token_expired
+            return
+        outlet = self.outlet
+        if now - outlet.wrote_at >= self.parking.heartbeat:
+            outlet.send(self.framed(b": ping\n\n"))  # keeps proxies from closing an idle stream
+            if outlet.stalled:
+                self.follower.subscription.outlet = None
+                self.wake()
+                return
+        self.parking.schedule(self)
+
+    def end(self, reason: str) -> None:
+        """Say why if the client must know, end the response, close; then what the request left to do."""
+        self.done = True
+        self.follower.subscription.outlet = None
+        try:
+            if reason not in SILENT_REASONS:
+                self.outlet.finish()  # a frame's unsent rest comes first (StreamEnded when it cannot)
+                farewell = self.parking.farewell(reason) if reason in FAREWELL_REASONS else b""
+                self.send((chunk(farewell) if farewell else b"") + b"0\r\n\r\n" if self.chunked else farewell)
+        except (StreamEnded, FellBehind, OSError):
+            pass  # the client is gone or stuck: closing is all that is left
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Close the connection, give its place back, and run what the request left to do at its end."""
+        self.sock.close()
+        self.parking.streams.discard(self)
+        self.handover.release()
+        for callback in self.on_end:
+            try:
+                callback()
+            except Exception:
+                log.exception("sse stream: a callback at its end failed")
+
+
+class Parking:
+    """This worker's parked SSE streams, and the one timer that serves their heartbeats and expiries.
+
+    A stream is due at its next heartbeat or when its access token expires, whichever is first; the
+    timer visits it then (to the tick), not before.
+    """
+
+    def __init__(
+        self,
+        heartbeat: float,
+        send_timeout: float,
+        body: Callable[[list[Delivery]], bytes],
+        farewell: Callable[[str], bytes],
+        delivered,
+    ):
+        """`body` makes the messages of deliveries, `farewell` the message that says why a stream ends."""
+        self.heartbeat = heartbeat
+        self.send_timeout = send_timeout
+        self.body = body
+        self.farewell = farewell
+        self.delivered = delivered
+        self.tick = min(1.0, heartbeat / 4)
+        self.streams: set[ParkedStream] = set()
+        self.due: dict[int, list[ParkedStream]] = defaultdict(list)
+        self.swept = math.floor(time.monotonic() / self.tick)
+        self.timer = None
+
+    def add(self, stream: ParkedStream) -> None:
+        """Park a stream just handed over (the timer starts with the first)."""
+        self.streams.add(stream)
+        if self.timer is None:
+            self.timer = gevent.get_hub().loop.timer(self.tick, self.tick)
+            self.timer.start(self.sweep)
+        stream.park()
+
+    def schedule(self, stream: ParkedStream) -> None:
+        """Visit `stream` at its next heartbeat or its token's expiry."""
+        monotonic_expiry = stream.follower.caller.expires_at - time.time() + time.monotonic()
+        when = min(stream.outlet.wrote_at + self.heartbeat, monotonic_expiry)
+        stream.visit = max(self.swept + 1, math.ceil(when / self.tick))
+        self.due[stream.visit].append(stream)
+
+    def sweep(self) -> None:
+        """The timer: visit the streams due by now."""
+        now = time.monotonic()
+        until = math.floor(now / self.tick)
+        while self.swept < until:
+            self.swept += 1
+            for stream in self.due.pop(self.swept, ()):
+                if stream.visit != self.swept:
+                    continue  # parked again since, and due later
+                try:
+                    stream.tick(now)
+                except Exception:
+                    log.exception("sse stream: its heartbeat failed")

@@ -1,0 +1,158 @@
+"""SSE streams parked without a greenlet (app/events/handover.py, parked.py), under real gunicorn.
+
+An idle stream leaves gunicorn's handler and is served by the hub, a timer and short-lived greenlets.
+These tests read the raw wire on sockets of their own (a small receive buffer, a pause in reading, HTTP/1.0)
+to check what a parked stream still owes its client, and that a worker still counts it as a connection.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from urllib.parse import urlparse
+
+import requests
+
+from bench.streams import Chunked, Plain
+from tests.events.clients import SSE, Api
+
+
+class RawSSE:
+    """One SSE request on a plain socket; the body is decoded from the transfer framing as it arrives."""
+
+    def __init__(self, base: str, headers: dict, version: str = "HTTP/1.1", receive_buffer: int | None = None):
+        url = urlparse(base)
+        self.sock = socket.socket()
+        if receive_buffer:  # before connecting, so the window the server sees is small from the start
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+        self.sock.settimeout(10)
+        self.sock.connect((url.hostname, url.port))
+        lines = [f"GET /events/stream {version}", f"Host: {url.netloc}", "Accept: text/event-stream"]
+        lines += [f"{name}: {value}" for name, value in headers.items()]
+        self.sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += self.sock.recv(1)
+        self.status_line, *header_lines = head.decode().split("\r\n")
+        self.headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in header_lines if line)}
+        self.chunked = self.headers.get("transfer-encoding") == "chunked"
+        self.decoder = Chunked() if self.chunked else Plain()
+        self.text = ""
+        self.eof = False
+        while ": stream open" not in self.text:  # then the stream parks: nothing is pending
+            assert self.read(10), "the stream closed before it opened"
+
+    def read(self, timeout: float) -> bool:
+        """Read what comes within `timeout`; False at the end of the connection."""
+        self.sock.settimeout(timeout)
+        data = self.sock.recv(65536)
+        if not data:
+            self.eof = True
+            return False
+        self.text += self.decoder.feed(data).decode()
+        return True
+
+    def events(self) -> list[dict]:
+        """The complete messages with data so far, data decoded."""
+        found = []
+        for block in self.text.split("\n\n")[:-1]:
+            fields = dict(line.split(": ", 1) for line in block.split("\n") if line and not line.startswith(":"))
+            if "data" in fields:
+                found.append({**fields, "data": json.loads(fields["data"])})
+        return found
+
+    def read_events(self, count: int, timeout: float = 10) -> list[dict]:
+        deadline = time.monotonic() + timeout
+        while len(self.events()) < count:
+            if not self.read(max(0.01, deadline - time.monotonic())):
+                break
+        return self.events()
+
+    def read_to_end(self, timeout: float = 10) -> None:
+        deadline = time.monotonic() + timeout
+        while self.read(max(0.01, deadline - time.monotonic())):
+            pass
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_a_parked_stream_whose_reader_pauses_gets_every_event_once_in_order(start_server):
+    live = start_server(WS_SEND_TIMEOUT_SECONDS="30")
+    user = Api(live.url)
+    stream = RawSSE(live.url, user.auth, receive_buffer=4096)
+    blob = "x" * 30_000
+    ids = [user.publish_ok({"n": n, "blob": blob}) for n in range(150)]  # 4.5 MB: past the socket buffers
+    events = stream.read_events(150, timeout=30)
+    assert [e["data"]["id"] for e in events] == ids
+    assert [e["data"]["data"]["n"] for e in events] == list(range(150))
+    late = user.publish_ok({"n": 150})  # parked again after catching up: the hub writes it
+    assert stream.read_events(151)[-1]["data"]["id"] == late
+    stream.close()
+
+
+def test_a_parked_stream_that_cannot_take_a_frame_in_time_is_cut_off_while_others_keep_receiving(start_server):
+    live = start_server(WS_SEND_QUEUE="20", WS_SEND_TIMEOUT_SECONDS="1")
+    slow, fast = Api(live.url), Api(live.url)
+    stalled = RawSSE(live.url, slow.auth, receive_buffer=4096)
+    reader = SSE(live.url, fast.auth)
+    blob = "x" * 60_000
+    for n in range(150):  # about 9 MB for a client that reads nothing
+        slow.publish_ok({"n": n, "blob": blob})
+    for n in range(5):
+        published_at = time.monotonic()
+        event_id = fast.publish_ok({"n": n})
+        assert reader.next_event()["data"]["id"] == event_id
+        assert time.monotonic() - published_at < 0.5
+    stalled.read_to_end(timeout=20)
+    assert stalled.eof and not stalled.decoder.ended  # cut off: no end of the response
+    assert len(stalled.events()) < 150
+    reader.close()
+
+
+def test_a_parked_http_1_0_stream_is_unframed_and_closes_after_saying_why(start_server):
+    live = start_server()
+    user = Api(live.url)
+    stream = RawSSE(live.url, user.auth, version="HTTP/1.0")
+    assert not stream.chunked
+    first = user.publish_ok({"n": 1})
+    assert stream.read_events(1)[0]["data"]["id"] == first
+    user.logout_all()
+    stream.read_to_end()
+    assert stream.eof
+    last = stream.events()[-1]
+    assert last["event"] == "session_ended" and last["data"] == {"reason": "session_ended"}
+
+
+def test_a_chunked_parked_stream_ends_its_response_before_closing(start_server):
+    live = start_server()
+    user = Api(live.url)
+    stream = RawSSE(live.url, user.auth)
+    assert stream.chunked
+    user.logout_all()
+    stream.read_to_end()
+    assert stream.decoder.ended and stream.eof
+    assert stream.events()[-1]["event"] == "session_ended"
+
+
+def healthz_answers(base: str, timeout: float) -> bool:
+    try:
+        return requests.get(f"{base}/healthz", timeout=timeout).status_code == 200
+    except requests.exceptions.ReadTimeout:
+        return False
+
+
+def test_parked_streams_still_count_against_worker_connections(start_server):
+    streams = 3
+    live = start_server(workers=1, WORKER_CONNECTIONS=str(streams))
+    assert healthz_answers(live.url, timeout=5)  # a free worker answers at once
+    users = [Api(live.url) for _ in range(streams)]
+    for user in users:
+        user.http.close()  # an idle keep-alive connection holds a place too
+    open_streams = [RawSSE(live.url, user.auth) for user in users]
+    assert not healthz_answers(live.url, timeout=1.5)  # full: the request waits in the listen queue
+    open_streams[0].close()  # noticed at the stream's next heartbeat (0.5 s): its place is free
+    assert healthz_answers(live.url, timeout=10)
+    for stream in open_streams[1:]:
+        stream.close()
