@@ -1,9 +1,12 @@
-"""The Redis client under gevent: checking a pooled connection before a command does not wait for the loop."""
+"""The Redis client under gevent: checking a pooled connection before a command does not wait for the loop,
+and concurrent session checks share round trips."""
 
 from __future__ import annotations
 
 import json
 import subprocess
+
+import pytest
 
 from tests.servers import ROOT, VENV_BIN, process_env
 
@@ -50,3 +53,75 @@ def test_the_check_for_stray_bytes_answers_without_yielding_and_a_wait_still_yie
     assert answers["ours, idle"] == {"readable": False, "yielded": False}
     assert answers["ours, stray bytes"] == {"readable": True, "yielded": False}
     assert answers["ours, a wait"] == {"readable": False, "yielded": True}
+
+
+SHARED_PROBE = """
+import json, socket, sys
+from gevent import monkey
+monkey.patch_all()
+import gevent
+import redis
+from app.redis import SharedRoundTrips, shared_round_trips
+
+client = redis.Redis.from_url(sys.argv[1], decode_responses=True)
+script = client.register_script("return redis.call('GET', KEYS[1]) .. '|' .. ARGV[1]")
+shared = shared_round_trips(client, script)
+sizes = []
+round_trip = shared._round_trip
+shared._round_trip = lambda calls: sizes.append(len(calls)) or round_trip(calls)
+
+def call(key, arg):
+    try:
+        return shared(keys=[key], args=[arg])
+    except redis.RedisError as error:
+        return type(error).__name__
+
+def together(count, key=lambda n: f"k{n}"):
+    callers = [gevent.spawn(call, key(n), str(n)) for n in range(count)]
+    gevent.joinall(callers)
+    return [caller.value for caller in callers]
+
+for n in range(50):
+    client.set(f"k{n}", f"v{n}")
+client.delete("k7")
+client.hset("k7", "field", "x")
+answers = {"class": type(shared).__name__, "alone": call("k1", "a")}
+answers["together"] = together(50)
+answers["sizes"] = sizes[1:]
+client.script_flush()
+answers["after a flush"] = together(5)
+refused = socket.socket()
+refused.bind(("127.0.0.1", 0))
+port = refused.getsockname()[1]
+refused.close()
+down = redis.Redis(port=port, socket_connect_timeout=1)
+shared = SharedRoundTrips(down, down.register_script("return 1"))
+answers["redis down"] = together(3)
+print(json.dumps(answers))
+"""
+
+
+@pytest.mark.not_on_cluster("one pipeline serves callers whose keys share one server")
+def test_concurrent_session_checks_share_round_trips_and_each_caller_gets_its_own_answer(redis_server):
+    from app.redis import shared_round_trips
+
+    result = subprocess.run(
+        [str(VENV_BIN / "python"), "-c", SHARED_PROBE, redis_server.url],
+        cwd=ROOT,
+        env=process_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    answers = json.loads(result.stdout)
+    assert answers["class"] == "SharedRoundTrips"
+    assert answers["alone"] == "v1|a"
+    expected = [f"v{n}|{n}" for n in range(50)]
+    expected[7] = "ResponseError"  # a hash: only its own caller gets the error
+    assert answers["together"] == expected
+    assert len(answers["sizes"]) < 10 and sum(answers["sizes"]) == 50  # 50 calls in a few round trips
+    assert answers["after a flush"] == [f"v{n}|{n}" for n in range(5)]
+    assert answers["redis down"] == ["ConnectionError"] * 3
+    unpatched = object()
+    assert shared_round_trips(None, unpatched) is unpatched  # this process has no gevent sockets: direct calls
