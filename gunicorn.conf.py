@@ -8,6 +8,7 @@ import logging
 import math
 import os
 import resource
+import sys
 import time
 
 from gunicorn.glogging import Logger
@@ -177,6 +178,26 @@ def post_worker_init(worker):
         end_live_connections(worker.wsgi)
 
     gevent.spawn(watch)
+
+
+def worker_int(worker):
+    """SIGINT or SIGQUIT, the quick shutdown: stop now.
+
+    gunicorn's own handler stops the worker 0.1 s after this, from a greenlet. If the worker's main loop
+    had finished by then, that stop landed in the interpreter's shutdown and wrote a traceback. Raised
+    here, it reaches the main loop while it still runs. A worker already finishing (after SIGTERM) is
+    left to finish: this greenlet waits, and the process ends first.
+    """
+    import gevent
+
+    if getattr(worker, "finishing", False):
+        gevent.sleep(60)
+    sys.exit(0)
+
+
+def worker_exit(server, worker):
+    """The worker's main loop is over: a quick shutdown arriving now must not stop it a second time."""
+    worker.finishing = True
 
 
 def on_starting(server):
