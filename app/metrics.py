@@ -5,6 +5,9 @@ counters of processes that have exited stay in the sum."""
 
 from __future__ import annotations
 
+import glob
+import os
+
 from flask import current_app
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -58,13 +61,33 @@ def render(multiproc_dir: str | None) -> tuple[bytes, str]:
     collectors = current_app.extensions.get("metrics_collectors", ()) if current_app else ()
     if multiproc_dir:
         registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry)
+        _WrittenFilesOnly(registry, path=multiproc_dir)
     else:
         registry = CollectorRegistry()
         registry.register(_Everything())
     for collector in collectors:
         registry.register(collector)
     return generate_latest(registry), CONTENT_TYPE_LATEST
+
+
+class _WrittenFilesOnly(multiprocess.MultiProcessCollector):
+    """Every process's values, without the files still being made.
+
+    prometheus_client creates a process's file and sizes it a moment later. A scrape in that moment read
+    an empty file and failed as a whole, every other process's values with it. An empty file holds
+    nothing yet; one removed meanwhile (a dead worker's gauges) holds nothing any more.
+    """
+
+    def collect(self):
+        """The merged values of the files that have something in them."""
+        return self.merge([path for path in glob.glob(os.path.join(self._path, "*.db")) if _written(path)], True)
+
+
+def _written(path: str) -> bool:
+    try:
+        return os.path.getsize(path) > 0
+    except FileNotFoundError:
+        return False
 
 
 class _Everything:

@@ -132,3 +132,17 @@ def test_gunicorn_builds_no_access_line_of_its_own():
         Logger.access(enabled, None, None, None, 0.1)
     logger_class = _config()["logger_class"]
     assert logger_class.access(enabled, None, None, None, 0.1) is None
+
+
+def test_a_scrape_passes_over_a_metrics_file_another_process_has_only_just_created(tmp_path, monkeypatch):
+    """prometheus_client creates a process's file and sizes it a moment later: a scrape in between must
+    still give every other process's values."""
+    from app.metrics import render
+
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))  # as in a worker
+    count = "from prometheus_client import Counter; Counter('probe', 'A probe.').inc(3)"
+    env = {**process_env(), "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    subprocess.run([str(VENV_BIN / "python"), "-c", count], env=env, check=True, timeout=60)
+    assert b"probe_total 3.0" in render(str(tmp_path))[0]
+    (tmp_path / "gauge_livesum_99999.db").touch()  # created, not yet sized
+    assert b"probe_total 3.0" in render(str(tmp_path))[0]
