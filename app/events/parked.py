@@ -28,6 +28,11 @@ FAREWELL_REASONS = ("session_ended", "token_expired")  # an SSE event says why; 
 SILENT_REASONS = ("gone", "overflow")  # nothing more is written: the client left or cannot keep up
 
 
+def monotonic_expiry(caller) -> float:
+    """When the caller's access token expires, on the monotonic clock."""
+    return caller.expires_at - time.time() + time.monotonic()
+
+
 def chunk(data: bytes) -> bytes:
     """`data` as one chunk of the chunked transfer coding."""
     return b"%x\r\n%b\r\n" % (len(data), data)
@@ -98,6 +103,10 @@ class ParkedStream:
         self.serving = False
         self.park()
 
+    def due_at(self) -> float:
+        """Its next heartbeat or its token's expiry, whichever is first (monotonic)."""
+        return min(self.outlet.wrote_at + self.parking.heartbeat, monotonic_expiry(self.follower.caller))
+
     def send(self, data: bytes) -> None:
         """Write `data` whole within the send time-out (from the stream's greenlet), else FellBehind."""
         send_within(self.sock, data, time.monotonic() + self.parking.send_timeout)
@@ -147,10 +156,10 @@ class ParkedStream:
 
 
 class Parking:
-    """This worker's parked SSE streams, and the one timer that serves their heartbeats and expiries.
+    """This worker's parked connections, and the one timer that visits each when it is due (to the tick).
 
-    A stream is due at its next heartbeat or when its access token expires, whichever is first; the
-    timer visits it then (to the tick), not before.
+    An SSE stream is due at its next heartbeat or when its access token expires, a WebSocket at its next
+    ping or its token's expiry. The SSE streams' writing (`body`, `farewell`, the heartbeat) is kept here.
     """
 
     def __init__(
@@ -173,19 +182,17 @@ class Parking:
         self.swept = math.floor(time.monotonic() / self.tick)
         self.timer = None
 
-    def add(self, stream: ParkedStream) -> None:
-        """Park a stream just handed over (the timer starts with the first)."""
+    def add(self, stream) -> None:
+        """Park a connection just handed over (the timer starts with the first)."""
         self.streams.add(stream)
         if self.timer is None:
             self.timer = gevent.get_hub().loop.timer(self.tick, self.tick)
             self.timer.start(self.sweep)
         stream.park()
 
-    def schedule(self, stream: ParkedStream) -> None:
-        """Visit `stream` at its next heartbeat or its token's expiry."""
-        monotonic_expiry = stream.follower.caller.expires_at - time.time() + time.monotonic()
-        when = min(stream.outlet.wrote_at + self.heartbeat, monotonic_expiry)
-        stream.visit = max(self.swept + 1, math.ceil(when / self.tick))
+    def schedule(self, stream) -> None:
+        """Visit `stream` (a parked SSE stream or WebSocket) when it is due: `stream.due_at()`, monotonic."""
+        stream.visit = max(self.swept + 1, math.ceil(stream.due_at() / self.tick))
         self.due[stream.visit].append(stream)
 
     def sweep(self) -> None:

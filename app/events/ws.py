@@ -30,7 +30,9 @@ from ..openapi import operation
 from .bus import Event, channels_for, user_channel
 from .cursor import decode_cursor
 from .follow import Delivery, Follower, StreamEnded
+from .handover import Handover
 from .outlet import FellBehind, Outlet, Tally, plain_socket, send_within
+from .parked import Parking, monotonic_expiry
 from .schemas import StreamPosition
 from .views import bp, follower_for_request, get_leases
 
@@ -71,6 +73,8 @@ class FrameWriter:
     be written within the send time-out leaves the client marked as behind, its unsent tail kept so a
     close frame can still follow it.
     """
+
+    __slots__ = ("raw", "send_timeout", "lock", "unsent", "outlet")
 
     def __init__(self, raw_socket, send_timeout: float):
         self.raw = raw_socket
@@ -141,19 +145,24 @@ def guard_websocket_handshake():
 )
 def websocket(ws):
     """The upgraded connection: nothing may escape from here, or Flask would write a 500 into it."""
-    lease, follower = g.pop("connection_lease"), None
-    g.log_at_once = True  # the session is over when this returns; its response is never iterated
+    lease, follower, connection = g.pop("connection_lease"), None, None
+    g.log_at_once = True  # its response is never iterated: the line is written when this returns
     try:
         follower = follower_for_request(live=True, cursor=request.args.get("cursor") or None, lease=lease)
         # simple-websocket accepts permessage-deflate whenever the client offers it.
         offered = "permessage-deflate" in request.headers.get("Sec-WebSocket-Extensions", "")
-        Connection(ws, follower, current_app.config["SETTINGS"].ws_send_timeout, offered).serve()
+        settings = current_app.config["SETTINGS"]
+        handover = Handover.possible(request.environ)
+        connection = Connection(ws, follower, settings.ws_send_timeout, offered)
+        connection.serve(handover, current_app.extensions["parked_streams"])
     except Exception as error:  # e.g. Redis gone between handshake and catch-up: the client resumes by cursor
         log_failure("websocket failed", error)
         with contextlib.suppress(Exception):
             ws.close(CLOSE_INTERNAL_ERROR, "internal error; reconnect with your cursor")
     finally:
-        if follower is not None:
+        if connection is not None and connection.handover is not None:
+            pass  # parked: the connection ends later, and closes its follower then
+        elif follower is not None:
             follower.close()
         else:
             get_leases().release(lease)
@@ -195,18 +204,21 @@ class SocketControl:
     """
 
     ATTRIBUTES = ("sock", "ws", "connected", "event", "thread", "input_buffer", "pong_received", "_handle_events")
-    HANDSHAKE_ATTRIBUTES = ("_h11_connection", "_initiating_request")  # of wsproto's handshake
+    HANDSHAKE_ATTRIBUTES = ("_h11_connection", "_initiating_request", "_events")  # of wsproto's handshake
+
+    __slots__ = ("ws", "writer", "reads_itself", "readable", "on_read")
 
     def __init__(self, ws, send_timeout: float):
         self.ws = ws
         self.writer = FrameWriter(ws.sock, send_timeout)
         ws.sock = self.writer
         self.reads_itself = isinstance(ws.thread, NotStarted)
-        # wsproto keeps the handshake's HTTP parser (h11) and request for the connection's whole life;
-        # past the upgrade nothing reads them again.
+        # wsproto keeps the handshake's HTTP parser (h11), its request and its (empty) queue of events for
+        # the connection's whole life; past the upgrade nothing but the queue's emptiness is read again.
         for name in self.HANDSHAKE_ATTRIBUTES:
             setattr(ws.ws.handshake, name, None)
         self.readable = gevent.get_hub().loop.io(self.writer.raw.fileno(), 1) if self.reads_itself else None
+        self.on_read = None  # what the watcher calls instead of setting simple-websocket's event (parked)
 
     def watch_reads(self) -> None:
         """Wake the connection's greenlet (simple-websocket's event) once the client has sent something."""
@@ -215,7 +227,10 @@ class SocketControl:
 
     def _readable(self) -> None:
         self.readable.stop()
-        self.ws.event.set()
+        if self.on_read is not None:
+            self.on_read()
+        else:
+            self.ws.event.set()
 
     def stop_reading(self) -> None:
         """Before the socket closes: no watcher may be left on its descriptor."""
@@ -282,11 +297,30 @@ class Connection:
     hub cannot write itself (see outlet.py), waking for either on one event.
 
     The event is set by a watcher on the socket when the client has sent something (the greenlet then
-    reads it, and simple-websocket handles it), and by the hub when the greenlet is needed. So a parked
-    WebSocket holds this one greenlet; the greenlet also pings the client every PING_INTERVAL seconds and
-    ends a connection whose client did not answer the last ping. Over TLS, simple-websocket's own reader
-    greenlet reads and pings instead.
+    reads it, and simple-websocket handles it), and by the hub when the greenlet is needed. The greenlet
+    also pings the client every PING_INTERVAL seconds and ends a connection whose client did not answer
+    the last ping. Over TLS, simple-websocket's own reader greenlet reads and pings instead.
+
+    Once idle, a WebSocket on a plain socket under gunicorn is handed over (handover.py) and parked
+    without a greenlet, as an SSE stream is (parked.py): the view returns, and the watcher, the hub and
+    the parking's timer (pings, token expiry) spawn a greenlet for one turn when one is needed.
     """
+
+    __slots__ = (
+        "ws",
+        "compressed",
+        "follower",
+        "caller",
+        "socket",
+        "send_timeout",
+        "next_ping",
+        "handover",
+        "parking",
+        "writes",
+        "serving",
+        "done",
+        "visit",
+    )
 
     def __init__(self, ws, follower: Follower, send_timeout: float, compressed: bool = True):
         """`compressed`: whether the client may have agreed to permessage-deflate (then wsproto frames)."""
@@ -296,39 +330,139 @@ class Connection:
         self.caller = follower.caller
         self.socket = SocketControl(ws, send_timeout)
         self.send_timeout = send_timeout
+        self.next_ping = 0.0
+        self.handover: Handover | None = None  # set once handed over: the connection is parked
+        self.parking: Parking | None = None
+        self.writes: Outlet | None = None
+        self.serving = self.done = False
+        self.visit = 0  # the parking timer's tick at which it is due
 
-    def serve(self) -> None:
-        """Deliver events and answer client frames until either side ends; then close with the matching code."""
+    def serve(self, handover: Handover | None = None, parking: Parking | None = None) -> None:
+        """Deliver events and answer client frames until either side ends (then close with the matching
+        code), or until it is idle and can be handed over to `parking`."""
         OPEN_CONNECTIONS.labels("websocket").inc()
         try:
             self.socket.share_wakeups(self.follower.subscription.ready)
             self.send(json.dumps({"type": "welcome", "cursor": self.follower.cursor, "user": self.caller.user}))
             outlet = self.outlet()
             deliveries = self.follower.take_ready()
-            next_ping = time.monotonic() + PING_INTERVAL
+            self.next_ping = time.monotonic() + PING_INTERVAL
             while True:
-                for delivery in deliveries:
-                    self.send(event_message(delivery))
-                DELIVERED.inc(len(deliveries))
-                self.answer_client()
-                if self.socket.reads_itself and time.monotonic() >= next_ping:
-                    if not self.socket.ping():
-                        raise StreamEnded("silent")
-                    next_ping = time.monotonic() + PING_INTERVAL
+                self.turn(deliveries)
+                if parking is not None and self.can_park(handover, outlet):
+                    self.hand_over(handover, parking, outlet)
+                    return
                 self.socket.watch_reads()
-                deliveries = self.follower.wait(max(0.0, next_ping - time.monotonic()), outlet)
-        except StreamEnded as ended:
-            self.close(*CLOSE_REASONS[ended.reason])
-        except FellBehind:
+                deliveries = self.follower.wait(max(0.0, self.next_ping - time.monotonic()), outlet)
+        except Exception as error:
+            self.end_with(error)
+        finally:
+            if self.handover is None:
+                self.socket.stop_reading()
+                OPEN_CONNECTIONS.labels("websocket").dec()
+
+    def turn(self, deliveries: list[Delivery]) -> None:
+        """Send deliveries, answer what the client sent, ping it when due (StreamEnded if it went silent)."""
+        for delivery in deliveries:
+            self.send(event_message(delivery))
+        DELIVERED.inc(len(deliveries))
+        self.answer_client()
+        if self.socket.reads_itself and time.monotonic() >= self.next_ping:
+            if not self.socket.ping():
+                raise StreamEnded("silent")
+            self.next_ping = time.monotonic() + PING_INTERVAL
+
+    def end_with(self, error: Exception) -> None:
+        """Close with the code `error` calls for."""
+        if isinstance(error, StreamEnded):
+            self.close(*CLOSE_REASONS[error.reason])
+        elif isinstance(error, FellBehind):
             self.close(*CLOSE_REASONS["overflow"])
-        except (ConnectionClosed, OSError, LocalProtocolError):  # the client left (maybe mid-send)
+        elif isinstance(error, (ConnectionClosed, OSError, LocalProtocolError)):  # the client left (maybe mid-send)
             self.close(CLOSE_NORMAL, "")
-        except Exception as error:  # e.g. Redis failing mid-catch-up: the client reconnects and resumes by cursor
+        else:  # e.g. Redis failing mid-catch-up: the client reconnects and resumes by cursor
             log_failure("websocket failed", error)
             self.close(CLOSE_INTERNAL_ERROR, "internal error; reconnect with your cursor")
-        finally:
-            self.socket.stop_reading()
-            OPEN_CONNECTIONS.labels("websocket").dec()
+
+    # Parked (see the class's docstring).
+
+    def can_park(self, handover: Handover | None, outlet: Outlet | None) -> bool:
+        """Idle, on a plain socket this greenlet reads itself, and with a place in gunicorn's pool."""
+        return (
+            handover is not None
+            and outlet is not None
+            and self.socket.reads_itself
+            and self.follower.idle()
+            and not self.socket.writer.unsent
+            and handover.can_start()
+        )
+
+    def hand_over(self, handover: Handover, parking: Parking, outlet: Outlet) -> None:
+        """Take the socket from gunicorn's handler; park once the handler greenlet has ended."""
+        sock = handover.take()
+        self.socket.writer.raw, outlet.sock, outlet.raw = sock, sock, sock._sock
+        self.handover, self.parking, self.writes = handover, parking, outlet
+        self.ws.connected = False  # flask-sock closes the connection when the view returns: nothing to close
+        gevent.getcurrent().rawlink(self.resume)
+
+    def resume(self, _handler=None) -> None:
+        """The handler greenlet has ended: the connection is open again, and parked."""
+        self.ws.connected = True
+        self.ws.environ = None  # simple-websocket keeps the handshake's environ: gunicorn's request with it
+        self.follower.subscription.parked = self
+        self.socket.on_read = self.wake
+        self.parking.add(self)
+
+    def park(self) -> None:
+        """Lend the outlet to the hub, watch the socket, wait for the timer; at once if something waits."""
+        if not self.follower.idle():
+            self.wake()
+            return
+        self.follower.subscription.outlet = self.writes
+        self.socket.watch_reads()
+        self.parking.schedule(self)
+
+    def due_at(self) -> float:
+        """The next ping or the token's expiry, whichever is first (monotonic)."""
+        return min(self.next_ping, monotonic_expiry(self.caller))
+
+    def tick(self, now: float) -> None:
+        """From the parking's timer: a ping is due, or the token expired; one turn does either."""
+        if not self.serving and not self.done:
+            self.wake()
+
+    def wake(self) -> None:
+        """Take the outlet back and spawn a greenlet for one turn."""
+        if not self.serving and not self.done:
+            self.serving = True
+            self.follower.subscription.outlet = None
+            gevent.spawn(self.serve_parked)
+
+    def serve_parked(self) -> None:
+        """One turn for a parked connection: what is queued, what the client sent, a ping; park again, or end."""
+        try:
+            while True:
+                deliveries = self.follower.take_now(self.writes)
+                self.turn(deliveries)
+                if not deliveries and self.follower.idle():
+                    break
+        except Exception as error:
+            self.end_with(error)
+            self.finish()
+            return
+        self.serving = False
+        self.park()
+
+    def finish(self) -> None:
+        """After the close: stop watching, free the lease and the pool place, close the socket."""
+        self.done = True
+        self.socket.stop_reading()
+        OPEN_CONNECTIONS.labels("websocket").dec()
+        self.follower.close()
+        self.parking.streams.discard(self)
+        self.handover.release()
+        with contextlib.suppress(OSError):
+            self.socket.writer.raw.close()
 
     def answer_client(self) -> None:
         """Every frame the client has sent so far (ConnectionClosed once it has left)."""
