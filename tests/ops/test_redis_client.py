@@ -38,17 +38,16 @@ print(json.dumps(answers))
 """
 
 
+def run_probe(source: str, *args: str) -> dict:
+    """Run a probe in a fresh interpreter of the project's venv; the JSON it prints."""
+    command = [str(VENV_BIN / "python"), "-c", source, *args]
+    result = subprocess.run(command, cwd=ROOT, env=process_env(), capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
 def test_the_check_for_stray_bytes_answers_without_yielding_and_a_wait_still_yields():
-    result = subprocess.run(
-        [str(VENV_BIN / "python"), "-c", PROBE],
-        cwd=ROOT,
-        env=process_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    answers = json.loads(result.stdout)
+    answers = run_probe(PROBE)
     assert answers["gevent, idle"] == {"readable": False, "yielded": True}  # what the test can tell apart
     assert answers["ours, idle"] == {"readable": False, "yielded": False}
     assert answers["ours, stray bytes"] == {"readable": True, "yielded": False}
@@ -105,16 +104,7 @@ print(json.dumps(answers))
 def test_concurrent_session_checks_share_round_trips_and_each_caller_gets_its_own_answer(redis_server):
     from app.redis import shared_round_trips
 
-    result = subprocess.run(
-        [str(VENV_BIN / "python"), "-c", SHARED_PROBE, redis_server.url],
-        cwd=ROOT,
-        env=process_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    answers = json.loads(result.stdout)
+    answers = run_probe(SHARED_PROBE, redis_server.url)
     assert answers["class"] == "SharedRoundTrips"
     assert answers["alone"] == "v1|a"
     expected = [f"v{n}|{n}" for n in range(50)]
