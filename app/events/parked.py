@@ -71,9 +71,10 @@ class ParkedStream:
         self.parking.schedule(self)
 
     def wake(self) -> None:
-        """Something needs the stream's own greenlet (the hub took the outlet back first)."""
+        """Take the outlet back and spawn the stream's own greenlet: something needs it."""
         if not self.serving and not self.done:
             self.serving = True
+            self.follower.subscription.outlet = None
             gevent.spawn(self.serve)
 
     def serve(self) -> None:
@@ -117,14 +118,12 @@ class ParkedStream:
         if self.serving or self.done:
             return  # its greenlet parks it again, and that schedules it
         if time.time() >= self.follower.caller.expires_at:
-            self.follower.subscription.outlet = None
             self.wake()  # follower.take_now() ends it: token_expired
             return
         outlet = self.outlet
         if now - outlet.wrote_at >= self.parking.heartbeat:
             outlet.send(self.framed(b": ping\n\n"))  # keeps proxies from closing an idle stream
             if outlet.stalled:
-                self.follower.subscription.outlet = None
                 self.wake()
                 return
         self.parking.schedule(self)
@@ -146,7 +145,6 @@ class ParkedStream:
     def close(self) -> None:
         """Close the connection, give its place back, and run what the request left to do at its end."""
         self.sock.close()
-        self.parking.streams.discard(self)
         self.handover.release()
         for callback in self.on_end:
             try:
@@ -177,14 +175,12 @@ class Parking:
         self.farewell = farewell
         self.delivered = delivered
         self.tick = min(1.0, heartbeat / 4)
-        self.streams: set[ParkedStream] = set()
         self.due: dict[int, list[ParkedStream]] = defaultdict(list)
         self.swept = math.floor(time.monotonic() / self.tick)
         self.timer = None
 
     def add(self, stream) -> None:
         """Park a connection just handed over (the timer starts with the first)."""
-        self.streams.add(stream)
         if self.timer is None:
             self.timer = gevent.get_hub().loop.timer(self.tick, self.tick)
             self.timer.start(self.sweep)

@@ -459,7 +459,6 @@ class Connection:
         self.socket.stop_reading()
         OPEN_CONNECTIONS.labels("websocket").dec()
         self.follower.close()
-        self.parking.streams.discard(self)
         self.handover.release()
         with contextlib.suppress(OSError):
             self.socket.writer.raw.close()
