@@ -217,6 +217,10 @@ class SocketControl:
         # the connection's whole life; past the upgrade nothing but the queue's emptiness is read again.
         for name in self.HANDSHAKE_ATTRIBUTES:
             setattr(ws.ws.handshake, name, None)
+        # wsproto's connection queues an event of its own only when told the socket closed (receive_data
+        # with None), which neither simple-websocket nor this class does: its always empty deque (over
+        # 600 bytes) gives way to an empty tuple, which reads as empty the same way.
+        ws.ws.connection._events = ()
         self.readable = gevent.get_hub().loop.io(self.writer.raw.fileno(), 1) if self.reads_itself else None
         self.on_read = None  # what the watcher calls instead of setting simple-websocket's event (parked)
 
@@ -476,27 +480,27 @@ class Connection:
         writer = self.socket.writer
         if plain_socket(writer.raw) is None:
             return None
-
-        def frame(event: Event, cursor: str) -> bytes:
-            if not self.socket.open:  # closing: nothing more may be sent
-                raise ConnectionResetError()
-            if self.compressed:  # framed by wsproto, which keeps the compression state
-                try:
-                    return self.socket.text_frame(event_message(Delivery(event, cursor)))
-                except LocalProtocolError as error:
-                    raise ConnectionResetError() from error
-            head, tail = event.message_parts()
-            return text_frame(head + cursor.encode() + tail)
-
         writer.outlet = Outlet(
             self.follower,
             writer.raw,
-            frame,
+            self.event_frame,
             DELIVERED_BY_HUB,
             writer.send_with_deadline,
             busy=writer.lock.locked,
         )
         return writer.outlet
+
+    def event_frame(self, event: Event, cursor: str) -> bytes:
+        """The frame the hub writes for `event` (ConnectionResetError once the connection is closing)."""
+        if not self.socket.open:  # closing: nothing more may be sent
+            raise ConnectionResetError()
+        if self.compressed:  # framed by wsproto, which keeps the compression state
+            try:
+                return self.socket.text_frame(event_message(Delivery(event, cursor)))
+            except LocalProtocolError as error:
+                raise ConnectionResetError() from error
+        head, tail = event.message_parts()
+        return text_frame(head + cursor.encode() + tail)
 
     def send(self, message: str) -> None:
         """One event frame, written whole within the send time-out (else FellBehind)."""

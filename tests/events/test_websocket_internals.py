@@ -41,6 +41,8 @@ def test_the_attributes_socket_control_uses_exist():
             assert hasattr(server, name), f"simple-websocket no longer has Server.{name}"
         for name in SocketControl.HANDSHAKE_ATTRIBUTES:  # what is let go of after the upgrade
             assert hasattr(server.ws.handshake, name), f"wsproto's handshake no longer has {name}"
+        queue = getattr(server.ws.connection, "_events", None)  # replaced by an empty tuple once upgraded
+        assert queue is not None and not queue, "wsproto's connection no longer keeps its own event queue"
     finally:
         server.close()
         client.close()
@@ -93,6 +95,7 @@ def test_over_a_plain_socket_the_connection_reads_and_pings_without_simple_webso
         assert isinstance(server.thread, NotStarted)
         assert client.recv(4096).startswith(b"HTTP/1.1 101")
         control = SocketControl(server, send_timeout=2)
+        assert server.ws.connection._events == ()  # what follows works without wsproto's own queue
         woken = server.event = gevent.event.Event()
         control.watch_reads()
         client.sendall(masked(0x1, b'{"type": "ping"}') + masked(0x9, b"are you there"))
