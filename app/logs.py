@@ -7,6 +7,7 @@ Only the path is logged (no query, headers or body), so tokens, cookies and pass
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import re
@@ -82,8 +83,10 @@ def init_app(app: Flask) -> None:
             request.scheme,
             request.host,
         )
-        if g.get("log_at_once"):  # set by views whose response is never iterated (an upgraded WebSocket)
-            _log_line(*fields)
+        write_line = functools.partial(_log_line, *fields)
+        at_end = g.get("access_line_at_end")  # set by views whose response is never iterated (a WebSocket)
+        if at_end is not None:
+            at_end(write_line)
         else:
-            response.call_on_close(lambda: _log_line(*fields))  # streams: logged when they end
+            response.call_on_close(write_line)  # streams: logged when they end
         return response

@@ -12,6 +12,7 @@ import logging
 import socket
 import threading
 import time
+from collections.abc import Callable
 
 import gevent
 import gevent.lock
@@ -146,7 +147,7 @@ def guard_websocket_handshake():
 def websocket(ws):
     """The upgraded connection: nothing may escape from here, or Flask would write a 500 into it."""
     lease, follower, connection = g.pop("connection_lease"), None, None
-    g.log_at_once = True  # its response is never iterated: the line is written when this returns
+    g.access_line_at_end = write_now  # its response is never iterated: the line is written when this returns
     try:
         follower = follower_for_request(live=True, cursor=request.args.get("cursor") or None, lease=lease)
         # simple-websocket accepts permessage-deflate whenever the client offers it.
@@ -160,12 +161,17 @@ def websocket(ws):
         with contextlib.suppress(Exception):
             ws.close(CLOSE_INTERNAL_ERROR, "internal error; reconnect with your cursor")
     finally:
-        if connection is not None and connection.handover is not None:
-            pass  # parked: the connection ends later, and closes its follower then
+        if connection is not None and connection.handover is not None:  # parked: it ends later
+            g.access_line_at_end = connection.keep_access_line  # and closes its follower then
         elif follower is not None:
             follower.close()
         else:
             get_leases().release(lease)
+
+
+def write_now(access_line: Callable[[], None]) -> None:
+    """Write the request's access line now."""
+    access_line()
 
 
 class NotStarted:
@@ -324,6 +330,7 @@ class Connection:
         "serving",
         "done",
         "visit",
+        "access_line",
     )
 
     def __init__(self, ws, follower: Follower, send_timeout: float, compressed: bool = True):
@@ -340,6 +347,7 @@ class Connection:
         self.writes: Outlet | None = None
         self.serving = self.done = False
         self.visit = 0  # the parking timer's tick at which it is due
+        self.access_line: Callable[[], None] | None = None  # written at the end of a parked connection
 
     def serve(self, handover: Handover | None = None, parking: Parking | None = None) -> None:
         """Deliver events and answer client frames until either side ends (then close with the matching
@@ -457,8 +465,12 @@ class Connection:
         self.serving = False
         self.park()
 
+    def keep_access_line(self, access_line: Callable[[], None]) -> None:
+        """The request's access line, for when the connection ends (from the request's end, once parked)."""
+        self.access_line = access_line
+
     def finish(self) -> None:
-        """After the close: stop watching, free the lease and the pool place, close the socket."""
+        """After the close: stop watching, free the lease and the pool place, close the socket, log."""
         self.done = True
         self.socket.stop_reading()
         OPEN_CONNECTIONS.labels("websocket").dec()
@@ -466,6 +478,8 @@ class Connection:
         self.handover.release()
         with contextlib.suppress(OSError):
             self.socket.writer.raw.close()
+        if self.access_line is not None:
+            self.access_line()
 
     def answer_client(self) -> None:
         """Every frame the client has sent so far (ConnectionClosed once it has left)."""

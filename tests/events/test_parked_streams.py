@@ -16,6 +16,7 @@ import requests
 
 from bench.streams import Chunked, Plain
 from tests.events.clients import SSE, Api, open_ws, ws_json
+from tests.servers import wait_until
 
 
 class RawSSE:
@@ -180,3 +181,29 @@ def test_parked_websockets_still_count_against_worker_connections(start_server):
     assert ws_json(open_sockets[1]) == {"type": "pong"}
     for ws in open_sockets[1:]:
         ws.close()
+
+
+def access_line(log_path, request_id: str) -> dict | None:
+    """The access line of the request with this X-Request-ID, once written."""
+    for line in log_path.read_text().splitlines():
+        if request_id in line and '"logger": "access"' in line:
+            return json.loads(line)
+    return None
+
+
+def test_a_parked_websockets_access_line_is_written_when_it_ends_with_its_whole_duration(start_server):
+    live = start_server(workers=1)
+    user = Api(live.url)
+    ws = open_ws(live.url, {**user.auth, "X-Request-ID": "parked-websocket"})
+    assert ws_json(ws)["type"] == "welcome"  # then the connection parks
+    opened = time.monotonic()
+    event_id = user.publish_ok({"n": 1})
+    assert ws_json(ws)["id"] == event_id  # it is parked, and live
+    requests.get(f"{live.url}/healthz", headers={"X-Request-ID": "while-parked"}, timeout=5)
+    wait_until(lambda: access_line(live.log_path, "while-parked"), message="a later request's access line")
+    assert access_line(live.log_path, "parked-websocket") is None  # lines are written; not this one yet
+    ws.close()
+    closed = time.monotonic()
+    line = wait_until(lambda: access_line(live.log_path, "parked-websocket"), message="the websocket's line")
+    assert line["path"] == "/ws" and line["user_id"] == user.user_id
+    assert line["duration_ms"] >= (closed - opened) * 1000  # from the handshake to the end, not to the park
