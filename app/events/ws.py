@@ -21,6 +21,7 @@ from flask import current_app, g, request
 from flask_sock import Sock
 from simple_websocket import ConnectionClosed
 from wsproto.events import CloseConnection, Ping, TextMessage
+from wsproto.frame_protocol import FrameProtocol
 from wsproto.utilities import LocalProtocolError
 
 from ..auth.guards import authenticate, origin_allowed
@@ -270,6 +271,20 @@ class SocketControl:
             self.ws.connected = self.ws._handle_events()
         # More may be waiting: the watcher, started again before the greenlet waits, wakes it at once.
 
+    def let_parser_go(self) -> None:
+        """While parked: let go of wsproto's frame parser (about 800 bytes: decoders, a buffer, a
+        generator) if it holds nothing half-received and no compression state; a fresh one, which
+        `take_parser_back` makes, is then the same as the idle one."""
+        connection = self.ws.ws.connection
+        if connection._proto is not None and parser_is_idle(connection._proto):
+            connection._proto = None
+
+    def take_parser_back(self) -> None:
+        """Before anything reads or frames again: the parser, fresh if it was let go."""
+        connection = self.ws.ws.connection
+        if connection._proto is None:
+            connection._proto = FrameProtocol(connection.client, [])
+
     def ping(self) -> bool:
         """Ping the client; False if it has not answered the previous ping."""
         if not self.ws.pong_received:
@@ -300,6 +315,20 @@ class SocketControl:
         was_set, self.ws.event = self.ws.event.is_set(), event
         if was_set:
             event.set()
+
+
+def parser_is_idle(parser: FrameProtocol) -> bool:
+    """Whether wsproto's frame parser is as a new one would be: no extension, no frame or message begun
+    in either direction, not past a close."""
+    frames, messages = parser._frame_decoder, parser._message_decoder
+    return (
+        not parser.extensions
+        and parser._outbound_opcode is None
+        and parser._parse_more.gi_frame is not None
+        and frames.header is None
+        and not frames.buffer.buffer
+        and messages.opcode is None
+    )
 
 
 class Connection:
@@ -431,6 +460,7 @@ class Connection:
             self.wake()
             return
         self.follower.subscription.outlet = self.writes
+        self.socket.let_parser_go()
         self.socket.watch_reads()
         self.parking.schedule(self)
 
@@ -448,6 +478,7 @@ class Connection:
         if not self.serving and not self.done:
             self.serving = True
             self.follower.subscription.outlet = None
+            self.socket.take_parser_back()
             gevent.spawn(self.serve_parked)
 
     def serve_parked(self) -> None:

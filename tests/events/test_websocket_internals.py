@@ -10,7 +10,7 @@ import socket
 import pytest
 import simple_websocket
 
-from app.events.ws import SocketControl
+from app.events.ws import SocketControl, parser_is_idle
 
 
 def upgrade_request(socket_key: str, sock) -> dict:
@@ -41,6 +41,7 @@ def test_the_attributes_socket_control_uses_exist():
             assert hasattr(server, name), f"simple-websocket no longer has Server.{name}"
         for name in SocketControl.HANDSHAKE_ATTRIBUTES:  # what is let go of after the upgrade
             assert hasattr(server.ws.handshake, name), f"wsproto's handshake no longer has {name}"
+        assert parser_is_idle(server.ws.connection._proto)  # wsproto's parser has what it is judged by
         queue = getattr(server.ws.connection, "_events", None)  # replaced by an empty tuple once upgraded
         assert queue is not None and not queue, "wsproto's connection no longer keeps its own event queue"
     finally:
@@ -114,3 +115,33 @@ def test_over_a_plain_socket_the_connection_reads_and_pings_without_simple_webso
     finally:
         control.stop_reading()
         server_side.close()
+
+
+def test_a_parked_connection_lets_an_idle_parser_go_and_keeps_one_holding_half_a_frame():
+    import gevent.socket
+
+    from app.events.ws import reader_thread
+
+    server_side, client = gevent.socket.socketpair()
+    server = simple_websocket.Server(upgrade_request("gunicorn.socket", server_side), thread_class=reader_thread)
+    assert client.recv(4096).startswith(b"HTTP/1.1 101")
+    control = SocketControl(server, send_timeout=2)
+    try:
+        control.let_parser_go()
+        assert server.ws.connection._proto is None  # idle: let go
+        control.take_parser_back()
+        ping, message = masked(0x9, b"still there"), masked(0x1, b'{"type": "ping"}')
+        client.sendall(ping + message[:5])  # a whole ping and the start of a message
+        control.take_in()
+        assert read_frame(client) == (0xA, b"still there")  # a fresh parser reads frames as the old one did
+        control.let_parser_go()
+        assert server.ws.connection._proto is not None  # half a frame is kept
+        client.sendall(message[5:])
+        control.take_in()
+        assert server.receive(timeout=0) == '{"type": "ping"}'
+        control.let_parser_go()
+        assert server.ws.connection._proto is None
+    finally:
+        control.stop_reading()
+        server_side.close()
+        client.close()
