@@ -48,7 +48,8 @@ class Follower:
         """Start following; a 400 for a malformed cursor comes before anything is held.
 
         With `leases`, this is a live connection: it holds a lease (taken here unless `lease` is one
-        already taken) and a hub subscription until `close()`. Without, it reads history only (polling).
+        already taken) and a hub subscription until `close()`, and raises StreamEnded("session_ended")
+        if the session ended while it was subscribing. Without, it reads history only (polling).
         """
         self.bus = bus
         self.hub = hub
@@ -62,6 +63,9 @@ class Follower:
             if leases is not None:
                 self.lease = lease or leases.acquire(caller.user_id)  # 429 when the user has too many
                 self.subscription = hub.subscribe(self.channels, caller.user_id, caller.session_id, queue_size)
+                # A logout between authentication and the subscription reached no one: look once more.
+                if not bus.session_is_valid(caller):
+                    raise StreamEnded("session_ended")
             if not cursor:
                 self.start_at(bus.present(self.channels))
             self.pending: list[Delivery] = []

@@ -7,7 +7,7 @@ import time
 from flask import Blueprint, Response, current_app, jsonify
 
 from ..auth.guards import current_api_key, current_caller, login_required, user_or_api_key
-from ..errors import bad_request, forbidden, unauthorized
+from ..errors import bad_request, error_response, forbidden, unauthorized
 from ..http import validated, validated_query
 from ..metrics import EVENTS_DELIVERED, OPEN_CONNECTIONS
 from ..openapi import operation
@@ -36,10 +36,17 @@ def get_leases() -> ConnectionLeases:
 
 
 def follower_for_request(live: bool, cursor: str | None = None, lease: str | None = None) -> Follower:
-    """A follower for the caller; a `live` one holds a connection lease (429 past the user's cap)."""
+    """A follower for the caller; a `live` one holds a connection lease (429 past the user's cap), and
+    raises StreamEnded if the session ended while it was subscribing (a 401 below)."""
     settings = current_app.config["SETTINGS"]
     leases = get_leases() if live else None
     return Follower(get_bus(), get_hub(), current_caller(), cursor, settings.ws_send_queue, leases, lease)
+
+
+@bp.errorhandler(StreamEnded)
+def session_ended_while_starting(ended: StreamEnded):
+    """A stream or long poll whose caller logged out while it was starting: 401, as a moment later."""
+    return error_response(401, "unauthorized", "The session has ended.")
 
 
 def events_answer(deliveries: list[Delivery], cursor: str, transport: str) -> Response:

@@ -157,6 +157,9 @@ def websocket(ws):
         handover = Handover.possible(request.environ)
         connection = Connection(ws, follower, settings.ws_send_timeout, offered)
         connection.serve(handover, current_app.extensions["parked_streams"])
+    except StreamEnded as ended:  # the session ended while the connection was subscribing
+        with contextlib.suppress(Exception):
+            ws.close(*CLOSE_REASONS[ended.reason])
     except Exception as error:  # e.g. Redis gone between handshake and catch-up: the client resumes by cursor
         log_failure("websocket failed", error)
         with contextlib.suppress(Exception):

@@ -1,0 +1,64 @@
+"""A logout that lands while a stream is starting, after its request was authenticated but before the
+hub's subscription could hear the logout's control message, still ends it: the stream looks at its
+session once more after subscribing. In-process, with the real Redis, and a hub that lets the session
+end at exactly that moment (a race a real hub loses too rarely to test)."""
+
+from __future__ import annotations
+
+from app.auth.sessions import end_session
+from app.events.hub import Subscription
+from app.redis import Keys
+from tests.utils import bearer
+
+
+class HubDuringALogout:
+    """Subscribes like the event hub, but the caller's session ends (if `logout`) as the subscription
+    is being made, so that the hub never hears of it."""
+
+    def __init__(self, logout: bool):
+        self.logout = logout
+        self.subscribed: list[Subscription] = []
+        self.unsubscribed: list[Subscription] = []
+
+    def subscribe(self, channels: list[str], user_id: str, session_id: str, maxsize: int) -> Subscription:
+        if self.logout:
+            assert end_session(user_id, session_id)
+        subscription = Subscription(channels, user_id, session_id, maxsize)
+        self.subscribed.append(subscription)
+        return subscription
+
+    def unsubscribe(self, subscription: Subscription) -> None:
+        self.unsubscribed.append(subscription)
+
+
+def held_leases(rdb, user_id: str) -> int:
+    return rdb.zcard(Keys.connection_leases(user_id))
+
+
+def start(app, client, auth, path: str, logout: bool):
+    tokens = auth.new_user_tokens()
+    hub = app.extensions["event_hub"] = HubDuringALogout(logout)
+    response = client.get(path, headers=bearer(tokens["access_token"]), buffered=False)
+    return response, hub, tokens["user"]["id"]
+
+
+def test_a_stream_whose_session_ends_while_it_subscribes_is_refused_and_holds_nothing(app, client, auth, rdb):
+    response, hub, user_id = start(app, client, auth, "/events/stream", logout=False)
+    assert response.status_code == 200  # the path streams when the session lives on
+    response.close()
+
+    response, hub, user_id = start(app, client, auth, "/events/stream", logout=True)
+    assert response.status_code == 401
+    assert response.get_json()["error"] == {"code": "unauthorized", "message": "The session has ended."}
+    assert hub.unsubscribed == hub.subscribed and len(hub.subscribed) == 1
+    assert held_leases(rdb, user_id) == 0
+
+
+def test_a_long_poll_whose_session_ends_while_it_subscribes_is_refused(app, client, auth, rdb):
+    response, _, _ = start(app, client, auth, "/events/wait?timeout=0", logout=False)
+    assert response.status_code == 204
+
+    response, hub, user_id = start(app, client, auth, "/events/wait?timeout=0", logout=True)
+    assert response.status_code == 401
+    assert hub.unsubscribed == hub.subscribed and len(hub.subscribed) == 1
+    assert held_leases(rdb, user_id) == 0
