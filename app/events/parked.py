@@ -2,15 +2,17 @@
 
 A parked stream is a small record: its follower, its outlet (through which the hub writes its events,
 as for a waiting reader) and its socket. No request, environ, WSGI frames or greenlet stack stay
-alive for it. One timer per worker writes the heartbeats of quiet streams and notices expired access
-tokens. A greenlet is spawned only for what needs one: the rest of a frame the socket could not take
-at once, queued events, a resynchronisation, the end. It parks the stream again when it is done.
+alive for it. One timer per worker writes the heartbeats of quiet streams (ending instead a stream
+whose client has closed its side) and notices expired access tokens. A greenlet is spawned only for
+what needs one: the rest of a frame the socket could not take at once, queued events, a
+resynchronisation, the end. It parks the stream again when it is done.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import socket
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -31,6 +33,18 @@ SILENT_REASONS = ("gone", "overflow")  # nothing more is written: the client lef
 def monotonic_expiry(caller) -> float:
     """When the caller's access token expires, on the monotonic clock."""
     return caller.expires_at - time.time() + time.monotonic()
+
+
+def client_left(sock: socket.socket) -> bool:
+    """Whether the client has closed its side. An SSE client sends nothing after its request, so the end
+    of its input means it has gone; a heartbeat written to it would still be accepted, and only the
+    write after that one would fail."""
+    try:
+        return sock.recv(1, socket.MSG_PEEK) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
 
 
 def chunk(data: bytes) -> bytes:
@@ -122,7 +136,10 @@ class ParkedStream:
             return
         outlet = self.outlet
         if now - outlet.wrote_at >= self.parking.heartbeat:
-            outlet.send(self.framed(b": ping\n\n"))  # keeps proxies from closing an idle stream
+            if client_left(outlet.raw):
+                outlet.gone = True  # its greenlet ends it (giving its lease back is a Redis call)
+            else:
+                outlet.send(self.framed(b": ping\n\n"))  # keeps proxies from closing an idle stream
             if outlet.stalled:
                 self.wake()
                 return

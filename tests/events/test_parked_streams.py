@@ -138,6 +138,30 @@ def test_a_chunked_stream_ends_its_response_with_the_last_chunk(start_server):
     assert stream.events()[-1]["event"] == "session_ended"
 
 
+def open_sse_streams(base: str) -> int:
+    for line in requests.get(f"{base}/metrics", timeout=5).text.splitlines():
+        if line.startswith('rt_open_connections{transport="sse"}'):
+            return int(float(line.split()[-1]))
+    return 0
+
+
+def test_a_parked_stream_whose_client_closed_its_side_ends_at_the_next_heartbeat_without_one(start_server):
+    """A client's FIN: the next heartbeat would still be accepted by its socket (the client cannot have
+    answered it yet), so without looking first the stream would live on until the heartbeat after."""
+    live = start_server(workers=1)  # heartbeats every 0.5 s
+    user = Api(live.url)
+    stream = RawSSE(live.url, user.auth)
+    while ": ping" not in stream.text:  # heartbeats reach this parked stream
+        assert stream.read(10)
+    assert open_sse_streams(live.url) == 1
+    stream.sock.shutdown(socket.SHUT_WR)  # just after a heartbeat: the next one is 0.5 s away
+    heard = len(stream.text)
+    stream.read_to_end()
+    assert stream.eof and ": ping" not in stream.text[heard:]
+    wait_until(lambda: open_sse_streams(live.url) == 0, message="the stream's place given back")
+    stream.close()
+
+
 def healthz_answers(base: str, timeout: float) -> bool:
     try:
         return requests.get(f"{base}/healthz", timeout=timeout).status_code == 200
