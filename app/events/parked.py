@@ -2,8 +2,8 @@
 
 A parked stream is a small record: its follower, its outlet (through which the hub writes its events,
 as for a waiting reader) and its socket. No request, environ, WSGI frames or greenlet stack stay
-alive for it. One timer per worker writes the heartbeats of quiet streams (ending instead a stream
-whose client has closed its side) and notices expired access tokens. A greenlet is spawned only for
+alive for it. One timer per worker writes the heartbeats of quiet streams and notices expired access
+tokens; a watcher on its socket notices at once when the client leaves. A greenlet is spawned only for
 what needs one: the rest of a frame the socket could not take at once, queued events, a
 resynchronisation, the end. It parks the stream again when it is done.
 """
@@ -36,9 +36,7 @@ def monotonic_expiry(caller) -> float:
 
 
 def client_left(sock: socket.socket) -> bool:
-    """Whether the client has closed its side. An SSE client sends nothing after its request, so the end
-    of its input means it has gone; a heartbeat written to it would still be accepted, and only the
-    write after that one would fail."""
+    """Whether the client has closed its side (or reset the connection), as a peek sees it."""
     try:
         return sock.recv(1, socket.MSG_PEEK) == b""
     except BlockingIOError:
@@ -55,7 +53,19 @@ def chunk(data: bytes) -> bytes:
 class ParkedStream:
     """One handed-over SSE stream (see the module's docstring)."""
 
-    __slots__ = ("parking", "follower", "outlet", "sock", "handover", "chunked", "on_end", "serving", "done", "visit")
+    __slots__ = (
+        "parking",
+        "follower",
+        "outlet",
+        "sock",
+        "readable",
+        "handover",
+        "chunked",
+        "on_end",
+        "serving",
+        "done",
+        "visit",
+    )
 
     def __init__(self, parking: Parking, follower: Follower, outlet: Outlet, handover: Handover, chunked: bool, on_end):
         """`outlet` writes to the socket `handover` took; `on_end` runs once the connection is closed."""
@@ -63,6 +73,9 @@ class ParkedStream:
         self.follower = follower
         self.outlet = outlet
         self.sock = outlet.sock
+        # An SSE client sends nothing after its request: its socket turning readable means it left. A
+        # write to it would still be accepted, so without watching, only the heartbeat after next would fail.
+        self.readable = gevent.get_hub().loop.io(outlet.raw.fileno(), 1)
         self.handover = handover
         self.chunked = chunked
         self.on_end: list[Callable[[], None]] = on_end
@@ -83,10 +96,24 @@ class ParkedStream:
             return
         subscription.outlet = self.outlet
         self.parking.schedule(self)
+        if self.readable is not None and not self.readable.active:
+            self.readable.start(self.client_spoke)
+
+    def client_spoke(self) -> None:
+        """The watcher: the client closed its side, so the stream ends; or it sent something, which is
+        left unread (as nginx does), and its leaving is noticed when a write fails."""
+        readable, self.readable = self.readable, None
+        readable.stop()
+        readable.close()
+        if client_left(self.outlet.raw):
+            self.outlet.gone = True
+            self.wake()  # its greenlet ends it (giving its lease back is a Redis call)
 
     def wake(self) -> None:
         """Take the outlet back and spawn the stream's own greenlet: something needs it."""
         if not self.serving and not self.done:
+            if self.readable is not None:
+                self.readable.stop()
             self.serving = True
             self.follower.subscription.outlet = None
             gevent.spawn(self.serve)
@@ -136,10 +163,7 @@ class ParkedStream:
             return
         outlet = self.outlet
         if now - outlet.wrote_at >= self.parking.heartbeat:
-            if client_left(outlet.raw):
-                outlet.gone = True  # its greenlet ends it (giving its lease back is a Redis call)
-            else:
-                outlet.send(self.framed(b": ping\n\n"))  # keeps proxies from closing an idle stream
+            outlet.send(self.framed(b": ping\n\n"))  # keeps proxies from closing an idle stream
             if outlet.stalled:
                 self.wake()
                 return
@@ -161,6 +185,10 @@ class ParkedStream:
 
     def close(self) -> None:
         """Close the connection, give its place back, and run what the request left to do at its end."""
+        if self.readable is not None:  # no watcher may be left on a closed descriptor
+            self.readable.stop()
+            self.readable.close()
+            self.readable = None
         self.sock.close()
         self.handover.release()
         for callback in self.on_end:

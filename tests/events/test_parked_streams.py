@@ -145,21 +145,35 @@ def open_sse_streams(base: str) -> int:
     return 0
 
 
-def test_a_parked_stream_whose_client_closed_its_side_ends_at_the_next_heartbeat_without_one(start_server):
-    """A client's FIN: the next heartbeat would still be accepted by its socket (the client cannot have
-    answered it yet), so without looking first the stream would live on until the heartbeat after."""
-    live = start_server(workers=1)  # heartbeats every 0.5 s
+def test_a_parked_stream_ends_as_soon_as_its_client_closes_its_side(start_server):
+    """A client's FIN. A heartbeat would still be accepted by its socket, so without watching for it the
+    stream would live on until a write failed: the heartbeat after next, here 2 minutes away (never, for
+    a half-closed client that still reads, as this one)."""
+    live = start_server(workers=1, SSE_HEARTBEAT_SECONDS="60")
     user = Api(live.url)
-    stream = RawSSE(live.url, user.auth)
-    while ": ping" not in stream.text:  # heartbeats reach this parked stream
-        assert stream.read(10)
+    stream = RawSSE(live.url, user.auth)  # parked once it has said ": stream open"
+    first = user.publish_ok({"n": 1})
+    assert stream.read_events(1)[0]["data"]["id"] == first  # the hub writes to it
     assert open_sse_streams(live.url) == 1
-    stream.sock.shutdown(socket.SHUT_WR)  # just after a heartbeat: the next one is 0.5 s away
-    heard = len(stream.text)
-    stream.read_to_end()
-    assert stream.eof and ": ping" not in stream.text[heard:]
+    stream.sock.shutdown(socket.SHUT_WR)
+    stream.read_to_end(timeout=20)
+    assert stream.eof and not stream.decoder.ended  # closed without a word: nobody is listening
     wait_until(lambda: open_sse_streams(live.url) == 0, message="the stream's place given back")
     stream.close()
+
+
+def test_a_parked_stream_whose_client_sends_something_lives_on(start_server):
+    live = start_server(workers=1)
+    user = Api(live.url)
+    stream = RawSSE(live.url, user.auth)
+    stream.sock.sendall(b"GET /healthz HTTP/1.1\r\n\r\n")  # pipelined: it stays unread, unanswered
+    ids = [user.publish_ok({"n": n}) for n in range(3)]
+    assert [e["data"]["id"] for e in stream.read_events(3)] == ids
+    later = user.publish_ok({"n": 3})  # parked again since: still written to
+    assert stream.read_events(4)[-1]["data"]["id"] == later
+    assert "HTTP/1.1 200" not in stream.text
+    stream.close()
+    wait_until(lambda: open_sse_streams(live.url) == 0, message="its leaving noticed by a heartbeat")
 
 
 def healthz_answers(base: str, timeout: float) -> bool:
