@@ -248,6 +248,7 @@ def test_reload_and_shutdown_with_open_streams_lose_nothing(base_env, tmp_path, 
     nginx.start()
     try:
         user = Api(nginx.url)
+        publisher = Api(nginx.url, email=user.email)  # logged in before: a POST during the switch may fail
         stream = SSE(nginx.url, user.auth)
         first_id = user.publish_ok({"n": "first"})
         first = stream.next_event()
@@ -260,7 +261,6 @@ def test_reload_and_shutdown_with_open_streams_lose_nothing(base_env, tmp_path, 
             replacement.port = app.port
             replacement.env["PORT"] = str(app.port)
             replacement.start()
-        publisher = Api(nginx.url, email=user.email)
         missed = [wait_until(lambda n=n: _publish(publisher, n), message="publish") for n in range(10)]
         assert follow_with_reconnect(nginx.url, user, first["id"], 10) == missed
     finally:
