@@ -1,12 +1,14 @@
 """A logout that lands while a stream is starting, after its request was authenticated but before the
 hub's subscription could hear the logout's control message, still ends it: the stream looks at its
 session once more after subscribing. In-process, with the real Redis, and a hub that lets the session
-end at exactly that moment (a race a real hub loses too rarely to test)."""
+end at exactly that moment (a race a real hub loses too rarely to test). The WebSocket view is called
+past its upgrade, with a stand-in for the upgraded connection."""
 
 from __future__ import annotations
 
 from app.auth.sessions import end_session
 from app.events.hub import Subscription
+from app.events.ws import guard_websocket_handshake
 from app.redis import Keys
 from tests.utils import bearer
 
@@ -62,3 +64,26 @@ def test_a_long_poll_whose_session_ends_while_it_subscribes_is_refused(app, clie
     assert response.status_code == 401
     assert hub.unsubscribed == hub.subscribed and len(hub.subscribed) == 1
     assert held_leases(rdb, user_id) == 0
+
+
+class UpgradedConnection:
+    """Stands in for the WebSocket the view is given once the handshake is done: only its close is read."""
+
+    def __init__(self):
+        self.closed_with = None
+
+    def close(self, code: int, reason: str) -> None:
+        self.closed_with = (code, reason)
+
+
+def test_a_websocket_whose_session_ends_while_it_subscribes_is_closed_as_ended(app, auth, rdb):
+    tokens = auth.new_user_tokens()
+    hub = app.extensions["event_hub"] = HubDuringALogout(logout=True)
+    connection = UpgradedConnection()
+    handshake = {"Upgrade": "websocket", "Connection": "Upgrade", **bearer(tokens["access_token"])}
+    with app.test_request_context("/ws", headers=handshake):
+        guard_websocket_handshake()  # authenticates and takes the lease, as before the upgrade
+        app.view_functions["events.websocket"].__wrapped__(connection)  # the view inside flask-sock's
+    assert connection.closed_with == (1008, "session ended")  # not 1011, "internal error"
+    assert hub.unsubscribed == hub.subscribed and len(hub.subscribed) == 1
+    assert held_leases(rdb, tokens["user"]["id"]) == 0
