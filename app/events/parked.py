@@ -102,12 +102,17 @@ class ParkedStream:
     def client_spoke(self) -> None:
         """The watcher: the client closed its side, so the stream ends; or it sent something, which is
         left unread (as nginx does), and its leaving is noticed when a write fails."""
-        readable, self.readable = self.readable, None
-        readable.stop()
-        readable.close()
+        self.stop_watching()
         if client_left(self.outlet.raw):
             self.outlet.gone = True
             self.wake()  # its greenlet ends it (giving its lease back is a Redis call)
+
+    def stop_watching(self) -> None:
+        """Stop watching the socket for good."""
+        if self.readable is not None:
+            self.readable.stop()
+            self.readable.close()
+            self.readable = None
 
     def wake(self) -> None:
         """Take the outlet back and spawn the stream's own greenlet: something needs it."""
@@ -185,10 +190,7 @@ class ParkedStream:
 
     def close(self) -> None:
         """Close the connection, give its place back, and run what the request left to do at its end."""
-        if self.readable is not None:  # no watcher may be left on a closed descriptor
-            self.readable.stop()
-            self.readable.close()
-            self.readable = None
+        self.stop_watching()  # no watcher may be left on a closed descriptor
         self.sock.close()
         self.handover.release()
         for callback in self.on_end:

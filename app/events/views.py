@@ -7,7 +7,7 @@ import time
 from flask import Blueprint, Response, current_app, jsonify
 
 from ..auth.guards import current_api_key, current_caller, login_required, user_or_api_key
-from ..errors import bad_request, error_response, forbidden, unauthorized
+from ..errors import bad_request, error_response, forbidden
 from ..http import validated, validated_query
 from ..metrics import EVENTS_DELIVERED, OPEN_CONNECTIONS
 from ..openapi import operation
@@ -44,8 +44,9 @@ def follower_for_request(live: bool, cursor: str | None = None, lease: str | Non
 
 
 @bp.errorhandler(StreamEnded)
-def session_ended_while_starting(ended: StreamEnded):
-    """A stream or long poll whose caller logged out while it was starting: 401, as a moment later."""
+def session_ended(ended: StreamEnded):
+    """A stream or long poll whose session ended (also while it was starting) or whose access token
+    expired before it could answer: 401."""
     return error_response(401, "unauthorized", "The session has ended.")
 
 
@@ -168,6 +169,6 @@ def _hold(follower: Follower, timeout: float, limit: int) -> Response:
                 deliveries = follower.wait(remaining)[:limit]
             except StreamEnded as ended:
                 if ended.reason in ("session_ended", "token_expired"):
-                    raise unauthorized("The session has ended.") from None
+                    raise  # 401, as session_ended() answers
                 break  # shutdown or overflow: answer now, the client polls again with its cursor
         return events_answer(deliveries, follower.cursor, "long_poll")

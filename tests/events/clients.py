@@ -71,12 +71,16 @@ class Api:
         assert self.http.post(f"{self.base}/auth/logout-all", headers=self.auth).status_code == 204
 
 
-def held_long_polls(base: str) -> int:
-    """How many long polls the server holds right now (its own gauge, summed over workers)."""
+def open_connections(base: str, transport: str) -> int:
+    """How many connections of a transport the server holds right now (its own gauge, summed over workers)."""
     for line in requests.get(f"{base}/metrics", timeout=5).text.splitlines():
-        if line.startswith('rt_open_connections{transport="long_poll"}'):
+        if line.startswith(f'rt_open_connections{{transport="{transport}"}}'):
             return int(float(line.split()[-1]))
     return 0
+
+
+def held_long_polls(base: str) -> int:
+    return open_connections(base, "long_poll")
 
 
 class SSE:

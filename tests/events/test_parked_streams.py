@@ -15,7 +15,7 @@ from urllib.parse import urlparse
 import requests
 
 from bench.streams import Chunked, Plain
-from tests.events.clients import SSE, Api, open_ws, ws_json
+from tests.events.clients import SSE, Api, open_connections, open_ws, ws_json
 from tests.servers import wait_until
 
 
@@ -138,13 +138,6 @@ def test_a_chunked_stream_ends_its_response_with_the_last_chunk(start_server):
     assert stream.events()[-1]["event"] == "session_ended"
 
 
-def open_sse_streams(base: str) -> int:
-    for line in requests.get(f"{base}/metrics", timeout=5).text.splitlines():
-        if line.startswith('rt_open_connections{transport="sse"}'):
-            return int(float(line.split()[-1]))
-    return 0
-
-
 def test_a_parked_stream_ends_as_soon_as_its_client_closes_its_side(start_server):
     """A client's FIN. A heartbeat would still be accepted by its socket, so without watching for it the
     stream would live on until a write failed: the heartbeat after next, here 2 minutes away (never, for
@@ -154,11 +147,11 @@ def test_a_parked_stream_ends_as_soon_as_its_client_closes_its_side(start_server
     stream = RawSSE(live.url, user.auth)  # parked once it has said ": stream open"
     first = user.publish_ok({"n": 1})
     assert stream.read_events(1)[0]["data"]["id"] == first  # the hub writes to it
-    assert open_sse_streams(live.url) == 1
+    assert open_connections(live.url, "sse") == 1
     stream.sock.shutdown(socket.SHUT_WR)
     stream.read_to_end(timeout=20)
     assert stream.eof and not stream.decoder.ended  # closed without a word: nobody is listening
-    wait_until(lambda: open_sse_streams(live.url) == 0, message="the stream's place given back")
+    wait_until(lambda: open_connections(live.url, "sse") == 0, message="the stream's place given back")
     stream.close()
 
 
@@ -173,7 +166,7 @@ def test_a_parked_stream_whose_client_sends_something_lives_on(start_server):
     assert stream.read_events(4)[-1]["data"]["id"] == later
     assert "HTTP/1.1 200" not in stream.text
     stream.close()
-    wait_until(lambda: open_sse_streams(live.url) == 0, message="its leaving noticed by a heartbeat")
+    wait_until(lambda: open_connections(live.url, "sse") == 0, message="its leaving noticed by a heartbeat")
 
 
 def healthz_answers(base: str, timeout: float) -> bool:

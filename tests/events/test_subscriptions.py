@@ -10,11 +10,10 @@ import threading
 import time
 
 import pytest
-import requests
 
 from app.events.bus import wake_channel
 from app.events.cursor import decode_cursor, is_after
-from tests.events.clients import SSE, Api
+from tests.events.clients import SSE, Api, open_connections
 from tests.servers import RedisServer, wait_until
 
 pytestmark = pytest.mark.not_on_cluster("each test starts its own redis-server (restarted, limited) to watch it")
@@ -40,13 +39,6 @@ def hub_of(client, live) -> dict:
     (pid,) = live.worker_pids()
     (hub,) = [c for c in client.client_list() if c["name"] == f"auth-rt-hub:{pid}"]
     return hub
-
-
-def open_sse_streams(base: str) -> int:
-    for line in requests.get(f"{base}/metrics", timeout=5).text.splitlines():
-        if line.startswith('rt_open_connections{transport="sse"}'):
-            return int(float(line.split()[-1]))
-    return 0
 
 
 def connected(stream: SSE) -> SSE:
@@ -89,7 +81,7 @@ def test_readers_are_counted_the_last_to_leave_unsubscribes(start_server, own_re
     first, second = connected(SSE(live.url, user.auth)), connected(SSE(live.url, user.auth))
     assert subscribers(redis_client, user.channel) == 1  # one subscription per worker, however many readers
     first.close()
-    wait_until(lambda: open_sse_streams(live.url) == 1, message="the server noticing the first reader left")
+    wait_until(lambda: open_connections(live.url, "sse") == 1, message="the server noticing the first reader left")
     assert subscribers(redis_client, user.channel) == 1
     event_id = user.publish_ok({"n": 1})
     assert second.next_event()["data"]["id"] == event_id
