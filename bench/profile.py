@@ -1,6 +1,7 @@
 """Where the service's workers spend their CPU while they broadcast to many open streams.
 
 Run: .venv/bin/python -m bench.profile [--streams 10000] [--transport sse|ws] [--events 20 | --rate 500]
+     .venv/bin/python -m bench.profile --request /auth/me
 
 It starts the service (two workers) with a statistical profiler in each worker: every 4 ms of the
 process's CPU time (ITIMER_PROF) it records the Python stack that was running. It opens the streams,
@@ -156,6 +157,7 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=20)
     parser.add_argument("--memory", action="store_true", help="what one open stream holds, by allocating line")
     parser.add_argument("--rate", type=int, help="instead of broadcasts: publish this many events/s for 4 s")
+    parser.add_argument("--request", help="instead of broadcasts: wrk on this path (with a user's token) for 8 s")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         hook = Path(tmp) / "hook"
@@ -172,6 +174,14 @@ def main() -> None:
         with shared_redis() as redis_server, Service(redis_server, extra_env=env) as service:
             if args.memory:
                 print(memory_per_stream(service, args.transport, args.streams, out))
+                return
+            if args.request:
+                from bench.run import wrk
+
+                (out / "generation").write_text("requests")
+                print(json.dumps(wrk(f"{service.app.url}{args.request}", {"Authorization": f"Bearer {service.token}"})))
+                time.sleep(1.5)  # a last write of the samples
+                print(report(out))
                 return
             if args.rate:
                 (out / "generation").write_text("paced")
