@@ -2,6 +2,7 @@
 nginx.conf that includes it, for `make run` and for the tests.
 
 Usage: python scripts/nginx_config.py DIRECTORY NGINX_PORT APP_UPSTREAM [APP_UPSTREAM ...]
+NGINX_PORT is what nginx's `listen` takes: a port, or an address and port (127.0.0.1:8080).
 Writes DIRECTORY/site.conf and DIRECTORY/nginx.conf; run `nginx -c DIRECTORY/nginx.conf`.
 """
 
@@ -30,7 +31,7 @@ http {{
 """
 
 
-def render_site(port: int, upstreams: list[str], template: str | None = None) -> str:
+def render_site(port: int | str, upstreams: list[str], template: str | None = None) -> str:
     """The template with ${NGINX_PORT} and ${APP_UPSTREAM}; more upstreams become more server lines."""
     text = (template or TEMPLATE.read_text()).replace("${NGINX_PORT}", str(port))
     servers = "\n".join(f"    server {upstream};" for upstream in upstreams)
@@ -40,7 +41,7 @@ def render_site(port: int, upstreams: list[str], template: str | None = None) ->
 
 def write_config(
     directory: Path,
-    port: int,
+    port: int | str,
     upstreams: list[str],
     site: str | None = None,
     workers: int = 1,
@@ -58,4 +59,4 @@ def write_config(
 
 if __name__ == "__main__":
     target, nginx_port, *app_upstreams = sys.argv[1:]
-    print(write_config(Path(target), int(nginx_port), app_upstreams))
+    print(write_config(Path(target), nginx_port, app_upstreams))

@@ -50,13 +50,19 @@ gunicorn_pid=$!
 .venv/bin/python worker.py &
 pids+=($!)
 
-# nginx in front, rendered from nginx/default.conf.template (as in production).
+# nginx in front, rendered from nginx/default.conf.template (as in production). On loopback too, as
+# this is a development setup with development secrets; NGINX_PORT may name the address as well
+# (0.0.0.0:8080) to reach it from other machines.
 nginx_port="${NGINX_PORT:-8080}"
+case "$nginx_port" in
+  *:*) ;;
+  *) nginx_port="127.0.0.1:$nginx_port" ;;
+esac
 .venv/bin/python scripts/nginx_config.py "$DATA_DIR/nginx" "$nginx_port" "127.0.0.1:${PORT}" >/dev/null
 nginx -c "$(cd "$DATA_DIR/nginx" && pwd)/nginx.conf" &
 pids+=($!)
 
 echo "service: http://127.0.0.1:${PORT}/ (gunicorn, direct)"
-echo "nginx:   http://127.0.0.1:${nginx_port}/ (in front of it)"
+echo "nginx:   http://${nginx_port}/ (in front of it)"
 echo "cli:     .venv/bin/flask --app wsgi ... uses this Redis (from $DATA_DIR/.env)"
 wait "$gunicorn_pid"

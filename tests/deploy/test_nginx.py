@@ -13,7 +13,7 @@ import requests
 from scripts.nginx_config import TEMPLATE
 from tests.events.clients import SSE, Api, held_long_polls, open_ws, ws_json
 from tests.events.conftest import FAST
-from tests.servers import LiveServer, NginxServer, RedisServer, wait_until
+from tests.servers import LiveServer, NginxServer, RedisServer, free_port, wait_until
 
 pytestmark = pytest.mark.not_on_cluster("tests nginx in front of gunicorn, and starts its own redis-server")
 
@@ -177,6 +177,28 @@ def test_nginx_does_not_announce_its_version(proxy):
     for path in ("/healthz", "/metrics", "/no/such/page"):
         server = requests.get(f"{proxy.url}{path}").headers.get("Server", "")
         assert server in ("", "nginx"), server
+
+
+def test_a_body_over_the_limit_is_refused_by_nginx_in_the_apps_json_shape(proxy, app_server):
+    over = b"x" * (1024 * 1024 + 1)  # past the app's largest body (webhooks), and nginx's client_max_body_size
+    for base in (app_server.url, proxy.url):  # the app's own answer, then nginx's, which must look the same
+        answer = requests.post(f"{base}/auth/login", data=over, headers={"Content-Type": "application/json"})
+        assert answer.status_code == 413, (base, answer.text)
+        assert answer.headers["Content-Type"].startswith("application/json"), (base, answer.text)
+        assert answer.json()["error"]["code"] == "payload_too_large"
+
+
+def test_no_answer_from_gunicorn_is_a_json_503_to_retry(tmp_path):
+    nginx = NginxServer(tmp_path, [f"127.0.0.1:{free_port()}"])  # nothing listens there
+    nginx.start()
+    try:
+        for method, path in (("GET", "/auth/me"), ("POST", "/auth/login"), ("GET", "/events/stream")):
+            answer = requests.request(method, f"{nginx.url}{path}", json={} if method == "POST" else None)
+            assert answer.status_code == 503, (path, answer.status_code, answer.text)
+            assert answer.json()["error"]["code"] == "unavailable"
+            assert answer.headers["Retry-After"] == "1"
+    finally:
+        nginx.stop()
 
 
 # Scale-out and restarts

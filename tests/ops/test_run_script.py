@@ -85,8 +85,9 @@ def test_the_cli_reaches_make_runs_redis_and_its_events_are_counted(make_run):
     assert f"PROMETHEUS_MULTIPROC_DIR={(data_dir / 'metrics').resolve()}" in env_file
     assert oct((data_dir / ".env").stat().st_mode & 0o777) == "0o600"  # it may hold a Redis password
 
-    # nginx is the way in: gunicorn listens on loopback only.
+    # nginx is the way in; both listen on loopback only (a development setup, with development secrets).
     assert listening_addresses(make_run["PORT"]) == {"127.0.0.1"}
+    assert listening_addresses(make_run["NGINX_PORT"]) == {"127.0.0.1"}
     assert requests.get(f"http://127.0.0.1:{make_run['NGINX_PORT']}/healthz", timeout=5).ok
 
     reader = Api(service)
