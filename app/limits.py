@@ -114,10 +114,19 @@ def limiter_storage(redis_url: str, mode: str) -> tuple[str, dict]:
     return "redis+cluster://" + ",".join(f"{seed.hostname}:{seed.port or 6379}" for seed in seeds), options
 
 
+def _retry_after_on_refusals_only(response):
+    """Flask-Limiter puts the seconds until its window resets in Retry-After on every answer of a limited
+    endpoint; on a 200 that reads as "come back later". The X-RateLimit-* headers already say it there."""
+    if response.status_code < 400:
+        response.headers.pop("Retry-After", None)
+    return response
+
+
 def init_app(app: Flask) -> None:
     """Bind a limiter to this app and apply every limit its views declare (call after all blueprints)."""
     settings = app.config["SETTINGS"]
     storage_uri, storage_options = limiter_storage(settings.redis_url, settings.redis_mode)
+    app.after_request(_retry_after_on_refusals_only)  # registered before the limiter's, so it runs after it
     limiter = Limiter(
         key_func=get_remote_address,
         app=app,

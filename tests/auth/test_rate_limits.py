@@ -37,6 +37,15 @@ def test_per_address_limit_answers_429_with_retry_after(limited):
     assert login(client, random_email(), "203.0.113.8").status_code == 401  # another address is not limited
 
 
+def test_answers_within_the_limit_count_down_without_retry_after(limited):
+    client = limited()
+    user = AuthActions(client).register()
+    answer = login(client, user["email"], "203.0.113.9", transport="body")
+    assert answer.status_code == 200
+    assert (answer.headers["X-RateLimit-Limit"], answer.headers["X-RateLimit-Remaining"]) == ("3", "2")
+    assert "Retry-After" not in answer.headers  # it means "wait": for refusals only
+
+
 def test_per_account_limit_holds_across_addresses(limited):
     client = limited()
     user = AuthActions(client).register()
