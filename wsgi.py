@@ -6,6 +6,7 @@ that server's /metrics reads them. It has to happen first because prometheus_cli
 multi-process mode from PROMETHEUS_MULTIPROC_DIR when it is imported. Real variables always win.
 """
 
+import logging
 import os
 from pathlib import Path
 
@@ -33,5 +34,13 @@ if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
     os.makedirs(os.environ["PROMETHEUS_MULTIPROC_DIR"], exist_ok=True)  # a cleaned var/ must not stop the CLI
 
 from app import create_app  # noqa: E402 - after the environment is complete
+from app.settings import SettingsError  # noqa: E402
 
-app = create_app()
+try:
+    app = create_app()
+except SettingsError as error:
+    # A sentence, not a traceback: a JSON line under gunicorn, plain text on the command line. Status 4 is
+    # what gunicorn's arbiter reads as "the app failed to load": it stops, instead of starting one failing
+    # worker after another.
+    logging.getLogger("wsgi").critical("configuration error: %s", error)
+    raise SystemExit(4) from None

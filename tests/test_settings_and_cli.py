@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from subprocess import PIPE
@@ -92,13 +93,25 @@ def test_invalid_values_stop_start_up_naming_the_variable(tmp_path, name, value)
         load_settings({"APP_ENV": "test", "DATA_DIR": str(tmp_path), name: value})
 
 
-def test_the_real_process_refuses_to_start_in_production_without_secrets(tmp_path):
-    env = process_env(APP_ENV="production", SECRET_KEY="", JWT_SECRET="", DATA_DIR=str(tmp_path))
-    result = subprocess.run(
-        [sys.executable, "-c", "import wsgi"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
-    )
-    assert result.returncode != 0
-    assert "JWT_SECRET" in result.stderr or "SECRET_KEY" in result.stderr
+@pytest.mark.slow
+def test_the_real_processes_refuse_to_start_in_production_without_secrets_in_one_sentence(tmp_path):
+    env = process_env(APP_ENV="production", SECRET_KEY="", JWT_SECRET="", DATA_DIR=str(tmp_path), PORT=str(free_port()))
+    gunicorn = [str(ROOT / ".venv/bin/gunicorn"), "-c", "gunicorn.conf.py", "--workers", "2", "wsgi:app"]
+    for command in (
+        [sys.executable, "-c", "import wsgi"],
+        [sys.executable, "-m", "flask", "--app", "wsgi", "users", "list"],
+        gunicorn,
+    ):
+        # gunicorn stops by itself: a worker that cannot load the app halts the arbiter, which starts no other.
+        result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+        assert result.returncode != 0, command
+        assert "configuration error: SECRET_KEY is missing" in result.stderr, (command, result.stderr)
+        lines = result.stderr.strip().splitlines()
+        if command is gunicorn:  # every line JSON, as its log pipeline expects
+            assert all(json.loads(line) for line in lines), result.stderr
+        else:
+            assert len(lines) == 1, result.stderr
+        assert "Traceback" not in result.stderr, result.stderr
 
 
 def flask_cli(base_env, *args):
