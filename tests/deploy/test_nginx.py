@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.server
 import json
 import signal
 import threading
@@ -199,6 +200,51 @@ def test_no_answer_from_gunicorn_is_a_json_503_to_retry(tmp_path):
             assert answer.headers["Retry-After"] == "1"
     finally:
         nginx.stop()
+
+
+class KeepAliveUpstream(http.server.BaseHTTPRequestHandler):
+    """Stands in for gunicorn: answers every request completely and keeps the connection open, noting each
+    request's upstream connection (nginx's source port) and Connection header."""
+
+    protocol_version = "HTTP/1.1"
+    seen: list[tuple[int, str, str]]
+
+    def do_GET(self):
+        self.seen.append((self.client_address[1], self.path, self.headers.get("Connection", "")))
+        event_stream = self.path == "/events/stream"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream" if event_stream else "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        body = b": stream open\n\n"
+        self.wfile.write(b"%x\r\n%b\r\n0\r\n\r\n" % (len(body), body))  # a whole stream: opened, then ended
+
+    do_POST = do_GET
+
+    def log_message(self, *args):
+        pass
+
+
+def test_nginx_never_reuses_a_streams_upstream_connection(tmp_path):
+    """A worker closes a stream's connection just after its last chunk; nginx must not send the next request
+    on it (a POST there fails with a 502 when the close wins the race), while other requests reuse theirs."""
+    seen = []
+    upstream = http.server.ThreadingHTTPServer(("127.0.0.1", 0), type("Upstream", (KeepAliveUpstream,), {"seen": seen}))
+    threading.Thread(target=upstream.serve_forever, daemon=True).start()
+    nginx = NginxServer(tmp_path, [f"127.0.0.1:{upstream.server_address[1]}"])
+    nginx.start()
+    try:
+        with requests.Session() as client:
+            for path in ("/healthz", "/auth/me", "/events/stream", "/auth/login"):
+                method = "POST" if path == "/auth/login" else "GET"
+                assert client.request(method, f"{nginx.url}{path}").status_code == 200
+        (healthz, _, healthz_header), (me, _, _), (stream, _, stream_header), (login, _, _) = seen
+        assert me == healthz and healthz_header == ""  # an ordinary request's connection is reused
+        assert stream_header == "close" and login != stream  # a stream's is not
+    finally:
+        nginx.stop()
+        upstream.shutdown()
+        upstream.server_close()
 
 
 # Scale-out and restarts
