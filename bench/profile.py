@@ -147,7 +147,7 @@ def memory_per_stream(service, transport: str, count: int, out: Path) -> str:
 
 
 def main() -> None:
-    from bench.run import fleet_processes, sustained
+    from bench.run import fleet_processes, sustained, wrk
     from bench.streams import StreamFleet, tag
     from bench.targets import Service, shared_redis
 
@@ -176,8 +176,6 @@ def main() -> None:
                 print(memory_per_stream(service, args.transport, args.streams, out))
                 return
             if args.request:
-                from bench.run import wrk
-
                 (out / "generation").write_text("requests")
                 print(json.dumps(wrk(f"{service.app.url}{args.request}", {"Authorization": f"Bearer {service.token}"})))
                 time.sleep(1.5)  # a last write of the samples

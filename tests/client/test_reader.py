@@ -13,7 +13,7 @@ import httpx
 import pytest
 from auth_rt_client import ApiError, Client, Event, EventReader
 
-from tests.events.clients import SSE, Api, held_long_polls
+from tests.events.clients import SSE, Api, open_connections
 from tests.events.conftest import FAST
 from tests.servers import LiveServer, wait_until
 
@@ -155,7 +155,7 @@ def test_an_ended_session_raises_401(server, transport):
     user = Api(server.url)
     collector = Collector(reader(server, user.access_token, transport))
     if transport == "long-poll":
-        wait_until(lambda: held_long_polls(server.url) >= 1, message="the long poll to be held")
+        wait_until(lambda: open_connections(server.url, "long_poll") >= 1, message="the long poll to be held")
     user.logout_all()
     error = collector.raised()
     assert isinstance(error, ApiError) and error.status == 401
@@ -198,7 +198,7 @@ def test_a_malformed_cursor_raises_400(server, transport):
 def test_close_ends_a_held_long_poll_at_once(server):
     user = Api(server.url)
     collector = Collector(EventReader(server.url, user.access_token, transport="long-poll", wait_seconds=25))
-    wait_until(lambda: held_long_polls(server.url) >= 1, message="the long poll to be held")
+    wait_until(lambda: open_connections(server.url, "long_poll") >= 1, message="the long poll to be held")
     started = time.monotonic()
     collector.stop()
     assert time.monotonic() - started < 2 and collector.error is None

@@ -12,7 +12,7 @@ import pytest
 import requests
 
 from scripts.nginx_config import TEMPLATE
-from tests.events.clients import SSE, Api, held_long_polls, open_ws, ws_json
+from tests.events.clients import SSE, Api, open_connections, open_ws, ws_json
 from tests.events.conftest import FAST
 from tests.servers import LiveServer, NginxServer, RedisServer, free_port, wait_until
 
@@ -127,7 +127,7 @@ def test_long_poll_is_held_and_answered_through_nginx(proxy, app_server):
     waiter = threading.Thread(target=lambda: answer.update(response=user.wait(cursor, timeout=10)))
     started = time.monotonic()
     waiter.start()
-    wait_until(lambda: held_long_polls(app_server.url) >= 1, message="the long poll to be held")
+    wait_until(lambda: open_connections(app_server.url, "long_poll") >= 1, message="the long poll to be held")
     assert waiter.is_alive()  # held, not answered at once
     Api(proxy.url, email=user.email).publish_ok({"held": True})
     waiter.join(10)
@@ -207,10 +207,9 @@ class KeepAliveUpstream(http.server.BaseHTTPRequestHandler):
     request's upstream connection (nginx's source port) and Connection header."""
 
     protocol_version = "HTTP/1.1"
-    seen: list[tuple[int, str, str]]
 
     def do_GET(self):
-        self.seen.append((self.client_address[1], self.path, self.headers.get("Connection", "")))
+        self.server.seen.append((self.client_address[1], self.path, self.headers.get("Connection", "")))
         event_stream = self.path == "/events/stream"
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream" if event_stream else "application/json")
@@ -228,8 +227,8 @@ class KeepAliveUpstream(http.server.BaseHTTPRequestHandler):
 def test_nginx_never_reuses_a_streams_upstream_connection(tmp_path):
     """A worker closes a stream's connection just after its last chunk; nginx must not send the next request
     on it (a POST there fails with a 502 when the close wins the race), while other requests reuse theirs."""
-    seen = []
-    upstream = http.server.ThreadingHTTPServer(("127.0.0.1", 0), type("Upstream", (KeepAliveUpstream,), {"seen": seen}))
+    upstream = http.server.ThreadingHTTPServer(("127.0.0.1", 0), KeepAliveUpstream)
+    upstream.seen = []
     threading.Thread(target=upstream.serve_forever, daemon=True).start()
     nginx = NginxServer(tmp_path, [f"127.0.0.1:{upstream.server_address[1]}"])
     nginx.start()
@@ -238,7 +237,7 @@ def test_nginx_never_reuses_a_streams_upstream_connection(tmp_path):
             for path in ("/healthz", "/auth/me", "/events/stream", "/auth/login"):
                 method = "POST" if path == "/auth/login" else "GET"
                 assert client.request(method, f"{nginx.url}{path}").status_code == 200
-        (healthz, _, healthz_header), (me, _, _), (stream, _, stream_header), (login, _, _) = seen
+        (healthz, _, healthz_header), (me, _, _), (stream, _, stream_header), (login, _, _) = upstream.seen
         assert me == healthz and healthz_header == ""  # an ordinary request's connection is reused
         assert stream_header == "close" and login != stream  # a stream's is not
     finally:

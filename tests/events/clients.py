@@ -79,10 +79,6 @@ def open_connections(base: str, transport: str) -> int:
     return 0
 
 
-def held_long_polls(base: str) -> int:
-    return open_connections(base, "long_poll")
-
-
 class SSE:
     """Reads an SSE response on its own thread; frames are parsed exactly as the wire carries them."""
 

@@ -9,7 +9,7 @@ import threading
 import pytest
 import websocket
 
-from tests.events.clients import SSE, Api, held_long_polls, open_ws, ws_json
+from tests.events.clients import SSE, Api, open_connections, open_ws, ws_json
 from tests.servers import wait_until
 
 
@@ -70,7 +70,7 @@ def test_a_users_live_connections_are_capped_across_workers_and_instances(start_
         held = {}
         poller = threading.Thread(target=lambda: held.update(answer=user.wait(cursor, timeout=20)), daemon=True)
         poller.start()
-        wait_until(lambda: held_long_polls(first.url) == 1, message="a held long poll")
+        wait_until(lambda: open_connections(first.url, "long_poll") == 1, message="a held long poll")
 
         for base in (first.url, second.url):  # the fourth, on any worker of any instance
             opened.append(refused := SSE(base, user.auth))

@@ -10,7 +10,7 @@ import pytest
 import websocket
 
 from app.events.sse import sse_frame
-from tests.events.clients import SSE, Api, held_long_polls, open_ws, parse_block, ws_close_code, ws_json
+from tests.events.clients import SSE, Api, open_connections, open_ws, parse_block, ws_close_code, ws_json
 from tests.servers import wait_until
 
 E_FIELDS = {"id", "channel", "event", "data", "ts"}
@@ -144,7 +144,7 @@ def test_long_poll_answers_within_100ms_of_a_publish(server):
     waiter = threading.Thread(target=wait)
     waiter.start()
     publisher = Api(server.url, email=user.email)  # logged in before the clock starts: a hash takes its time
-    wait_until(lambda: held_long_polls(server.url) >= 1, message="the long poll to be held")
+    wait_until(lambda: open_connections(server.url, "long_poll") >= 1, message="the long poll to be held")
     published_at = time.monotonic()
     publisher.publish_ok({"late": True})
     waiter.join(10)
