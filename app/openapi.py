@@ -9,6 +9,7 @@ for any route that declares nothing.
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -125,9 +126,11 @@ def build_document(app: Flask) -> dict:
 
     models = _models(declared for *_, declared in operations)
     refs, definitions = models_json_schema(models, ref_template=REF_TEMPLATE)
+    operation_ids = _operation_ids([(rule, method) for rule, method, _ in operations])
     paths: dict[str, dict] = {}
-    for rule, method, declared in operations:
-        paths.setdefault(_openapi_path(rule.rule), {})[method] = _operation(declared, method, rule, refs)
+    for (rule, method, declared), operation_id in zip(operations, operation_ids, strict=True):
+        described = {"operationId": operation_id, **_operation(declared, method, rule, refs)}
+        paths.setdefault(_openapi_path(rule.rule), {})[method] = described
 
     used_schemes = {name for *_, declared in operations for name in declared.auth}
     return {
@@ -150,6 +153,28 @@ def _openapi_path(rule: str) -> str:
     return re.sub(r"<(?:[^:<>]+:)?([^<>]+)>", r"{\1}", rule)
 
 
+def _operation_ids(operations: list[tuple]) -> list[str]:
+    """Each operation's id: its view's endpoint, with the method and path added when the view has several.
+
+    A view may answer at several paths (the page) or methods, and an operationId must be unique in the
+    whole document, so the endpoint alone names only a view with one operation.
+    """
+    per_endpoint = Counter(rule.endpoint for rule, _ in operations)
+    ids = [
+        rule.endpoint if per_endpoint[rule.endpoint] == 1 else _qualified_id(rule, method)
+        for rule, method in operations
+    ]
+    repeated = sorted(name for name, count in Counter(ids).items() if count > 1)
+    if repeated:
+        raise ValueError(f"operationIds used more than once: {repeated}")
+    return ids
+
+
+def _qualified_id(rule, method: str) -> str:
+    """`page.index.get_verify_email` for `GET /verify-email` of the view `page.index`."""
+    return "_".join([f"{rule.endpoint}.{method}", *re.findall(r"[A-Za-z0-9]+", _openapi_path(rule.rule))])
+
+
 def _models(declarations: Iterable[Operation]) -> list[tuple[type[BaseModel], str]]:
     wanted = {(ErrorAnswer, "serialization")}
     for declared in declarations:
@@ -167,7 +192,6 @@ def _operation(declared: Operation, method: str, rule, refs: Mapping) -> dict:
         {"name": name, "in": "path", "required": True, "schema": {"type": "string"}} for name in sorted(rule.arguments)
     ]
     answer: dict = {
-        "operationId": rule.endpoint,
         "summary": declared.summary,
         "tags": list(declared.tags),
         "parameters": [*path_parameters, *_parameters(declared.query, "query", refs)],

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import base64
+
+import pytest
+from openapi_spec_validator import OpenAPIV31SpecValidator
 from pydantic import Field
 
 from app.auth.users import create_user
@@ -33,6 +37,77 @@ def test_the_served_document_is_the_one_built_from_the_views(app, client):
     served = response.get_json()
     assert served == build_document(app)
     assert served["openapi"] == "3.1.0"
+
+
+# Every optional part of the service on: OAuth providers (a preset and an OpenID one), inbound webhook
+# providers of every scheme, mail and outgoing-webhook settings.
+EVERY_OPTION = {
+    "OAUTH_PROVIDERS": "github,corp",
+    "OAUTH_GITHUB_CLIENT_ID": "gh-id",
+    "OAUTH_GITHUB_CLIENT_SECRET": "gh-very-secret",
+    "OAUTH_CORP_CLIENT_ID": "corp-id",
+    "OAUTH_CORP_CLIENT_SECRET": "corp-very-secret",
+    "OAUTH_CORP_DISCOVERY_URL": "https://id.example.com/.well-known/openid-configuration",
+    "WEBHOOK_PROVIDERS": "acme,pay,hub",
+    "WEBHOOK_ACME_SCHEME": "standard",
+    "WEBHOOK_ACME_SECRET": "whsec_" + base64.b64encode(b"a-standard-webhooks-test-secret!").decode(),
+    "WEBHOOK_ACME_USER_PATH": "data.user_id",
+    "WEBHOOK_PAY_SCHEME": "stripe",
+    "WEBHOOK_PAY_SECRET": "whsec_stripe_test_secret_0123456789",
+    "WEBHOOK_HUB_SCHEME": "github",
+    "WEBHOOK_HUB_SECRET": "github-test-secret-0123456789",
+    "SMTP_URL": "smtp://127.0.0.1:1",
+    "WEBHOOK_OUT_ALLOW_PRIVATE": "true",
+    "WEBHOOK_OUT_ALLOW_HTTP": "true",
+}
+
+
+def duplicate_operation_ids(document: dict) -> dict[str, list[str]]:
+    """operationIds used by more than one operation, with the operations using them."""
+    users: dict[str, list[str]] = {}
+    for path, operations in document["paths"].items():
+        for method, described in operations.items():
+            users.setdefault(described["operationId"], []).append(f"{method.upper()} {path}")
+    return {name: where for name, where in users.items() if len(where) > 1}
+
+
+@pytest.mark.parametrize("overrides", [{}, EVERY_OPTION], ids=["defaults", "every-option"])
+def test_the_served_document_is_valid_openapi_3_1(make_app, overrides):
+    document = make_app(**overrides).test_client().get("/openapi.json").get_json()
+    errors = [str(error).splitlines()[0] for error in OpenAPIV31SpecValidator(document).iter_errors()]
+    assert errors == []
+    assert duplicate_operation_ids(document) == {}
+    assert all(
+        described["operationId"] for operations in document["paths"].values() for described in operations.values()
+    )
+
+
+def test_a_view_served_at_several_paths_and_methods_is_one_operation_each(make_app):
+    app = make_app()
+
+    @app.route("/twice", methods=["GET", "POST"])
+    @app.route("/twice/again")
+    @operation("test", tags=["test"], responses={204: None})
+    def twice():
+        return "", 204
+
+    document = build_document(app)
+    assert {"get", "post"} <= set(document["paths"]["/twice"]) and "get" in document["paths"]["/twice/again"]
+    assert duplicate_operation_ids(document) == {}
+    assert list(OpenAPIV31SpecValidator(document).iter_errors()) == []
+
+
+def test_operation_ids_that_would_still_collide_are_refused(make_app):
+    app = make_app()
+
+    @app.get("/a-b")
+    @app.get("/a_b")
+    @operation("test", tags=["test"], responses={204: None})
+    def look_alike():
+        return "", 204
+
+    with pytest.raises(ValueError, match="operationIds used more than once"):
+        build_document(app)
 
 
 def test_the_document_carries_the_constraints_the_views_enforce(app, client, auth):
