@@ -66,6 +66,17 @@ def init_app(app: Flask) -> None:
         logout_all(found["id"])
         click.echo(f"ended every session of {found['email']} ({found['id']})")
 
+    @users_group.command("reset-mfa")
+    @click.argument("user")
+    @_one_line_errors
+    def reset_mfa_command(user: str):
+        """Turn USER's two-factor authentication off and end every session (the owner is mailed)."""
+        from .auth.mfa import reset
+
+        found = _user_or_fail(user)
+        reset(found["id"])
+        click.echo(f"two-factor authentication is off for {found['email']} ({found['id']}); every session ended")
+
     @users_group.command("delete")
     @click.argument("user")
     @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")

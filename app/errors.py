@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 import redis
-from flask import Flask, jsonify
+from flask import Flask, g, jsonify
 from werkzeug.exceptions import HTTPException
 
 log = logging.getLogger(__name__)
@@ -86,6 +86,7 @@ def init_app(app: Flask) -> None:
 
     @app.errorhandler(ApiError)
     def handle_api_error(error: ApiError):
+        g.answered_retry_after = (error.headers or {}).get("Retry-After")  # kept as given (app/limits.py)
         return error_response(error.status, error.code, error.message, error.headers)
 
     @app.errorhandler(HTTPException)

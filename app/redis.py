@@ -113,6 +113,15 @@ class Keys:
         return "users"
 
     @staticmethod
+    def admins() -> str:
+        """The ids of the users whose role is admin (a set, its own slot), with the member `*` once built.
+
+        Kept a subset of the admins: a promotion adds the id after the record says admin, a demotion or
+        deletion removes it first, in the step that refuses to remove the last one.
+        """
+        return "admins"
+
+    @staticmethod
     def api_key(key_hash: str) -> str:
         """One API key's record, under the key's SHA-256."""
         return f"apikey:{key_hash}"

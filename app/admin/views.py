@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from flask import Blueprint, jsonify, make_response
 
-from ..auth import sessions, users
+from ..auth import mfa, sessions, users
 from ..auth.guards import current_caller, login_required
 from ..errors import forbidden, not_found
 from ..http import validated, validated_query
@@ -68,7 +68,7 @@ def list_users():
     path=UserPath,
     body=RoleChange,
     responses={200: AdminUserAnswer},
-    errors=(400, 401, 403, 404, 422),
+    errors=(400, 401, 403, 404, 409, 422),
     auth=ADMIN,
 )
 def change_role(user_id: str):
@@ -98,13 +98,30 @@ def revoke_sessions(user_id: str):
     return _no_store("", 204)
 
 
+@bp.post("/<user_id>/mfa/reset")
+@operation(
+    "Turn a user's MFA off: TOTP secret and recovery codes gone, every session ended, the owner mailed",
+    tags=["admin"],
+    path=UserPath,
+    responses={204: None},
+    errors=(401, 403, 404),
+    auth=ADMIN,
+)
+def reset_mfa(user_id: str):
+    """Reset the user's second factor (also when it is off): for an owner who lost it, or whose was hijacked."""
+    _target(user_id)
+    if mfa.reset(user_id) is None:
+        raise not_found("No such user.")
+    return _no_store("", 204)
+
+
 @bp.delete("/<user_id>")
 @operation(
     "Delete a user and every record of theirs; their sessions end at once",
     tags=["admin"],
     path=UserPath,
     responses={204: None},
-    errors=(401, 403, 404),
+    errors=(401, 403, 404, 409),
     auth=ADMIN,
 )
 def delete_user(user_id: str):

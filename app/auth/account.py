@@ -19,6 +19,7 @@ from .schemas import (
     EmailVerification,
     ForgottenPassword,
     PasswordReset,
+    Reauthentication,
     RecoveryCodes,
     TotpConfirmation,
     TotpRemoval,
@@ -149,9 +150,44 @@ def _no_store(response):
     return response
 
 
+@bp.post("/reauthenticate")
+@operation(
+    "Prove the password again: this session counts as recently authenticated for five minutes",
+    tags=["account"],
+    body=Reauthentication,
+    responses={204: None},
+    errors=(400, 401, 403, 429),
+    auth=USER,
+)
+@rate_limited("password", per=("address", "caller"))
+@login_required
+def reauthenticate():
+    """Check the password again and mark the caller's session as recently authenticated."""
+    password = validated(Reauthentication).password
+    caller = current_caller()
+    if not users.password_matches(users.get_user(caller.user_id), password):
+        raise unauthorized("The password is wrong.", "invalid_credentials")  # the session goes on
+    if not sessions.mark_authenticated(caller.user_id, caller.session_id):
+        raise unauthorized("The session has ended; log in again.")
+    return _empty(204)
+
+
+def require_recent_authentication() -> None:
+    """403 reauthentication_required unless this session proved a factor in the last five minutes.
+
+    A stolen access token alone must not be enough to take over the account's second factor.
+    """
+    caller = current_caller()
+    if not sessions.recently_authenticated(caller.user_id, caller.session_id):
+        raise forbidden(
+            "Confirm it is you: enter your password again (POST /auth/reauthenticate), then retry.",
+            "reauthentication_required",
+        )
+
+
 @bp.post("/mfa/totp/setup")
 @operation(
-    "Start setting up TOTP: a new secret, its otpauth:// URI and QR code",
+    "Start setting up TOTP: a new secret, its otpauth:// URI and QR code (needs a recent authentication)",
     tags=["mfa"],
     responses={200: TotpSetup},
     errors=(401, 403, 409),
@@ -160,6 +196,7 @@ def _no_store(response):
 @login_required
 def setup_totp():
     """A new TOTP secret and its otpauth:// URI (and QR code); MFA is on only after confirmation."""
+    require_recent_authentication()
     user = users.get_user(current_caller().user_id) or {}
     return _no_store(jsonify(mfa.begin_setup(user)))
 

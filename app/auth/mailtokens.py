@@ -81,7 +81,8 @@ return 1
 # KEYS: 1 the user's reset token, 2 the user, 3 the user's session set, then the listing of every
 # session (SESSIONS_LUA). ARGV: the presented hash, now, the new password's hash, then the listing.
 # Consumes the token, stores the password and logs out from all devices in one step: tokenVersion + 1,
-# every session ended. Whoever read the mail controls the address, so it also counts as verified.
+# every session ended. Whoever read the mail controls the address, so it also counts as verified, and
+# a two-factor login locked by wrong codes is unlocked.
 # Returns {ended session ids} (possibly empty), nil, or 'stale'.
 RESET_PASSWORD_LUA = (
     END_SESSION_FUNCTION_LUA
@@ -91,6 +92,7 @@ local sessions = listed_sessions(4, 4)
 if not still_current(sessions, KEYS[3], nil, false) then return 'stale' end
 if not consume(KEYS[1], KEYS[2], ARGV[1], ARGV[2]) then return false end
 redis.call('HSET', KEYS[2], 'password_hash', ARGV[3], 'email_verified', '1')
+redis.call('HDEL', KEYS[2], 'mfa_failures')
 redis.call('HINCRBY', KEYS[2], 'token_version', 1)
 return {1, end_sessions(sessions, KEYS[3], ARGV[2], false)}
 """

@@ -2,23 +2,31 @@
 
 A code is accepted once: the time step of the last accepted code is kept, and a code is taken only
 for a later step (one step of clock skew either way is allowed). Recovery codes are random, shown
-once, stored as SHA-256 and removed when used. The half-finished login between the password and the
-code is an `mfa_token` (256 bits, stored hashed, five minutes, five wrong codes, used once). Every
-check that accepts a code is one Lua step, so two requests with the same code cannot both pass.
+once, stored under a keyed hash (HMAC-SHA256 with a key derived from SECRET_KEY, so a copy of the
+database alone cannot test guesses) and removed when used. The half-finished login between the
+password and the code is an `mfa_token` (256 bits, stored hashed, five minutes, five wrong codes, used
+once). Every check that accepts a code is one Lua step, so two requests with the same code cannot both
+pass. Wrong codes in a row are also counted per account: past MFA_MAX_FAILURES the account's MFA login
+is locked until its password is reset (or an administrator resets its MFA).
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import re
 import secrets
+import time
 
 import pyotp
 import segno
 from flask import current_app
 
+from .. import mail
 from ..errors import ApiError, unauthorized
-from ..redis import Keys, get_redis, get_script
+from ..mail.messages import MFA_ENABLED, MFA_LOCKED, MFA_RESET
+from ..redis import END_SESSION_FUNCTION_LUA, Keys, get_redis, get_script
+from .sessions import run_listed, sessions_ended
 
 RECOVERY_CODE_COUNT = 10
 MFA_TOKEN_SECONDS = 5 * 60
@@ -32,6 +40,20 @@ RECOVERY_ALPHABET = "abcdefghjkmnpqrstuvwxyz23456789"  # no 0/o, 1/l/i to misrea
 def invalid_code() -> ApiError:
     """401 invalid_mfa_code: wrong, reused or malformed."""
     return unauthorized("The code is not valid.", "invalid_mfa_code")
+
+
+def mfa_locked() -> ApiError:
+    """429 mfa_locked: too many wrong codes in a row; no waiting helps (so no Retry-After)."""
+    return ApiError(
+        429,
+        "mfa_locked",
+        "Too many wrong codes: two-factor login is locked for this account. Reset your password to unlock it.",
+    )
+
+
+def code_already_used() -> ApiError:
+    """401 invalid_mfa_code for a right code whose time step was used already."""
+    return unauthorized("This code was used already; wait for the next one from your app.", "invalid_mfa_code")
 
 
 def invalid_mfa_token() -> ApiError:
@@ -50,6 +72,12 @@ def _hash(value: str) -> str:
 
 def _normalise_recovery_code(code: str) -> str:
     return re.sub(r"[\s-]", "", code).lower()
+
+
+def _recovery_hash(code: str) -> str:
+    """The keyed hash a recovery code is stored under."""
+    key = hashlib.sha256(b"recovery-code:" + current_app.config["SECRET_KEY"].encode()).digest()
+    return hmac.new(key, _normalise_recovery_code(code).encode(), hashlib.sha256).hexdigest()
 
 
 def _timecode(secret: str, code: str) -> int:
@@ -102,10 +130,11 @@ def confirm_setup(user: dict, code: str) -> list[str]:
     codes = [_new_recovery_code() for _ in range(RECOVERY_CODE_COUNT)]
     confirmed = get_script(CONFIRM_LUA)(
         keys=[Keys.user(user["id"]), Keys.user_recovery_codes(user["id"])],
-        args=[pending, _timecode(pending, code), *(_hash(_normalise_recovery_code(c)) for c in codes)],
+        args=[pending, _timecode(pending, code), *(_recovery_hash(c) for c in codes)],
     )
     if not confirmed:
         raise invalid_code()
+    mail.queue_mail(MFA_ENABLED, user_id=user["id"])  # so an owner whose token was stolen learns of it
     return codes
 
 
@@ -115,50 +144,78 @@ def _new_recovery_code() -> str:
 
 
 # Shared by the scripts that accept a second factor, given the user's record and recovery codes.
-# method 'totp': the secret checked against and the code's time step; 'recovery': the code's hash.
+# method 'totp': `value` the secret checked against, `extra` the code's time step; 'recovery': `value`
+# the code's keyed hash, `extra` its plain SHA-256 (how codes made before keyed hashes were stored).
+# 'ok' when accepted, 'used' for a right TOTP code whose time step was used already, else false.
 _ACCEPT_LUA = """
-local function accept(user_key, recovery_key, method, value, step)
+local function accept(user_key, recovery_key, method, value, extra)
   if method == 'totp' then
     local last = tonumber(redis.call('HGET', user_key, 'totp_last_timecode') or '-1')
-    local t = tonumber(step)
-    if t < 0 or redis.call('HGET', user_key, 'totp_secret') ~= value or t <= last then return false end
-    redis.call('HSET', user_key, 'totp_last_timecode', step)
-    return true
+    local t = tonumber(extra)
+    if t < 0 or redis.call('HGET', user_key, 'totp_secret') ~= value then return false end
+    if t <= last then return 'used' end
+    redis.call('HSET', user_key, 'totp_last_timecode', extra)
+    return 'ok'
   end
-  return redis.call('SREM', recovery_key, value) == 1
+  if redis.call('SREM', recovery_key, value) == 1 or redis.call('SREM', recovery_key, extra) == 1 then
+    return 'ok'
+  end
+  return false
 end
 """
 
 # KEYS[1] the mfa_token's record, KEYS[2] user, KEYS[3] recovery codes.
-# ARGV: method, value, time step, failures allowed. ok | invalid_token | invalid_code
+# ARGV: method, value, extra, wrong codes allowed per mfa_token, wrong codes in a row allowed per account.
+# ok | invalid_token | invalid_code | used | locked | locked_now (this wrong code reached the account's limit)
 FINISH_LOGIN_LUA = (
     _ACCEPT_LUA
     + """
 local rec = redis.call('HMGET', KEYS[1], 'user_id', 'token_version')
 if not rec[1] then return 'invalid_token' end
-local user = redis.call('HMGET', KEYS[2], 'token_version', 'totp_secret')
+local user = redis.call('HMGET', KEYS[2], 'token_version', 'totp_secret', 'mfa_failures')
 if user[1] ~= rec[2] or not user[2] then
   redis.call('DEL', KEYS[1])
   return 'invalid_token'
 end
-if accept(KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3]) then
+if tonumber(user[3] or '0') >= tonumber(ARGV[5]) then return 'locked' end
+local accepted = accept(KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3])
+if accepted == 'ok' then
   redis.call('DEL', KEYS[1])
+  redis.call('HDEL', KEYS[2], 'mfa_failures')
   return 'ok'
 end
 if redis.call('HINCRBY', KEYS[1], 'failures', 1) >= tonumber(ARGV[4]) then redis.call('DEL', KEYS[1]) end
-return 'invalid_code'
+if redis.call('HINCRBY', KEYS[2], 'mfa_failures', 1) == tonumber(ARGV[5]) then return 'locked_now' end
+return accepted or 'invalid_code'
 """
 )
 
-# KEYS[1] user, KEYS[2] recovery codes. ARGV: method, value, time step.
-# Accepts the factor and turns MFA off in the same step.
+# KEYS[1] user, KEYS[2] recovery codes. ARGV: method, value, extra.
+# Accepts the factor and turns MFA off in the same step: 'ok', 'used' or false.
 DISABLE_LUA = (
     _ACCEPT_LUA
     + """
-if not accept(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3]) then return 0 end
-redis.call('HDEL', KEYS[1], 'totp_secret', 'totp_pending', 'totp_last_timecode')
+local accepted = accept(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3])
+if accepted ~= 'ok' then return accepted end
+redis.call('HDEL', KEYS[1], 'totp_secret', 'totp_pending', 'totp_last_timecode', 'mfa_failures')
 redis.call('DEL', KEYS[2])
-return 1
+return 'ok'
+"""
+)
+
+# KEYS: 1 user, 2 recovery codes, 3 the user's session set, then the listing of every session
+# (SESSIONS_LUA). ARGV: now, then the listing. An administrator's reset: the TOTP secret, the recovery
+# codes and the lock go, tokenVersion + 1 and every session ends, in one step. {ended ids}, nil or 'stale'.
+RESET_LUA = (
+    END_SESSION_FUNCTION_LUA
+    + """
+if redis.call('EXISTS', KEYS[1]) == 0 then return false end
+local sessions = listed_sessions(4, 2)
+if not still_current(sessions, KEYS[3], nil, false) then return 'stale' end
+redis.call('HDEL', KEYS[1], 'totp_secret', 'totp_pending', 'totp_last_timecode', 'mfa_failures')
+redis.call('DEL', KEYS[2])
+redis.call('HINCRBY', KEYS[1], 'token_version', 1)
+return {1, end_sessions(sessions, KEYS[3], ARGV[1], false)}
 """
 )
 
@@ -168,7 +225,7 @@ def _factor(user: dict, code: str | None, recovery_code: str | None) -> list:
     if code is not None:
         secret = user.get("totp_secret", "")
         return ["totp", secret, _timecode(secret, code)]
-    return ["recovery", _hash(_normalise_recovery_code(recovery_code or "")), -1]
+    return ["recovery", _recovery_hash(recovery_code or ""), _hash(_normalise_recovery_code(recovery_code or ""))]
 
 
 def start_login(user: dict, device: str | None) -> str:
@@ -204,7 +261,8 @@ def finish_login(mfa_token: str, code: str | None, recovery_code: str | None) ->
     """Check the second factor against a pending login; (user id, device name) when it is accepted.
 
     400 invalid_token for an unknown, used, expired or exhausted mfa_token (and when the account's
-    sessions were ended meanwhile); 401 invalid_mfa_code for a wrong, reused or malformed code.
+    sessions were ended meanwhile); 401 invalid_mfa_code for a wrong, reused or malformed code; 429
+    mfa_locked once the account has had too many wrong codes in a row (its owner is mailed then).
     """
     user_id = _user_of(mfa_token)
     if user_id is None:
@@ -216,10 +274,16 @@ def finish_login(mfa_token: str, code: str | None, recovery_code: str | None) ->
     user = get_redis().hgetall(Keys.user(record["user_id"]))
     outcome = get_script(FINISH_LOGIN_LUA)(
         keys=[key, Keys.user(record["user_id"]), Keys.user_recovery_codes(record["user_id"])],
-        args=[*_factor(user, code, recovery_code), MAX_FAILURES],
+        args=[*_factor(user, code, recovery_code), MAX_FAILURES, current_app.config["SETTINGS"].mfa_max_failures],
     )
     if outcome == "invalid_token":
         raise invalid_mfa_token()
+    if outcome == "locked":
+        raise mfa_locked()
+    if outcome == "locked_now":
+        mail.queue_mail(MFA_LOCKED, user_id=record["user_id"])
+    if outcome == "used":
+        raise code_already_used()
     if outcome != "ok":
         raise invalid_code()
     return record["user_id"], record.get("device") or None
@@ -229,9 +293,35 @@ def disable(user: dict, code: str | None, recovery_code: str | None) -> None:
     """Turn MFA off after a TOTP or recovery code (the caller has checked the password)."""
     if not is_enabled(user):
         raise ApiError(409, "conflict", "Two-factor authentication is not on.")
-    done = get_script(DISABLE_LUA)(
+    outcome = get_script(DISABLE_LUA)(
         keys=[Keys.user(user["id"]), Keys.user_recovery_codes(user["id"])],
         args=_factor(user, code, recovery_code),
     )
-    if not done:
+    if outcome == "used":
+        raise code_already_used()
+    if outcome != "ok":
         raise invalid_code()
+
+
+def reset(user_id: str) -> list[str] | None:
+    """An administrator's reset: MFA off, recovery codes gone, every session ended, the owner mailed.
+
+    Returns the ended session ids, or None for an unknown user. The owner can set MFA up again
+    after logging in.
+    """
+    client = get_redis()
+    script = get_script(RESET_LUA)
+    result = run_listed(
+        lambda listing, args: script(
+            keys=[Keys.user(user_id), Keys.user_recovery_codes(user_id), Keys.user_sessions(user_id), *listing],
+            args=[f"{time.time():.3f}", *args],
+        ),
+        user_id,
+        lambda: sorted(client.smembers(Keys.user_sessions(user_id))),
+    )
+    if not result:
+        return None
+    ended = list(result[1])
+    sessions_ended.send(current_app._get_current_object(), user_id=user_id, session_ids=ended, whole_user=True)
+    mail.queue_mail(MFA_RESET, user_id=user_id)
+    return ended

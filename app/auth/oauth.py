@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import html
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -22,9 +23,9 @@ from flask.sessions import SecureCookieSessionInterface
 from ..errors import ApiError, bad_request, not_found, validation_failed
 from ..http import validated_query
 from ..openapi import operation
-from ..redis import Keys, get_redis
+from ..redis import END_SESSION_FUNCTION_LUA, Keys, get_redis, get_script
 from ..settings import OAuthProvider
-from . import account, cookies, indexes, mfa, sessions, tokens, users
+from . import account, cookies, indexes, mailtokens, mfa, sessions, tokens, users
 from .schemas import NextPage, OAuthProviderPath, ProviderReturn
 
 bp = Blueprint("oauth", __name__, url_prefix="/auth/oauth")
@@ -237,7 +238,11 @@ def _identity(provider: str, client, token: dict) -> Identity:
 
 
 def find_or_create_user(provider: str, identity: Identity) -> dict:
-    """By (provider, subject); else link a local account by e-mail only if the provider verified it."""
+    """By (provider, subject); else link a local account by e-mail only if the provider verified it.
+
+    A local account whose own address was never verified is taken over by the provider identity
+    (`take_over`): whoever registered it first never proved the address, and keeps no way in.
+    """
     client = get_redis()
     identity_key = Keys.user_by_identity(provider, identity.subject)
     user_id = indexes.holder(client.get(identity_key))
@@ -259,18 +264,79 @@ def find_or_create_user(provider: str, identity: Identity) -> dict:
                 "be linked. Log in with your password.",
             )
         _link(identity_key, existing_id)
-        client.hset(Keys.user(existing_id), "email_verified", "1")  # the provider vouches for the address
         return users.get_user(existing_id)
     # The account's address counts as verified only when the provider says it verified it.
     return users.create_user(identity.email, None, identities=(identity_key,), email_verified=identity.email_verified)
 
 
 def _link(identity_key: str, user_id: str) -> None:
-    """Link a provider identity to an existing account, unless another live account holds it already.
+    """Link a provider identity that vouches for the address to an existing account, and verify it.
 
-    Claim the index, note it in the user's set of identities (so deleting the user releases it), commit.
+    Claim the index, then one step on the account (`take_over`), then commit the claim; unless
+    another live account holds the identity already.
     """
     if indexes.claim(identity_key, user_id) is not None:
         return
-    get_redis().sadd(Keys.user_identities(user_id), identity_key)
+    released = take_over(user_id, identity_key)
+    for key in released:
+        indexes.release(key, user_id)
     indexes.commit(identity_key, user_id)
+
+
+# KEYS: 1 user, 2 the user's session set, 3 its identities, then ARGV[3] further keys of the user to
+# delete (recovery codes, mailed tokens), then the listing of every session (SESSIONS_LUA). ARGV: now,
+# the identity key, that count, the listing. Links the identity and marks the address verified. When the
+# address was not verified before, whoever registered the account never proved it, so every way in they
+# may hold goes in the same step: password, TOTP, recovery codes, mailed tokens, other identities, every
+# session, and tokenVersion + 1 (old access tokens, pending MFA logins, device credentials).
+# {taken over (0|1), {released identity keys}, {ended session ids}}, nil for an unknown user, or 'stale'.
+TAKE_OVER_LUA = (
+    END_SESSION_FUNCTION_LUA
+    + """
+if redis.call('EXISTS', KEYS[1]) == 0 then return false end
+if redis.call('HGET', KEYS[1], 'email_verified') == '1' then
+  redis.call('SADD', KEYS[3], ARGV[2])
+  return {0, {}, {}}
+end
+local n = tonumber(ARGV[3])
+local sessions = listed_sessions(4 + n, 4)
+if not still_current(sessions, KEYS[2], nil, false) then return 'stale' end
+local released = {}
+for _, key in ipairs(redis.call('SMEMBERS', KEYS[3])) do
+  if key ~= ARGV[2] then table.insert(released, key) end
+end
+redis.call('DEL', KEYS[3])
+redis.call('SADD', KEYS[3], ARGV[2])
+for i = 4, 3 + n do redis.call('DEL', KEYS[i]) end
+redis.call('HSET', KEYS[1], 'password_hash', '', 'email_verified', '1')
+redis.call('HDEL', KEYS[1], 'totp_secret', 'totp_pending', 'totp_last_timecode', 'mfa_failures')
+redis.call('HINCRBY', KEYS[1], 'token_version', 1)
+return {1, released, end_sessions(sessions, KEYS[2], ARGV[1], false)}
+"""
+)
+
+
+def take_over(user_id: str, identity_key: str) -> list[str]:
+    """Link `identity_key` to the account and verify its address, taking the account over when the
+    address was unverified; the identity keys the account no longer holds (to release)."""
+    client = get_redis()
+    extra = [
+        Keys.user_recovery_codes(user_id),
+        *(Keys.user_mail_token(user_id, purpose) for purpose in (mailtokens.VERIFY, mailtokens.RESET)),
+    ]
+    script = get_script(TAKE_OVER_LUA)
+    result = sessions.run_listed(
+        lambda listing, args: script(
+            keys=[Keys.user(user_id), Keys.user_sessions(user_id), Keys.user_identities(user_id), *extra, *listing],
+            args=[f"{time.time():.3f}", identity_key, len(extra), *args],
+        ),
+        user_id,
+        lambda: sorted(client.smembers(Keys.user_sessions(user_id))),
+    )
+    if not result or not result[0]:
+        return []
+    _, released, ended = result
+    sessions.sessions_ended.send(
+        current_app._get_current_object(), user_id=user_id, session_ids=list(ended), whole_user=True
+    )
+    return list(released)

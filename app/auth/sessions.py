@@ -18,13 +18,14 @@ from flask import current_app
 
 from ..errors import ApiError
 from ..http import rfc3339
-from ..redis import Keys, get_redis, get_scripts
+from ..redis import Keys, get_redis, get_script, get_scripts
 
 _signals = Namespace()
 #: Sent with `user_id` and `session_ids` whenever sessions end, so live connections can be closed.
 sessions_ended = _signals.signal("sessions-ended")
 
 TOUCH_INTERVAL_SECONDS = 60
+RECENT_AUTHENTICATION_SECONDS = 5 * 60  # a login or re-authentication this recent may change MFA
 DEVICE_MAX = 200
 STALE_ATTEMPTS = 10  # readings of a user's sessions before giving up on a step they keep changing under
 ID = re.compile(r"[0-9a-f]{32}")
@@ -165,6 +166,7 @@ def start_session(user_id: str, device: str | None, ip: str | None) -> IssuedSes
             "ip": ip or "",
             "created_at": stamp,
             "last_used_at": stamp,
+            "authenticated_at": stamp,  # a refresh keeps it: only proving a factor again renews it
             "expires_at": expires_at,
             "current_hash": token_hash,
             "previous_hash": "",
@@ -307,6 +309,25 @@ def list_sessions(user_id: str, current_session_id: str | None) -> list[dict]:
         if record
     ]
     return sorted(sessions, key=lambda s: s["last_used_at"], reverse=True)
+
+
+# KEYS[1] the session. ARGV: now. Only an existing session is marked (never one recreated by the write).
+MARK_AUTHENTICATED_LUA = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[1], 'authenticated_at', ARGV[1])
+return 1
+"""
+
+
+def mark_authenticated(user_id: str, session_id: str) -> bool:
+    """The session's owner has just proved a factor again; False when the session is gone."""
+    return bool(get_script(MARK_AUTHENTICATED_LUA)(keys=[Keys.session(user_id, session_id)], args=[_now()]))
+
+
+def recently_authenticated(user_id: str, session_id: str) -> bool:
+    """Whether this session proved a factor (login or re-authentication) in the last five minutes."""
+    stamp = get_redis().hget(Keys.session(user_id, session_id), "authenticated_at")
+    return bool(stamp) and time.time() - float(stamp) <= RECENT_AUTHENTICATION_SECONDS
 
 
 def session_exists(user_id: str, session_id: str) -> bool:

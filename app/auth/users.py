@@ -65,6 +65,8 @@ def create_user(
         "email_verified": "1" if email_verified else "0",
     }
     _store_new_user(user, [Keys.user_by_email(email), *identities], identities)
+    if role == "admin":
+        _index_admin(user["id"])
     return user
 
 
@@ -165,17 +167,72 @@ if before == ARGV[1] then return 1 end
 return 2
 """
 
+# The admins index (Keys.admins): `*` marks it built. Building reads every record, so it happens once.
+# KEYS[1] the index. ARGV: user id. 'ok' once the id is out of the index, 'last' when that would leave
+# no indexed admin but this one, 'unbuilt'.
+DROP_ADMIN_LUA = """
+if redis.call('SISMEMBER', KEYS[1], '*') == 0 then return 'unbuilt' end
+local member = redis.call('SISMEMBER', KEYS[1], ARGV[1])
+if redis.call('SCARD', KEYS[1]) - 1 - member < 1 then return 'last' end
+redis.call('SREM', KEYS[1], ARGV[1])
+return 'ok'
+"""
+
+# KEYS[1] the index. ARGV: user id. Adds an admin once the index is built (building finds it by its record).
+ADD_ADMIN_LUA = """
+if redis.call('SISMEMBER', KEYS[1], '*') == 0 then return 0 end
+return redis.call('SADD', KEYS[1], ARGV[1])
+"""
+
+# KEYS[1] the index. ARGV: the ids of every admin. Builds the index unless it is built already.
+BUILD_ADMINS_LUA = """
+if redis.call('SISMEMBER', KEYS[1], '*') == 1 then return 0 end
+redis.call('SADD', KEYS[1], '*', unpack(ARGV))
+return 1
+"""
+
+
+def last_admin() -> ApiError:
+    """409: the change would leave the service without an administrator."""
+    return ApiError(409, "conflict", "This is the last administrator: make another one before demoting or deleting it.")
+
+
+def _index_admin(user_id: str) -> None:
+    get_script(ADD_ADMIN_LUA)(keys=[Keys.admins()], args=[user_id])
+
+
+def _release_admin(user_id: str) -> None:
+    """Take an admin out of the index before its role or record goes; 409 when it is the last one.
+
+    The check and the removal are one step on one key, so two administrators demoting each other
+    at the same moment, on any instances, cannot both succeed.
+    """
+    drop = get_script(DROP_ADMIN_LUA)
+    outcome = drop(keys=[Keys.admins()], args=[user_id])
+    if outcome == "unbuilt":
+        admins = [user["id"] for user in list_users(limit=10**9) if user.get("role") == "admin"]
+        get_script(BUILD_ADMINS_LUA)(keys=[Keys.admins()], args=admins)
+        outcome = drop(keys=[Keys.admins()], args=[user_id])
+    if outcome != "ok":
+        raise last_admin()
+
 
 def set_role(user_id: str, role: str) -> dict | None:
     """Change a user's role; it applies from the user's next request (checks read the stored role).
 
-    Live connections are closed so that they reconnect with the channels of the new role.
+    Live connections are closed so that they reconnect with the channels of the new role. Demoting
+    the last administrator is 409.
     """
     if role not in ROLES:
         raise validation_failed(f"The role must be one of {', '.join(ROLES)}.")
+    client = get_redis()
+    if role != "admin" and client.hget(Keys.user(user_id), "role") == "admin":
+        _release_admin(user_id)
     changed = get_script(SET_ROLE_LUA)(keys=[Keys.user(user_id)], args=[role])
     if not changed:
         return None
+    if role == "admin":
+        _index_admin(user_id)
     if changed == 2:
         # No session ends; the hub's message closes the user's connections and clients resume by cursor.
         sessions_ended.send(current_app._get_current_object(), user_id=user_id, session_ids=[], whole_user=True)
@@ -204,6 +261,8 @@ return {1, ended}
 def delete_user(user_id: str) -> bool:
     """Delete a user and every record of theirs; their sessions and live connections end at once.
 
+    Deleting the last administrator is 409.
+
     The user's own keys go in one step; then the global indexes that name the user are released and
     the user's event history deleted (other hash slots: if this stops in between, indexes naming a
     missing record count as free).
@@ -215,6 +274,8 @@ def delete_user(user_id: str) -> bool:
     user = get_user(user_id)
     if user is None:
         return False
+    if user.get("role") == "admin":
+        _release_admin(user_id)
     identities = sorted(client.smembers(Keys.user_identities(user_id)))
     keys = [
         Keys.user_recovery_codes(user_id),

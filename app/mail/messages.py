@@ -15,16 +15,31 @@ from flask import current_app, render_template
 from ..auth import mailtokens, users
 
 VERIFY_EMAIL, PASSWORD_RESET = "verify_email", "password_reset"
+#: Notices to an account's owner of a change to its second factor; they carry no token.
+MFA_ENABLED, MFA_RESET, MFA_LOCKED = "mfa_enabled", "mfa_reset", "mfa_locked"
+NOTICES = (MFA_ENABLED, MFA_RESET, MFA_LOCKED)
 #: How long a job of each kind is worth retrying: a reset nobody received within half an hour has
-#: usually been asked for again; a verification link is useful for a day.
-GIVE_UP_AFTER = {VERIFY_EMAIL: 24 * 3600, PASSWORD_RESET: 30 * 60}
-SUBJECTS = {VERIFY_EMAIL: "Confirm your e-mail address", PASSWORD_RESET: "Reset your password"}
+#: usually been asked for again; a verification link and a notice are useful for a day.
+GIVE_UP_AFTER = {VERIFY_EMAIL: 24 * 3600, PASSWORD_RESET: 30 * 60, **dict.fromkeys(NOTICES, 24 * 3600)}
+SUBJECTS = {
+    VERIFY_EMAIL: "Confirm your e-mail address",
+    PASSWORD_RESET: "Reset your password",
+    MFA_ENABLED: "Two-factor authentication is on",
+    MFA_RESET: "Two-factor authentication was turned off by an administrator",
+    MFA_LOCKED: "Two-factor login is locked after too many wrong codes",
+}
 PAGES = {VERIFY_EMAIL: "verify-email", PASSWORD_RESET: "reset-password"}
 
 
 def build(job: dict) -> EmailMessage | None:
     """The message for a job, with a fresh token in its link, or None when there is nothing to send."""
     kind = job["kind"]
+    if kind in NOTICES:
+        user = users.get_user(job.get("user_id", ""))
+        if not user:
+            return None
+        context = {"email": user["email"], "link": f"{job['base_url']}/"}
+        return compose(job["id"], user["email"], SUBJECTS[kind], f"mail/{kind}", context)
     if kind == VERIFY_EMAIL:
         user = users.get_user(job.get("user_id", ""))
         if not user or user.get("email_verified") == "1":

@@ -1,13 +1,16 @@
-"""Administration of users over HTTP and the CLI: find, change a role, end sessions, delete."""
+"""Administration of users over HTTP and the CLI: find, change a role, end sessions, reset MFA, delete; and
+never the last administrator demoted or deleted."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
 
-from app.auth.users import create_user
+from app.auth.users import create_user, set_role
 from app.redis import Keys
+from tests.account.test_mfa import code_at, first_step, queued_mails, set_up_mfa, settle
 from tests.test_settings_and_cli import flask_cli
 from tests.utils import DEFAULT_PASSWORD, bearer, random_email, redis_snapshot
 
@@ -108,7 +111,7 @@ def test_deleting_a_user_removes_every_record_and_ends_sessions(client, auth, ad
     )
 
 
-def test_the_cli_lists_changes_roles_revokes_and_deletes(base_env, rdb, auth, client):
+def test_the_cli_lists_changes_roles_revokes_and_deletes(base_env, rdb, auth, client, admin):
     user = auth.new_user_tokens()
     listed = flask_cli(base_env, "users", "list")
     assert listed.returncode == 0 and user["email"] in listed.stdout and "unverified" in listed.stdout
@@ -136,3 +139,97 @@ def test_a_list_entry_whose_record_is_missing_is_not_listed(client, auth, admin,
     listed = client.get("/admin/users", headers=bearer(admin["access_token"])).get_json()["users"]
     assert [u["id"] for u in listed if u["id"] in (user["id"], "0" * 32)] == [user["id"]]
     assert len(listed) == 2  # the admin and the user
+
+
+@pytest.fixture
+def mfa_user(client, auth):
+    settle()
+    tokens = auth.new_user_tokens()
+    secret, codes = set_up_mfa(client, tokens["access_token"])
+    return {**tokens, "secret": secret, "recovery_codes": codes}
+
+
+def test_an_admin_resets_a_users_mfa_and_the_owner_is_mailed(client, auth, admin, rdb, mfa_user):
+    path = f"/admin/users/{mfa_user['user']['id']}/mfa/reset"
+    other = auth.new_user_tokens()
+    assert client.post(path, headers=bearer(other["access_token"])).status_code == 403
+    assert client.post(path).status_code == 401
+    assert (
+        client.post("/admin/users/" + "0" * 32 + "/mfa/reset", headers=bearer(admin["access_token"])).status_code == 404
+    )
+    answer = client.post(path, headers=bearer(admin["access_token"]))
+    assert answer.status_code == 204
+    assert client.get("/auth/me", headers=bearer(mfa_user["access_token"])).status_code == 401  # every session ended
+    assert client.post("/auth/refresh", json={"refresh_token": mfa_user["refresh_token"]}).status_code == 401
+    assert not rdb.exists(Keys.user_recovery_codes(mfa_user["user"]["id"]))
+    login = auth.login(mfa_user["email"])
+    assert login.status_code == 200 and login.get_json()["user"]["mfa_enabled"] is False  # one step again
+    assert len(queued_mails(rdb, "mfa_reset", mfa_user["user"]["id"])) == 1
+    # Also when MFA is off: nothing to reset, still 204.
+    assert client.post(path, headers=bearer(admin["access_token"])).status_code == 204
+
+
+def test_the_cli_resets_mfa(base_env, client, auth, rdb, mfa_user):
+    token = first_step(client, mfa_user["email"])
+    done = flask_cli(base_env, "users", "reset-mfa", mfa_user["email"])
+    assert done.returncode == 0, done.stderr
+    assert "two-factor authentication is off" in done.stdout
+    assert client.get("/auth/me", headers=bearer(mfa_user["access_token"])).status_code == 401
+    stale = client.post("/auth/login/mfa", json={"mfa_token": token, "code": code_at(mfa_user["secret"], +1)})
+    assert stale.status_code == 400  # a login waiting for its code is gone too
+    assert auth.login(mfa_user["email"]).status_code == 200
+    missing = flask_cli(base_env, "users", "reset-mfa", "nobody@example.com")
+    assert missing.returncode != 0 and "no user" in missing.stderr
+
+
+def test_the_last_admin_can_be_neither_demoted_nor_deleted(base_env, client, auth, admin, rdb):
+    for command in (("set-role", admin["email"], "user"), ("delete", admin["email"], "--yes")):
+        refused = flask_cli(base_env, "users", *command)
+        assert refused.returncode != 0 and "last administrator" in refused.stderr, refused.stderr
+        assert rdb.hget(Keys.user(admin["user"]["id"]), "role") == "admin"
+    second = auth.new_user_tokens()
+    assert flask_cli(base_env, "users", "set-role", second["email"], "admin").returncode == 0
+    # With two, one may go; then the other is the last again, over HTTP too.
+    demote = client.patch(
+        f"/admin/users/{admin['user']['id']}", json={"role": "user"}, headers=bearer(second["access_token"])
+    )
+    assert demote.status_code == 200
+    assert flask_cli(base_env, "users", "delete", second["email"], "--yes").returncode != 0
+    promoted = client.patch(
+        f"/admin/users/{admin['user']['id']}", json={"role": "admin"}, headers=bearer(second["access_token"])
+    )
+    assert promoted.status_code == 200
+    assert (
+        client.delete(f"/admin/users/{second['user']['id']}", headers=bearer(admin["access_token"])).status_code == 204
+    )
+    last = client.delete(f"/admin/users/{admin['user']['id']}", headers=bearer(admin["access_token"]))
+    assert last.status_code == 403  # oneself: refused before the last-admin rule is asked
+
+
+def demote_at_once(client, pairs: list[tuple[dict, dict]]) -> list[int]:
+    """Each (actor, target) demotion sent from its own thread, all released together; their statuses."""
+    start, answers = threading.Barrier(len(pairs)), []
+
+    def demote(actor: dict, target: dict) -> None:
+        start.wait(timeout=10)
+        path = f"/admin/users/{target['user']['id']}"
+        answers.append(client.patch(path, json={"role": "user"}, headers=bearer(actor["access_token"])).status_code)
+
+    threads = [threading.Thread(target=demote, args=pair) for pair in pairs]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    return sorted(answers)
+
+
+def test_two_admins_demoting_each_other_at_once_leave_one(app, client, auth, admin, rdb):
+    other = auth.new_user_tokens()
+    for _ in range(15):
+        with app.app_context():
+            set_role(other["user"]["id"], "admin")
+            set_role(admin["user"]["id"], "admin")
+        answers = demote_at_once(client, [(admin, other), (other, admin)])
+        roles = [rdb.hget(Keys.user(u["user"]["id"]), "role") for u in (admin, other)]
+        assert "admin" in roles, (answers, roles)
+        assert answers in ([200, 403], [200, 409]), answers

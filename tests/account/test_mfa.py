@@ -4,15 +4,30 @@ mfa_token can be wrong. Codes are computed here from the secret, for the time st
 from __future__ import annotations
 
 import hashlib
+import hmac
 import time
 
 import pyotp
 import pytest
 
+from app.auth import mailtokens
 from app.redis import Keys
-from tests.utils import DEFAULT_PASSWORD, bearer
+from tests.conftest import TEST_SECRET_KEY, https_client
+from tests.utils import DEFAULT_PASSWORD, AuthActions, bearer
 
 STEP = 30
+
+
+def recovery_hash(code: str) -> str:
+    """HMAC-SHA256 of the code under a key derived from the test SECRET_KEY."""
+    key = hashlib.sha256(b"recovery-code:" + TEST_SECRET_KEY.encode()).digest()
+    return hmac.new(key, code.replace("-", "").encode(), hashlib.sha256).hexdigest()
+
+
+def queued_mails(rdb, kind: str, user_id: str) -> list[str]:
+    """The ids of queued mail jobs of this kind for this user."""
+    jobs = rdb.zrange(Keys.mail_queue(), 0, -1)
+    return [job for job in jobs if rdb.hmget(Keys.mail_job(job), "kind", "user_id") == [kind, user_id]]
 
 
 def settle(margin: float = 4.0) -> float:
@@ -82,9 +97,11 @@ def test_setup_returns_a_secret_uri_and_qr_code_and_mfa_is_on_only_after_confirm
     assert confirm.status_code == 200 and confirm.headers["Cache-Control"] == "no-store"
     codes = confirm.get_json()["recovery_codes"]
     assert len(codes) == 10 and len(set(codes)) == 10
-    # Stored hashed: no code (nor the pending secret) in Redis in the clear.
+    # Stored under a keyed hash: neither the codes nor their plain SHA-256 (which a copy of the database
+    # alone would let anyone test 50-bit guesses against) are in Redis.
     stored = rdb.smembers(Keys.user_recovery_codes(tokens["user"]["id"]))
-    assert stored == {hashlib.sha256(c.replace("-", "").encode()).hexdigest() for c in codes}
+    assert stored == {recovery_hash(c) for c in codes}
+    assert not stored & {hashlib.sha256(c.replace("-", "").encode()).hexdigest() for c in codes}
     me = client.get("/auth/me", headers=bearer(tokens["access_token"])).get_json()["user"]
     assert me["mfa_enabled"] is True
     again = client.post("/auth/mfa/totp/setup", headers=bearer(tokens["access_token"]))
@@ -93,9 +110,11 @@ def test_setup_returns_a_secret_uri_and_qr_code_and_mfa_is_on_only_after_confirm
 
 def test_login_takes_two_steps_and_the_code_is_accepted_once(client, auth, mfa_user):
     first = first_step(client, mfa_user["email"])
-    # The code that confirmed the setup was used already: a later step's code is needed.
+    # The code that confirmed the setup was used already: a later step's code is needed, and the answer
+    # says so rather than calling a right code wrong.
     used = second_step(client, first, code=code_at(mfa_user["secret"]))
     assert used.status_code == 401 and used.get_json()["error"]["code"] == "invalid_mfa_code"
+    assert "used already" in used.get_json()["error"]["message"]
     done = second_step(client, first, code=code_at(mfa_user["secret"], +1), device="phone")
     assert done.status_code == 200 and done.headers["Cache-Control"] == "no-store"
     assert done.get_json()["user"]["mfa_enabled"] is True
@@ -235,9 +254,6 @@ def test_a_recovery_code_can_turn_mfa_off(client, auth, mfa_user):
 
 
 def test_mfa_guesses_are_rate_limited_per_mfa_token_and_per_account(make_app, auth):
-    from tests.conftest import https_client
-    from tests.utils import AuthActions
-
     app = make_app(RATE_LIMITS_ENABLED="true", RATE_LIMIT_PASSWORD="3/minute", RATE_LIMIT_LOGIN="100/minute")
     client = https_client(app)
     helper = AuthActions(client)
@@ -259,3 +275,77 @@ def test_mfa_guesses_are_rate_limited_per_mfa_token_and_per_account(make_app, au
         environ_base={"REMOTE_ADDR": "10.0.1.1"},
     )
     assert limited.status_code == 429 and "Retry-After" in limited.headers  # per account, across mfa_tokens
+
+
+def age_login(rdb, tokens: dict, seconds: float) -> None:
+    """Make the session's last proof of a factor `seconds` older (what time passing would do)."""
+    key = Keys.session(tokens["user"]["id"], tokens["session_id"])
+    rdb.hset(key, "authenticated_at", f"{float(rdb.hget(key, 'authenticated_at')) - seconds:.3f}")
+
+
+def test_setting_up_mfa_needs_a_recent_authentication_not_just_an_access_token(client, auth, rdb):
+    tokens = auth.new_user_tokens()
+    headers = bearer(tokens["access_token"])
+    age_login(rdb, tokens, 6 * 60)  # a token stolen from a session logged in six minutes ago
+    refused = client.post("/auth/mfa/totp/setup", headers=headers)
+    assert refused.status_code == 403 and refused.get_json()["error"]["code"] == "reauthentication_required"
+    assert not rdb.hget(Keys.user(tokens["user"]["id"]), "totp_pending")
+    # A refresh does not renew it: only proving a factor again does.
+    refreshed = client.post("/auth/refresh", json={"refresh_token": tokens["refresh_token"]}).get_json()
+    assert client.post("/auth/mfa/totp/setup", headers=bearer(refreshed["access_token"])).status_code == 403
+    wrong = client.post("/auth/reauthenticate", json={"password": "not the password"}, headers=headers)
+    assert wrong.status_code == 401 and wrong.get_json()["error"]["code"] == "invalid_credentials"
+    assert client.get("/auth/me", headers=headers).status_code == 200  # the session goes on
+    assert client.post("/auth/mfa/totp/setup", headers=headers).status_code == 403
+    for bad in ({}, {"password": 5}, {"login_id": "x"}):
+        assert client.post("/auth/reauthenticate", json=bad, headers=headers).status_code == 400
+    assert client.post("/auth/reauthenticate", json={"password": DEFAULT_PASSWORD}).status_code == 401
+    again = client.post("/auth/reauthenticate", json={"password": DEFAULT_PASSWORD}, headers=headers)
+    assert again.status_code == 204
+    assert client.post("/auth/mfa/totp/setup", headers=headers).status_code == 200
+    age_login(rdb, tokens, 6 * 60)
+    assert client.post("/auth/mfa/totp/setup", headers=headers).status_code == 403
+
+
+def test_turning_mfa_on_mails_the_owner(client, auth, rdb):
+    settle()
+    tokens = auth.new_user_tokens()
+    assert queued_mails(rdb, "mfa_enabled", tokens["user"]["id"]) == []
+    set_up_mfa(client, tokens["access_token"])
+    assert len(queued_mails(rdb, "mfa_enabled", tokens["user"]["id"])) == 1
+
+
+def test_too_many_wrong_codes_in_a_row_lock_mfa_login_until_a_password_reset(make_app):
+    app = make_app(MFA_MAX_FAILURES="7", RATE_LIMITS_ENABLED="true", RATE_LIMIT_PASSWORD="1000/minute")
+    client, rdb = https_client(app), app.extensions["redis"]
+    settle()
+    tokens = AuthActions(client).new_user_tokens()
+    user_id = tokens["user"]["id"]
+    secret, codes = set_up_mfa(client, tokens["access_token"])
+    # A right code between wrong ones starts the count again: it counts wrong codes in a row.
+    token = first_step(client, tokens["email"])
+    for _ in range(4):
+        assert second_step(client, token, code="000000").status_code == 401
+    assert second_step(client, token, recovery_code=codes[0]).status_code == 200
+    wrong = 0
+    while wrong < 7:  # over several mfa_tokens: each dies after five wrong codes
+        token = first_step(client, tokens["email"])
+        for _ in range(min(5, 7 - wrong)):
+            answer = second_step(client, token, code="000000")
+            assert answer.status_code == 401 and answer.get_json()["error"]["code"] == "invalid_mfa_code"
+            wrong += 1
+    assert len(queued_mails(rdb, "mfa_locked", user_id)) == 1
+    token = first_step(client, tokens["email"])  # the password step still answers mfa_required
+    for factor in ({"code": code_at(secret, +1)}, {"recovery_code": codes[1]}, {"code": "000000"}):
+        locked = second_step(client, token, **factor)
+        assert locked.status_code == 429 and locked.get_json()["error"]["code"] == "mfa_locked", factor
+        assert "Retry-After" not in locked.headers  # waiting does not unlock it
+    assert len(queued_mails(rdb, "mfa_locked", user_id)) == 1  # mailed once, when it locked
+
+    with app.app_context():
+        reset_token = mailtokens.issue_token(user_id, tokens["email"], mailtokens.RESET)
+    reset = client.post("/auth/password/reset", json={"token": reset_token, "new_password": DEFAULT_PASSWORD + "!"})
+    assert reset.status_code == 204
+    answer = client.post("/auth/login", json={"email": tokens["email"], "password": DEFAULT_PASSWORD + "!"})
+    token = answer.get_json()["mfa_token"]
+    assert second_step(client, token, code=code_at(secret, +1)).status_code == 200

@@ -18,6 +18,7 @@ import requests
 from flask import Flask
 from flask.sessions import NullSession
 
+from app.redis import Keys
 from tests.conftest import TEST_SECRET_KEY
 from tests.servers import CLIENT_ID, CLIENT_SECRET, LiveServer, OpenIdProvider
 from tests.utils import DEFAULT_PASSWORD, parse_set_cookies, random_email, redis_snapshot
@@ -240,6 +241,67 @@ def test_verified_email_links_to_the_existing_account(oauth_setup):
     assert client.get(f"{app.url}/auth/me").json()["user"]["id"] == local["user"]["id"]
 
 
+def test_a_provider_login_takes_over_an_account_whose_address_was_never_verified(oauth_setup, redis_server):
+    """Pre-hijacking: someone registers the victim's address with a password of their own, never verifies
+    it, and keeps a session and a second factor; the victim later logs in with a provider that vouches
+    for the address. The provider identity gets the account, and the first registrant keeps no way in."""
+    app, provider = oauth_setup
+    rdb = redis_server.client()
+    email = random_email()
+    registered = requests.post(f"{app.url}/auth/register", json={"email": email, "password": DEFAULT_PASSWORD})
+    user_id = registered.json()["user"]["id"]
+    attacker = requests.post(
+        f"{app.url}/auth/login", json={"email": email, "password": DEFAULT_PASSWORD, "transport": "body"}
+    ).json()
+    headers = {"Authorization": f"Bearer {attacker['access_token']}"}
+    secret = requests.post(f"{app.url}/auth/mfa/totp/setup", headers=headers).json()["secret"]
+    confirmed = requests.post(
+        f"{app.url}/auth/mfa/totp/confirm", json={"code": pyotp.TOTP(secret).now()}, headers=headers
+    )
+    assert confirmed.status_code == 200
+    version = int(rdb.hget(Keys.user(user_id), "token_version"))
+
+    victim = browser()
+    landing = finish(victim, callback_url(victim, app, provider, email))
+    assert landing.status_code == 302 and not landing.headers["Location"].startswith("/login-mfa")  # no code asked
+    me = victim.get(f"{app.url}/auth/me").json()["user"]
+    assert me["id"] == user_id and me["email_verified"] is True and me["mfa_enabled"] is False
+
+    assert requests.get(f"{app.url}/auth/me", headers=headers).status_code == 401
+    refresh = requests.post(f"{app.url}/auth/refresh", json={"refresh_token": attacker["refresh_token"]})
+    assert refresh.status_code == 401
+    login = requests.post(f"{app.url}/auth/login", json={"email": email, "password": DEFAULT_PASSWORD})
+    assert login.status_code == 401 and login.json()["error"]["code"] == "invalid_credentials"
+    record = rdb.hgetall(Keys.user(user_id))
+    assert record["password_hash"] == "" and "totp_secret" not in record
+    assert int(record["token_version"]) == version + 1
+    assert not rdb.exists(Keys.user_recovery_codes(user_id))
+    # The victim's own session goes on, and a later provider login finds the same account.
+    assert victim.get(f"{app.url}/auth/me").status_code == 200
+    again = browser()
+    assert finish(again, callback_url(again, app, provider, email)).status_code == 302
+    assert again.get(f"{app.url}/auth/me").json()["user"]["id"] == user_id
+
+
+def test_an_identity_linked_by_an_unverified_address_is_released_by_the_takeover(oauth_setup, redis_server):
+    """The first registrant may have come through a provider that does not vouch for the address; that
+    identity goes with the rest, so it cannot log in to the account either."""
+    app, provider = oauth_setup
+    email = random_email()
+    first = browser()
+    assert finish(first, callback_url(first, app, provider, f"unverified.{email}")).status_code == 302
+    assert first.get(f"{app.url}/auth/me").json()["user"]["email_verified"] is False
+    user_id = first.get(f"{app.url}/auth/me").json()["user"]["id"]
+
+    victim = browser()
+    assert finish(victim, callback_url(victim, app, provider, email)).status_code == 302
+    assert victim.get(f"{app.url}/auth/me").json()["user"]["id"] == user_id
+    assert first.get(f"{app.url}/auth/me").status_code == 401
+    again = browser()  # the unverified identity is now a stranger to the account
+    response = finish(again, callback_url(again, app, provider, f"unverified.{email}"))
+    assert response.status_code == 409 and again.get(f"{app.url}/auth/me").status_code == 401
+
+
 def test_unverified_email_is_not_linked_to_an_existing_account(oauth_setup):
     app, provider = oauth_setup
     email = random_email()
@@ -298,10 +360,12 @@ def test_linking_a_verified_provider_address_verifies_the_local_account(oauth_se
     assert client.get(f"{app.url}/auth/me").json()["user"]["email_verified"] is True
 
 
-def test_an_account_with_mfa_still_needs_its_code_after_an_oauth_login(oauth_setup):
+def test_an_account_with_mfa_still_needs_its_code_after_an_oauth_login(oauth_setup, redis_server):
     app, provider = oauth_setup
     email = random_email()
-    requests.post(f"{app.url}/auth/register", json={"email": email, "password": DEFAULT_PASSWORD})
+    registered = requests.post(f"{app.url}/auth/register", json={"email": email, "password": DEFAULT_PASSWORD})
+    # Its owner proved the address (the mailed link), so the provider's login is linked, not a takeover.
+    redis_server.client().hset(Keys.user(registered.json()["user"]["id"]), "email_verified", "1")
     tokens = requests.post(
         f"{app.url}/auth/login", json={"email": email, "password": DEFAULT_PASSWORD, "transport": "body"}
     ).json()
