@@ -228,6 +228,7 @@ function showAccount(user) {
   $("mfa-setup-button").hidden = user.mfa_enabled;
   $("mfa-disable-form").hidden = !user.mfa_enabled;
   $("mfa-setup-form").hidden = true;
+  $("reauth-form").hidden = true;
 }
 
 async function resendVerification() {
@@ -256,7 +257,28 @@ async function startMfaSetup() {
     $("mfa-setup-button").hidden = true;
     $("mfa-setup-code").focus();
   } catch (error) {
-    $("mfa-status").textContent = error.message;
+    if (error.code === "reauthentication_required") askForPassword();
+    else $("mfa-status").textContent = error.message;
+  }
+}
+
+function askForPassword() {
+  $("reauth-error").textContent = "";
+  $("reauth-form").hidden = false;
+  $("mfa-setup-button").hidden = true;
+  $("reauth-password").focus();
+}
+
+async function reauthenticate(event) {
+  event.preventDefault();
+  $("reauth-error").textContent = "";
+  try {
+    await client.reauthenticate($("reauth-password").value);
+    $("reauth-password").value = "";
+    $("reauth-form").hidden = true;
+    await startMfaSetup();
+  } catch (error) {
+    $("reauth-error").textContent = error.message;
   }
 }
 
@@ -385,6 +407,7 @@ async function start() {
   $("resend-button").addEventListener("click", resendVerification);
   $("mfa-setup-button").addEventListener("click", startMfaSetup);
   $("mfa-setup-form").addEventListener("submit", confirmMfaSetup);
+  $("reauth-form").addEventListener("submit", reauthenticate);
   $("mfa-disable-form").addEventListener("submit", disableMfa);
   $("publish-form").addEventListener("submit", publish);
   $("logout-button").addEventListener("click", () => logOut(false));

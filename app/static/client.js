@@ -253,7 +253,18 @@ export class Client {
   }
 
   /**
+   * Proves the password again: for five minutes this session may change its second factor.
+   * @param {string} password
+   * @returns {Promise<void>} rejects with a {@link ServiceError} (401 `invalid_credentials`)
+   */
+  async reauthenticate(password) {
+    await this.json("/auth/reauthenticate", { method: "POST", body: { password } });
+  }
+
+  /**
    * Starts setting up TOTP: a secret for the authenticator app (text, otpauth:// URI and SVG QR code).
+   * Rejects with 403 `reauthentication_required` unless the session logged in or re-authenticated in the
+   * last five minutes ({@link Client#reauthenticate}).
    * @returns {Promise<{secret: string, otpauth_uri: string, qr_svg: string}>}
    */
   setupTotp() {

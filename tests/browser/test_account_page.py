@@ -3,13 +3,17 @@ link lands on, e-mail verification, MFA setup with its QR code and recovery code
 
 from __future__ import annotations
 
+import base64
+import json
 import time
 
 import pyotp
 import pytest
+import redis
 import requests
 from playwright.sync_api import expect
 
+from app.redis import Keys
 from tests.account.conftest import mail_env
 from tests.browser.conftest import ARTIFACTS, Stack
 from tests.mailserver import SmtpServer
@@ -99,17 +103,34 @@ def settle() -> None:
         time.sleep(left + 0.05)
 
 
-def test_mfa_setup_recovery_codes_and_the_second_login_step(mail_stack, new_context):
+def age_the_login(context, redis_url: str, seconds: float) -> None:
+    """Make the page's session's last login `seconds` older, as time passing would."""
+    access = next(c["value"] for c in context.cookies() if c["name"] == "__Host-access")
+    claims = json.loads(base64.urlsafe_b64decode(access.split(".")[1] + "=="))
+    key = Keys.session(claims["sub"], claims["sid"])
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    client.hset(key, "authenticated_at", f"{float(client.hget(key, 'authenticated_at')) - seconds:.3f}")
+
+
+def test_mfa_setup_recovery_codes_and_the_second_login_step(mail_stack, new_context, base_env):
     base = mail_stack.url
     email = register(base)
-    page = new_context().new_page()
+    context = new_context()
+    page = context.new_page()
     errors = []
     page.on("pageerror", lambda error: errors.append(error))
     fill_login(page, base, email)
     logged_in(page, email)
 
-    settle()
+    # Six minutes after logging in, the page asks for the password before setting up a second factor.
+    age_the_login(context, base_env["REDIS_URL"], 6 * 60)
     page.get_by_role("button", name="Set up two-factor authentication").click()
+    page.get_by_label("Your current password").fill("not the password")
+    page.get_by_role("button", name="Confirm").click()
+    expect(page.locator("#reauth-error")).to_have_text("The password is wrong.")
+    settle()
+    page.get_by_label("Your current password").fill(DEFAULT_PASSWORD)
+    page.get_by_role("button", name="Confirm").click()
     qr = page.locator("#mfa-qr svg")
     expect(qr).to_be_visible()
     assert qr.bounding_box()["width"] >= 100  # drawn, not an empty element
