@@ -3,17 +3,18 @@
 Every limited endpoint is counted per client address and per the account it names, each in its own
 bucket: spraying one password over many accounts hits the address bucket, guessing one account's
 password from many addresses hits the account's. A login from a device the account already used is
-counted per device instead (see `auth/devices.py`), so guesses cannot lock the owner out.
+counted per device instead (see `auth/devices.py`), so guesses cannot lock the owner out. An IPv6
+client is counted by its /64: one subscriber is routinely given a whole /64 and may use any address in it.
 """
 
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from flask import Flask, request
+from flask import Flask, g, request
 from flask_limiter import Limiter
-from flask_limiter.util import get_remote_address
 
 from .auth import cookies, devices, mfa
 from .auth.guards import authenticate
@@ -34,11 +35,26 @@ def _email_key() -> str:
     return "account:" + _body_field("email").strip().lower()
 
 
+def _client_address_key() -> str:
+    """The client's address (the peer, or the client a trusted proxy names): an IPv4 address as it is,
+    an IPv6 address as its /64 network, an IPv4-mapped IPv6 address as the IPv4 address it maps."""
+    remote = request.remote_addr or "127.0.0.1"  # no address: a Unix socket, so a local client
+    try:
+        address = ipaddress.ip_address(remote.split("%", 1)[0])  # without an IPv6 zone (fe80::1%eth0)
+    except ValueError:
+        return remote
+    if address.version == 6:
+        if address.ipv4_mapped is not None:
+            return str(address.ipv4_mapped)
+        return str(ipaddress.IPv6Network((address, 64), strict=False))
+    return str(address)
+
+
 def _email_or_device_key() -> str:
     """The device's own bucket when it proves it has logged in to this account before."""
-    email = _body_field("email")
-    if request.cookies.get(devices.DEVICE_COOKIE) and email:
-        device = devices.known_device(find_user_id_by_email(email))
+    email, device_token = _body_field("email"), _body_field("device_token")
+    if email and (device_token or request.cookies.get(devices.DEVICE_COOKIE)):
+        device = devices.known_device(find_user_id_by_email(email), device_token)
         if device:
             return "device:" + device
     return _email_key()
@@ -67,7 +83,7 @@ def _caller_key() -> str:
 
 
 KEYS = {
-    "address": get_remote_address,  # request.remote_addr: the peer, or the client a trusted proxy names
+    "address": _client_address_key,
     "email": _email_key,
     "email_or_device": _email_or_device_key,
     "refresh_token": _refresh_token_key,
@@ -116,9 +132,15 @@ def limiter_storage(redis_url: str, mode: str) -> tuple[str, dict]:
 
 def _retry_after_on_refusals_only(response):
     """Flask-Limiter puts the seconds until its window resets in Retry-After on every answer of a limited
-    endpoint; on a 200 that reads as "come back later". The X-RateLimit-* headers already say it there."""
+    endpoint; on a 200 that reads as "come back later". The X-RateLimit-* headers already say it there.
+    An error the app answered itself keeps the Retry-After it gave, or none (429 mfa_locked: waiting
+    does not help)."""
     if response.status_code < 400:
         response.headers.pop("Retry-After", None)
+    elif "answered_retry_after" in g:
+        response.headers.pop("Retry-After", None)
+        if g.answered_retry_after is not None:
+            response.headers["Retry-After"] = g.answered_retry_after
     return response
 
 
@@ -128,7 +150,7 @@ def init_app(app: Flask) -> None:
     storage_uri, storage_options = limiter_storage(settings.redis_url, settings.redis_mode)
     app.after_request(_retry_after_on_refusals_only)  # registered before the limiter's, so it runs after it
     limiter = Limiter(
-        key_func=get_remote_address,
+        key_func=_client_address_key,
         app=app,
         storage_uri=storage_uri,
         storage_options=storage_options,

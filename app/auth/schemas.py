@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from ..schemas import Answer, Body, PlainText, ProviderName
+from .devices import DEVICE_TOKEN_MAX
 from .users import PASSWORD_MAX, PASSWORD_MIN, ROLES
 
 Email = Annotated[str, Field(max_length=254, examples=["ada@example.com"])]
@@ -15,6 +16,8 @@ NewPassword = Annotated[str, Field(min_length=PASSWORD_MIN, max_length=PASSWORD_
 GivenPassword = Annotated[str, Field(description=f"Longer than {PASSWORD_MAX} characters: never matches.")]
 Transport = Literal["cookie", "body"]
 SessionId = Annotated[str, Field(pattern=r"^[0-9a-f]{32}$")]
+# Checked by the service, not by shape: one that is not good for the account is simply not used.
+DeviceToken = Annotated[str, Field(max_length=DEVICE_TOKEN_MAX)]
 
 
 class Registration(Body):
@@ -32,6 +35,9 @@ class Login(Body):
     transport: Transport = Field("cookie", description="cookie: HttpOnly cookies; body: tokens in the answer.")
     device: Annotated[PlainText, Field(max_length=200)] | None = Field(
         None, description="A name for this device (defaults to the User-Agent)."
+    )
+    device_token: DeviceToken | None = Field(
+        None, description="The device_token of this account's last body-transport login on this device, if any."
     )
 
 
@@ -87,6 +93,12 @@ class Tokens(Answer):
     refresh_expires_in: int
     session_id: str
     user: User
+    device_token: str | None = Field(
+        None,
+        description="Login with transport body only: proof that this device has logged in to the account, for "
+        "the next login's body (it is counted per device then, not with guesses at the account). Good for "
+        "nothing else; retired by a password reset, logging out everywhere, or deleting the account.",
+    )
 
 
 class Me(Answer):
@@ -205,6 +217,9 @@ class MfaLogin(Body):
     device: Annotated[PlainText, Field(max_length=200)] | None = Field(
         None, description="A name for this device (defaults to the one given at the first step)."
     )
+    device_token: DeviceToken | None = Field(
+        None, description="As at the first step: kept in the answer while it is still good for this account."
+    )
 
 
 class TotpSetup(Answer):
@@ -219,3 +234,9 @@ class RecoveryCodes(Answer):
     """Ten single-use codes, shown this once."""
 
     recovery_codes: list[str]
+
+
+class Reauthentication(Body):
+    """The password again, to mark this session as recently authenticated."""
+
+    password: GivenPassword

@@ -43,7 +43,15 @@ def _settings():
     return current_app.config["SETTINGS"]
 
 
-def _token_response(user: dict, session_id: str, role: str, token_version: int, refresh_token: str, transport: str):
+def _token_response(
+    user: dict,
+    session_id: str,
+    role: str,
+    token_version: int,
+    refresh_token: str,
+    transport: str,
+    device_token: str | None = None,
+):
     """`T` in docs/api.md: tokens in the body for `body`, in cookies (and not the body) for `cookie`."""
     settings = _settings()
     access_token = tokens.issue_access_token(user["id"], role, token_version, session_id)
@@ -56,6 +64,8 @@ def _token_response(user: dict, session_id: str, role: str, token_version: int, 
     }
     if transport == "body":
         payload = {"access_token": access_token, "refresh_token": refresh_token, **payload}
+        if device_token is not None:
+            payload["device_token"] = device_token
     response = make_response(jsonify(payload), 200)
     response.headers["Cache-Control"] = "no-store"
     if transport == "cookie":
@@ -125,17 +135,22 @@ def login():
     if mfa.is_enabled(user):
         return _mfa_required(user, device)
     LOGINS.labels("success").inc()
-    return _logged_in(user, device, transport)
+    return _logged_in(user, device, transport, credentials.device_token)
 
 
-def _logged_in(user: dict, device: str | None, transport: str):
-    """Start a session for a user who has proved every factor; `T` in the chosen transport."""
+def _logged_in(user: dict, device: str | None, transport: str, device_token: str | None):
+    """Start a session for a user who has proved every factor; `T` in the chosen transport.
+
+    The client becomes a known device of the account (see devices.py): a device cookie, or with the body
+    transport a `device_token` in `T` (the one it presented, while that is still good for the account).
+    """
     issued = sessions.start_session(user["id"], device, request.remote_addr)
+    known = devices.device_token(user, device_token) if transport == "body" else None
     response = _token_response(
-        user, issued.session_id, user["role"], int(user["token_version"]), issued.refresh_token, transport
+        user, issued.session_id, user["role"], int(user["token_version"]), issued.refresh_token, transport, known
     )
     if transport == "cookie":
-        devices.remember_device(response, user["id"])
+        devices.remember_device(response, user)
     return response
 
 
@@ -169,7 +184,8 @@ def login_mfa():
     if user is None:
         raise mfa.invalid_mfa_token()
     LOGINS.labels("success").inc()
-    return _logged_in(user, second.device or first_device or _device_name(None), second.transport)
+    device = second.device or first_device or _device_name(None)
+    return _logged_in(user, device, second.transport, second.device_token)
 
 
 @bp.post("/refresh")

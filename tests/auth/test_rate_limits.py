@@ -117,6 +117,32 @@ def test_a_spoofed_forwarded_header_does_not_escape_the_limit_without_a_proxy(li
     assert answers == [401, 401, 401, 429]
 
 
+def login_from(client, address: str, via_proxy: bool = False):
+    """A failed login from a client at `address`: the direct peer, or the one the trusted proxy names."""
+    body = {"email": random_email(), "password": DEFAULT_PASSWORD}
+    if via_proxy:
+        return client.post("/auth/login", json=body, headers={"X-Forwarded-For": address})
+    return client.post("/auth/login", json=body, environ_base={"REMOTE_ADDR": address})
+
+
+@pytest.mark.parametrize("via_proxy", [False, True], ids=["peer", "proxied"])
+def test_an_ipv6_client_is_counted_by_its_64(limited, via_proxy):
+    client = limited()
+    one_64 = ["2001:db8:1:2::1", "2001:db8:1:2::2", "2001:db8:1:2:ffff:ffff:ffff:ffff", "2001:db8:1:2:a:b:c:d"]
+    assert [login_from(client, address, via_proxy).status_code for address in one_64] == [401, 401, 401, 429]
+    assert login_from(client, "2001:0db8:0001:0002:0000:0000:0000:0099", via_proxy).status_code == 429
+    assert login_from(client, "2001:db8:1:3::1", via_proxy).status_code == 401  # the next /64 is someone else
+    assert login_from(client, "2001:db8:1:2::", via_proxy).status_code == 429
+
+
+def test_an_ipv4_mapped_ipv6_address_counts_as_its_ipv4(limited):
+    client = limited()
+    same = ["::ffff:203.0.113.5", "203.0.113.5", "::ffff:cb00:7105", "203.0.113.5"]
+    assert [login_from(client, address).status_code for address in same] == [401, 401, 401, 429]
+    assert login_from(client, "::ffff:203.0.113.6").status_code == 401  # its neighbour, as for any IPv4 address
+    assert login_from(client, "203.0.113.6").status_code == 401
+
+
 def test_register_and_refresh_are_limited(limited):
     client = limited(RATE_LIMIT_REGISTER="2/minute", RATE_LIMIT_REFRESH="2/minute")
     registers = [
