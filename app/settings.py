@@ -96,7 +96,8 @@ class Mail:
 
     smtp_url: Secret | None
     mail_from: str
-    public_base_url: str | None
+    public_base_url: str | None  # required with smtp_url
+    starttls: str  # smtp:// only: always (no plain-text fallback) | never (loopback relay, mail catcher)
     retry_schedule: tuple[int, ...]
     timeout_seconds: float
 
@@ -128,6 +129,7 @@ class Settings:
     rate_limit_password: str
     rate_limit_mail: str
     require_verified_email: bool
+    mfa_max_failures: int
     max_connections_per_user: int
     sse_heartbeat_seconds: float
     long_poll_timeout: float
@@ -200,6 +202,8 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         rate_limit_password=reader.text("RATE_LIMIT_PASSWORD", "10/minute"),
         rate_limit_mail=reader.text("RATE_LIMIT_MAIL", "5/hour"),
         require_verified_email=reader.boolean("REQUIRE_VERIFIED_EMAIL", False),
+        # Wrong second-factor codes in a row before an account's MFA login is locked until a password reset.
+        mfa_max_failures=reader.integer("MFA_MAX_FAILURES", 100, minimum=1),
         max_connections_per_user=reader.integer("MAX_CONNECTIONS_PER_USER", 50, minimum=1),
         sse_heartbeat_seconds=reader.number("SSE_HEARTBEAT_SECONDS", 15, minimum=0.05),
         long_poll_timeout=reader.number("LONG_POLL_TIMEOUT_SECONDS", 25, minimum=0.05),
@@ -233,14 +237,18 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
             smtp_url=_smtp_url(reader),
             mail_from=_mail_from(reader),
             public_base_url=_public_base_url(reader),
+            starttls=reader.choice("SMTP_STARTTLS", "always", {"always", "never"}),
             retry_schedule=reader.seconds_list("MAIL_RETRY_SCHEDULE", "5,30,120,300,600"),
             timeout_seconds=reader.number("SMTP_TIMEOUT_SECONDS", 20, minimum=1, maximum=120),
         ),
     )
-    if settings.production and settings.mail.smtp_url and not settings.mail.public_base_url:
-        # Links in mails must not be built from a request's Host header: a forged Host would send a
-        # victim's reset link to another site.
-        raise SettingsError("PUBLIC_BASE_URL is required in production when SMTP_URL is set (links in mails)")
+    if settings.mail.smtp_url and not settings.mail.public_base_url:
+        # In every environment: links in mails are never built from a request's Host header, which a
+        # client chooses (a forged Host would send a victim's reset link to another site).
+        raise SettingsError(
+            "PUBLIC_BASE_URL is required when SMTP_URL is set: links in mails point there, never at the "
+            "Host header a request names"
+        )
     _check_redis_url(settings.redis_url, settings.redis_mode)
     if settings.long_poll_timeout > settings.long_poll_max_timeout:
         raise SettingsError("LONG_POLL_TIMEOUT_SECONDS must not exceed LONG_POLL_MAX_TIMEOUT_SECONDS")

@@ -71,12 +71,15 @@ class _Recorder:
 class SmtpServer:
     """aiosmtpd with TLS as asked; `received` grows as messages arrive, `wait_for` awaits them."""
 
-    def __init__(self, certificate: tuple[Path, Path], mode: str = "starttls", auth: bool = True, port: int = 0):
-        self.mode = mode  # starttls | smtps | plain
+    def __init__(self, certificate: tuple[Path, Path] | None, mode: str = "starttls", auth: bool = True, port: int = 0):
+        self.mode = mode  # starttls | smtps | plain (a development mail catcher: no certificate needed)
         self.auth = auth
         self.port = port or free_port()
-        self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        self.context.load_cert_chain(*map(str, certificate))
+        self.context = None
+        if certificate is not None:
+            self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            self.context.load_cert_chain(*map(str, certificate))
+        assert self.context is not None or (mode == "plain" and not auth), "TLS (and AUTH) need a certificate"
         self.refuse_recipients: str | None = None  # e.g. "550 no such mailbox": answer every RCPT so
         self.received: list[Received] = []
         self.logins: list[str] = []

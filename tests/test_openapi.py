@@ -57,6 +57,7 @@ EVERY_OPTION = {
     "WEBHOOK_HUB_SCHEME": "github",
     "WEBHOOK_HUB_SECRET": "github-test-secret-0123456789",
     "SMTP_URL": "smtp://127.0.0.1:1",
+    "PUBLIC_BASE_URL": "https://auth.example.test",
     "WEBHOOK_OUT_ALLOW_PRIVATE": "true",
     "WEBHOOK_OUT_ALLOW_HTTP": "true",
 }

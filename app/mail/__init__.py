@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from flask import Flask, current_app, has_request_context, request
+from flask import Flask, current_app
 
 from .backends import LogBackend, SmtpBackend
 from .messages import GIVE_UP_AFTER, PASSWORD_RESET, VERIFY_EMAIL
@@ -10,12 +10,17 @@ from .queue import MailQueue
 
 __all__ = ["PASSWORD_RESET", "VERIFY_EMAIL", "init_app", "queue_mail", "start_background_tasks"]
 
+#: Where links point without PUBLIC_BASE_URL, which only development and tests may leave unset (mail then
+#: goes to the log): the address `make run` serves the browser page at, through nginx (README).
+DEVELOPMENT_BASE_URL = "http://127.0.0.1:8080"
+
 
 def init_app(app: Flask) -> None:
     """Choose the back-end (SMTP_URL, else the log) and bind the queue."""
     settings = app.config["SETTINGS"]
-    if settings.mail.smtp_url:
-        backend = SmtpBackend(str(settings.mail.smtp_url), settings.mail.mail_from, settings.mail.timeout_seconds)
+    mail = settings.mail
+    if mail.smtp_url:
+        backend = SmtpBackend(str(mail.smtp_url), mail.mail_from, mail.timeout_seconds, starttls=mail.starttls)
     else:
         backend = LogBackend(include_body=not settings.production)
     app.extensions["mail_queue"] = MailQueue(app, app.extensions["redis"], backend)
@@ -34,10 +39,9 @@ def queue_mail(kind: str, *, user_id: str | None = None, email: str | None = Non
 
 
 def _base_url() -> str:
-    """PUBLIC_BASE_URL; without it (development only) the origin the request came to, else localhost."""
-    configured = current_app.config["SETTINGS"].mail.public_base_url
-    if configured:
-        return configured
-    if has_request_context():
-        return request.host_url.rstrip("/")
-    return "http://localhost:8000"
+    """PUBLIC_BASE_URL, else (no SMTP_URL: mail goes to the log) the development address.
+
+    Never the request's Host: a client chooses it, and a forged one would point a victim's reset link
+    at the forger's site (host-header poisoning).
+    """
+    return current_app.config["SETTINGS"].mail.public_base_url or DEVELOPMENT_BASE_URL

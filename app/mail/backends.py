@@ -1,5 +1,8 @@
 """Where mail goes: an SMTP server (STARTTLS or implicit TLS, certificate verified), or the log.
 
+Plain text only when the operator says so (`SMTP_STARTTLS=never`: a relay on loopback, a development
+mail catcher); with the default, a server that offers no STARTTLS gets nothing, never a fallback.
+
 Both raise `TransientMailError` for what may work later (the server is down, says 4xx, the connection
 breaks) and `PermanentMailError` for what never will (5xx for this message); the queue retries only the
 first. Sockets are gevent's in the workers, so a slow server blocks nobody but the sending greenlet.
@@ -26,11 +29,15 @@ class PermanentMailError(Exception):
 
 
 class SmtpBackend:
-    """SMTP: `smtp://` upgrades with STARTTLS (required), `smtps://` speaks TLS from the start."""
+    """SMTP: `smtp://` upgrades with STARTTLS (required unless `starttls="never"`), `smtps://` speaks TLS
+    from the start."""
 
-    def __init__(self, url: str, mail_from: str, timeout: float):
+    def __init__(self, url: str, mail_from: str, timeout: float, starttls: str = "always"):
+        if starttls not in ("always", "never"):
+            raise ValueError(f"starttls must be 'always' or 'never', not {starttls!r}")
         parts = urlsplit(url)
         self.implicit_tls = parts.scheme == "smtps"
+        self.starttls = starttls == "always" and not self.implicit_tls
         self.host = parts.hostname or "localhost"
         self.port = parts.port or (465 if self.implicit_tls else 587)
         self.username = unquote(parts.username) if parts.username else None
@@ -40,7 +47,8 @@ class SmtpBackend:
 
     def describe(self) -> str:
         """Where mail goes, without credentials (for the log)."""
-        return f"{'smtps' if self.implicit_tls else 'smtp'}://{self.host}:{self.port}"
+        plain = "" if self.implicit_tls or self.starttls else " (plain text: SMTP_STARTTLS=never)"
+        return f"{'smtps' if self.implicit_tls else 'smtp'}://{self.host}:{self.port}{plain}"
 
     def send(self, message: EmailMessage) -> None:
         """Hand one message to the server; raise Transient/PermanentMailError when it is not taken."""
@@ -56,7 +64,7 @@ class SmtpBackend:
         except (OSError, smtplib.SMTPException) as error:
             raise TransientMailError(f"cannot connect to {self.describe()}: {type(error).__name__}") from None
         try:
-            if not self.implicit_tls:
+            if self.starttls:
                 smtp.ehlo()
                 if not smtp.has_extn("starttls"):
                     # Never fall back to plain text: the message carries a login link.

@@ -3,7 +3,9 @@
 urllib3 does the HTTP; this module decides where it may connect. The host is resolved here, every
 address is checked (app/outgoing/ssrf.py), and urllib3 is told to connect to the checked address while
 naming the original host in `Host`, in TLS's SNI and in the certificate check (its documented
-`server_hostname` / `assert_hostname` pool options). Redirects are never followed: a 3xx is a failure.
+`server_hostname` / `assert_hostname` pool options). That name is the ASCII one ssrf.py made: an
+internationalised host goes to DNS, `Host` and SNI in its IDNA (punycode) form, as a browser sends it.
+Redirects are never followed: a 3xx is a failure.
 """
 
 from __future__ import annotations
@@ -73,15 +75,20 @@ class Sender:
             # The whole attempt, resolving and reading included, ends at the time-out: a receiver that
             # trickles its answer a byte at a time cannot hold an attempt longer.
             with gevent.Timeout(timeout):
-                return self._send(manager, url, body, headers, started)
+                return self._send(endpoint_id, manager, url, body, headers, started)
         except gevent.Timeout:
             return self._result(False, None, started, f"no answer within {timeout:g} s", "timeout")
 
-    def _send(self, manager, url: str, body: bytes, headers: dict[str, str], started: float) -> AttemptResult:
+    def _send(
+        self, endpoint_id: str, manager, url: str, body: bytes, headers: dict[str, str], started: float
+    ) -> AttemptResult:
         try:
             target = parse_url(url, self.settings.allow_http)
             addresses = resolve(target, self.settings.allow_private)
         except TargetRefused as refusal:
+            # The attempt's error (shown to the endpoint's managers) never says what a name resolved
+            # to; the operator's log does.
+            log.warning("outgoing webhooks: endpoint %s: attempt refused: %s", endpoint_id, refusal.detail)
             return self._result(False, None, started, str(refusal), "refused")
         connect = min(self.settings.connect_timeout_seconds, self.settings.timeout_seconds)
         error = "no address to connect to"

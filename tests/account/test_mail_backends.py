@@ -45,7 +45,22 @@ def test_a_server_without_starttls_gets_nothing_in_plain_text(smtp_certificate, 
     try:
         with pytest.raises(TransientMailError, match="STARTTLS"):
             backend(server, f"smtp://127.0.0.1:{server.port}").send(message())
+        with pytest.raises(TransientMailError, match="STARTTLS"):  # the default, said out loud
+            SmtpBackend(server.url(), "a@example.test", timeout=5, starttls="always").send(message())
         assert server.received == []
+    finally:
+        server.stop()
+
+
+def test_starttls_never_delivers_to_a_plain_text_mail_catcher():
+    """SMTP_STARTTLS=never: a development mail catcher (plain aiosmtpd on loopback) gets the mail."""
+    server = SmtpServer(None, mode="plain", auth=False).start()
+    try:
+        plain = SmtpBackend(server.url(), "a@example.test", timeout=5, starttls="never")
+        assert "plain text" in plain.describe()
+        plain.send(message())
+        [received] = server.wait_for("someone@example.com")
+        assert "#token=secret-token" in received.text
     finally:
         server.stop()
 
@@ -106,6 +121,9 @@ def test_the_log_backend_writes_whole_mails_only_outside_production(caplog):
     ("env", "named"),
     [
         ({"SMTP_URL": "smtps://h", "APP_ENV": "production"}, "PUBLIC_BASE_URL"),
+        ({"SMTP_URL": "smtp://127.0.0.1:1025"}, "PUBLIC_BASE_URL is required when SMTP_URL is set"),  # development
+        ({"SMTP_URL": "smtp://h", "SMTP_STARTTLS": "never", "APP_ENV": "test"}, "PUBLIC_BASE_URL"),
+        ({"SMTP_STARTTLS": "sometimes"}, "SMTP_STARTTLS"),
         ({"MAIL_FROM": "no address here"}, "MAIL_FROM"),
         ({"MAIL_FROM": "a@b.example\r\nBcc: x@y.example"}, "MAIL_FROM"),
         ({"PUBLIC_BASE_URL": "ftp://x"}, "PUBLIC_BASE_URL"),
@@ -123,6 +141,7 @@ def test_mail_settings_are_checked_at_start(tmp_path, env, named):
 def test_mail_settings_defaults(tmp_path):
     settings = load_settings({"SECRET_KEY": STRONG, "JWT_SECRET": STRONG, "DATA_DIR": str(tmp_path)})
     assert settings.mail.smtp_url is None and settings.require_verified_email is False
+    assert settings.mail.starttls == "always" and settings.mail.public_base_url is None
     assert settings.mail.retry_schedule == (5, 30, 120, 300, 600) and settings.rate_limit_mail == "5/hour"
     production = load_settings(
         {
