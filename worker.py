@@ -16,8 +16,10 @@ from pathlib import Path  # noqa: E402
 
 logging.config.dictConfig(runpy.run_path(str(Path(__file__).with_name("gunicorn.conf.py")))["logconfig_dict"])
 
+from app.metrics import serve_worker_metrics  # noqa: E402
 from app.outgoing.delivery import DeliveryWorker  # noqa: E402
 from wsgi import app  # noqa: E402
 
 if __name__ == "__main__":
+    serve_worker_metrics(app)  # its own /metrics when WORKER_METRICS_PORT is set (a dyno of its own)
     DeliveryWorker(app).run()

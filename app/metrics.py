@@ -1,14 +1,21 @@
 """Prometheus metrics. Under gunicorn every worker writes to PROMETHEUS_MULTIPROC_DIR (set up in
 gunicorn.conf.py) and /metrics adds up all workers, so a scrape sees the whole server, not one worker.
 A CLI process given the same directory (`make run` writes it to var/.env) adds its counts there too;
-counters of processes that have exited stay in the sum."""
+counters of processes that have exited stay in the sum.
+
+Who may read them is decided here, for the web process's /metrics and the delivery process's alike:
+a client address in METRICS_ALLOW_IPS (default loopback), or `Authorization: Bearer <METRICS_TOKEN>`.
+Anyone else gets a 404, as if there were nothing there, with or without a proxy in front."""
 
 from __future__ import annotations
 
 import glob
+import hmac
+import ipaddress
+import logging
 import os
 
-from flask import current_app
+from flask import Flask, current_app
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     REGISTRY,
@@ -96,3 +103,53 @@ class _Everything:
     def collect(self):
         """Everything the default registry holds."""
         return REGISTRY.collect()
+
+
+def scrape_allowed(client_address: str | None, authorization: str | None) -> bool:
+    """Whether this client may read the metrics: an allowed address, or the metrics token as a bearer."""
+    settings = current_app.config["SETTINGS"]
+    token = settings.metrics_token
+    scheme, _, presented = (authorization or "").partition(" ")
+    if token and scheme.lower() == "bearer" and hmac.compare_digest(presented.strip().encode(), token.encode()):
+        return True
+    try:
+        address = ipaddress.ip_address((client_address or "").split("%", 1)[0])
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return any(address in network for network in settings.metrics_allow_ips)
+
+
+NOT_FOUND = b'{"error": {"code": "not_found", "message": "Not found."}}'
+
+
+def metrics_only_app(app: Flask):
+    """A WSGI app that serves GET /metrics (as the web process does, under the same access rule) and nothing
+    else: what the delivery process listens with, so its counters can be scraped where it runs alone."""
+
+    def serve(environ, start_response):
+        with app.app_context():
+            allowed = environ.get("PATH_INFO") == "/metrics" and environ.get("REQUEST_METHOD") in ("GET", "HEAD")
+            if allowed and scrape_allowed(environ.get("REMOTE_ADDR"), environ.get("HTTP_AUTHORIZATION")):
+                body, content_type = render(app.config["SETTINGS"].prometheus_multiproc_dir)
+                start_response("200 OK", [("Content-Type", content_type), ("Cache-Control", "no-store")])
+                return [body]
+        start_response("404 Not Found", [("Content-Type", "application/json"), ("Cache-Control", "no-store")])
+        return [NOT_FOUND]
+
+    return serve
+
+
+def serve_worker_metrics(app: Flask):
+    """Serve the process's /metrics on 0.0.0.0:WORKER_METRICS_PORT (as gunicorn binds $PORT) in a greenlet of
+    its own; the access rule above applies. Returns the started server, or None when the port is unset."""
+    from gevent.pywsgi import WSGIServer
+
+    port = app.config["SETTINGS"].worker_metrics_port
+    if not port:
+        return None
+    server = WSGIServer(("0.0.0.0", port), metrics_only_app(app), log=None, error_log=logging.getLogger(__name__))
+    server.start()
+    logging.getLogger(__name__).info("metrics on port %s", port)
+    return server

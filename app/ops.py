@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import redis
-from flask import Blueprint, Response, current_app, jsonify
+from flask import Blueprint, Response, current_app, jsonify, request
 
-from .errors import error_response
+from .errors import error_response, not_found
 from .metrics import render as render_metrics
+from .metrics import scrape_allowed
 from .openapi import operation
 from .redis import get_redis
 from .schemas import Answer
@@ -28,9 +29,16 @@ def healthz():
 
 
 @bp.get("/metrics")
-@operation("Prometheus metrics of every worker", tags=["operations"], responses={200: ("text/plain", "Metrics")})
+@operation(
+    "Prometheus metrics of every worker (to METRICS_ALLOW_IPS, or with the METRICS_TOKEN bearer)",
+    tags=["operations"],
+    responses={200: ("text/plain", "Metrics")},
+    errors=(404,),
+)
 def metrics():
-    """Prometheus metrics, summed over every worker."""
+    """Prometheus metrics, summed over every worker; 404 to anyone the access rule does not name."""
+    if not scrape_allowed(request.remote_addr, request.headers.get("Authorization")):
+        raise not_found()
     body, content_type = render_metrics(current_app.config["SETTINGS"].prometheus_multiproc_dir)
     return Response(body, content_type=content_type)
 

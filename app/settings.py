@@ -138,6 +138,9 @@ class Settings:
     ws_send_queue: int
     ws_send_timeout: float
     prometheus_multiproc_dir: str | None
+    metrics_allow_ips: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]
+    metrics_token: Secret | None
+    worker_metrics_port: int | None
     redis_mode: str
     event_durability: str
     oauth_providers: tuple[OAuthProvider, ...]
@@ -214,6 +217,11 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         ws_send_timeout=reader.number("WS_SEND_TIMEOUT_SECONDS", 10, minimum=0.05),
         # Set by gunicorn.conf.py for its workers (and by `make run`'s var/.env for the CLI).
         prometheus_multiproc_dir=reader.text("PROMETHEUS_MULTIPROC_DIR", "") or None,
+        # Who may read /metrics: these client addresses, or whoever sends the token as a bearer.
+        metrics_allow_ips=reader.networks("METRICS_ALLOW_IPS", "127.0.0.1,::1"),
+        metrics_token=Secret(reader.text("METRICS_TOKEN", "")) or None,
+        # The delivery process (worker.py) serves its own /metrics on this port when set.
+        worker_metrics_port=reader.integer("WORKER_METRICS_PORT", 0, minimum=0, maximum=65535) or None,
         redis_mode=reader.choice("REDIS_MODE", "standalone", {"standalone", "cluster"}),
         event_durability=reader.choice("EVENT_DURABILITY", "async", {"async", "replicated"}),
         oauth_providers=tuple(_oauth_provider(reader, name) for name in reader.names("OAUTH_PROVIDERS")),
