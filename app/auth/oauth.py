@@ -288,7 +288,8 @@ def _link(identity_key: str, user_id: str) -> None:
 # the identity key, that count, the listing. Links the identity and marks the address verified. When the
 # address was not verified before, whoever registered the account never proved it, so every way in they
 # may hold goes in the same step: password, TOTP, recovery codes, mailed tokens, other identities, every
-# session, and tokenVersion + 1 (old access tokens, pending MFA logins, device credentials).
+# session with its refresh-token records, and tokenVersion + 1 (old access tokens, pending MFA logins,
+# device credentials).
 # {taken over (0|1), {released identity keys}, {ended session ids}}, nil for an unknown user, or 'stale'.
 TAKE_OVER_LUA = (
     END_SESSION_FUNCTION_LUA
@@ -300,7 +301,7 @@ if redis.call('HGET', KEYS[1], 'email_verified') == '1' then
 end
 local n = tonumber(ARGV[3])
 local sessions = listed_sessions(4 + n, 4)
-if not still_current(sessions, KEYS[2], nil, false) then return 'stale' end
+if not still_current(sessions, KEYS[2], nil, true) then return 'stale' end
 local released = {}
 for _, key in ipairs(redis.call('SMEMBERS', KEYS[3])) do
   if key ~= ARGV[2] then table.insert(released, key) end
@@ -311,7 +312,7 @@ for i = 4, 3 + n do redis.call('DEL', KEYS[i]) end
 redis.call('HSET', KEYS[1], 'password_hash', '', 'email_verified', '1')
 redis.call('HDEL', KEYS[1], 'totp_secret', 'totp_pending', 'totp_last_timecode', 'mfa_failures')
 redis.call('HINCRBY', KEYS[1], 'token_version', 1)
-return {1, released, end_sessions(sessions, KEYS[2], ARGV[1], false)}
+return {1, released, end_sessions(sessions, KEYS[2], ARGV[1], true)}
 """
 )
 
@@ -332,6 +333,7 @@ def take_over(user_id: str, identity_key: str) -> list[str]:
         ),
         user_id,
         lambda: sorted(client.smembers(Keys.user_sessions(user_id))),
+        purge=True,
     )
     if not result or not result[0]:
         return []
