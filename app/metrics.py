@@ -34,7 +34,7 @@ EVENTS_PUBLISHED = Counter("rt_events_published_total", "Events appended to the 
 EVENTS_DELIVERED = Counter("rt_events_delivered_total", "Events written to clients, by transport.", ["transport"])
 LOGINS = Counter("auth_logins_total", "Login attempts by result.", ["result"])
 REFRESHES = Counter(
-    "auth_refreshes_total", "Refresh attempts by outcome (rotated, grace, reused, invalid).", ["outcome"]
+    "auth_refreshes_total", "Refresh attempts by outcome (rotated, grace, reused, ended, invalid).", ["outcome"]
 )
 REQUEST_SECONDS = Histogram(
     "http_request_duration_seconds",

@@ -347,7 +347,10 @@ return {user[1], 1, user[2], user[3], user[4] or '', redis.call('HEXISTS', KEYS[
 # be reused) the session's listing as in SESSIONS_LUA. ARGV: now, new expiry (epoch s), ttl (s), grace
 # (s), presented hash, new hash, session id, then the listing (0 sessions at first).
 # Returns {outcome, user_id, session_id, role, token_version}; outcome is rotated | grace | reused |
-# invalid, or 'stale' when reuse was found and the session's live tokens must be listed (again).
+# ended | invalid, or 'stale' when reuse was found and the session's live tokens must be listed (again).
+# A revoked token is reuse only while its session lives: ending a session (logout, logout-all, ending it
+# from another device, a password change or reset, reuse detection itself) revokes its tokens and deletes
+# its record, so a revoked token without a session record is 'ended', with nothing left to revoke.
 ROTATE_REFRESH = (
     SESSIONS_LUA
     + """
@@ -357,6 +360,7 @@ local uid, sid, exp, revoked = rec[1], rec[2], rec[3], rec[4]
 if not uid or sid ~= ARGV[7] or tonumber(exp) <= now then return {'invalid'} end
 local outcome = 'rotated'
 if revoked ~= '' then
+  if redis.call('EXISTS', KEYS[3]) == 0 then return {'ended', uid, sid} end
   local previous = redis.call('HGET', KEYS[3], 'previous_hash')
   if grace > 0 and previous == ARGV[5] and now - tonumber(revoked) <= grace then
     outcome = 'grace'

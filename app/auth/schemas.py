@@ -240,3 +240,14 @@ class Reauthentication(Body):
     """The password again, to mark this session as recently authenticated."""
 
     password: GivenPassword
+
+
+class SessionStatus(Answer):
+    """Whether the caller has a session: answered 200 either way, so a page can ask before it knows."""
+
+    user: User | None = Field(description="The caller, when a valid access token came; else null.")
+    session_id: str | None = Field(description="The caller's session id, with `user`; else null.")
+    can_refresh: bool = Field(
+        description="A refresh cookie came with the request: without a user, POST /auth/refresh may open the "
+        "session again (it may still answer 401 when that session has ended)."
+    )

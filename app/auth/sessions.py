@@ -44,7 +44,9 @@ class IssuedSession:
 class Rotation:
     """The outcome of presenting a refresh token, and what it yields."""
 
-    outcome: str  # rotated | grace | reused | invalid
+    # rotated | grace: a new token; reused: a rotated-away token while its session lived (that session is
+    # now ended); ended: a token revoked when its session ended earlier; invalid: unknown or expired.
+    outcome: str
     user_id: str | None = None
     session_id: str | None = None
     role: str | None = None
@@ -179,7 +181,11 @@ def start_session(user_id: str, device: str | None, ip: str | None) -> IssuedSes
 
 
 def rotate_refresh_token(raw: str) -> Rotation:
-    """Atomically trade a refresh token for a new one of the same family, or detect its reuse."""
+    """Atomically trade a refresh token for a new one of the same family, or detect its reuse.
+
+    A revoked token is reuse (the session ends now) only while its session is alive; the token of a
+    session that had already ended is answered as `ended`, and nothing is revoked again.
+    """
     named = parse_refresh_token(raw)
     if named is None:
         return Rotation("invalid")
@@ -208,6 +214,8 @@ def rotate_refresh_token(raw: str) -> Rotation:
     outcome = result[0]
     if outcome == "invalid":
         return Rotation("invalid")
+    if outcome == "ended":
+        return Rotation("ended", result[1], result[2])
     if outcome == "reused":
         sessions_ended.send(current_app._get_current_object(), user_id=result[1], session_ids=[result[2]])
         return Rotation("reused", result[1], result[2])

@@ -27,6 +27,7 @@ from .schemas import (
     Registration,
     SessionPath,
     Sessions,
+    SessionStatus,
     Tokens,
     UserAnswer,
 )
@@ -209,9 +210,13 @@ def refresh():
     if not raw:
         return _refused(unauthorized("No refresh token was presented.", "invalid_refresh_token"), transport)
     rotation = sessions.rotate_refresh_token(raw)
-    REFRESHES.labels(rotation.outcome).inc()
+    REFRESHES.labels(rotation.outcome).inc()  # `ended` apart from `reused`: a session already over is no theft
     if rotation.outcome == "reused":
         message = "This refresh token was already used; the session has been ended. Log in again."
+        return _refused(unauthorized(message, "refresh_token_reused"), transport)
+    if rotation.outcome == "ended":
+        # The code is the one API.md fixes for a revoked token; the message says what happened.
+        message = "This session has ended (logged out, here or on another device); log in again."
         return _refused(unauthorized(message, "refresh_token_reused"), transport)
     user = users.get_user(rotation.user_id) if rotation.outcome != "invalid" else None
     if user is None:
@@ -270,6 +275,35 @@ def me():
     """The caller and their session id."""
     caller = current_caller()
     return jsonify({"user": caller.user, "session_id": caller.session_id})
+
+
+@bp.get("/status")
+@operation(
+    "Whether the caller has a session, and whether a refresh could open one: always 200",
+    tags=["accounts"],
+    responses={200: SessionStatus},
+)
+def status():
+    """Who is calling, if anyone; answers 200 either way, so that a page's first look logs no error.
+
+    `can_refresh` says only that a refresh cookie came, not that it still works: a client with a revoked
+    token must still present it, so that reuse of a stolen one is detected.
+    """
+    try:
+        caller = authenticate()
+    except ApiError as refused:
+        if refused.status not in (401, 403):  # 403: an API key, which is no user
+            raise
+        caller = None
+    response = jsonify(
+        {
+            "user": caller.user if caller else None,
+            "session_id": caller.session_id if caller else None,
+            "can_refresh": bool(request.cookies.get(cookies.REFRESH_COOKIE)),
+        }
+    )
+    response.headers["Cache-Control"] = "no-store"
+    return response
 
 
 @bp.get("/sessions")

@@ -27,8 +27,23 @@ function showConnection(state, transport) {
   line.textContent = `${STATE_NAMES[state]}${via}`;
 }
 
+// The outcome of a link the visitor followed (a verification link), shown apart from the session's
+// status line: it is news about the link, true whoever is or is not signed in.
+function showNotice(text, outcome) {
+  const notice = $("notice");
+  notice.textContent = text;
+  notice.dataset.outcome = outcome;
+  notice.hidden = false;
+}
+
+function hideNotice() {
+  $("notice").hidden = true;
+  $("notice").textContent = "";
+}
+
 function showSignedOut(message) {
   me = null;
+  hideNotice();
   feed.stop();
   clearInterval(sessionsTimer);
   $("signed-in").hidden = true;
@@ -47,6 +62,7 @@ function showForm(id) {
 async function showSignedIn(user) {
   me = user;
   client.loggedIn();
+  hideNotice();
   $("signed-out").hidden = true;
   $("signed-in").hidden = false;
   $("status").textContent = `Logged in as ${user.email}`;
@@ -220,7 +236,7 @@ async function resetPassword(event) {
 function showAccount(user) {
   $("email-status").textContent = user.email_verified
     ? `Your address ${user.email} is verified.`
-    : `Your address ${user.email} is not verified yet: open the link we mailed you.`;
+    : `Your address ${user.email} is not verified yet.`;
   $("resend-button").hidden = user.email_verified;
   $("mfa-status").textContent = user.mfa_enabled
     ? "Two-factor authentication is on."
@@ -234,7 +250,8 @@ function showAccount(user) {
 async function resendVerification() {
   try {
     await client.resendVerification();
-    $("email-status").textContent = "A new link is on its way (the older one no longer works).";
+    $("email-status").textContent =
+      `A verification link is on its way to ${me.email}. Any link mailed before it no longer works.`;
   } catch (error) {
     $("email-status").textContent = error.message;
   }
@@ -329,26 +346,39 @@ function tokenFromLink(name) {
   return value;
 }
 
+// What the landing path asks for: `{verification: {error}}` (error null when the address is now
+// verified), `{reset: true}` (the reset form; the token kept in resetToken), `{mfaToken}`, or `{}`.
 async function followLink() {
   const path = location.pathname;
   if (path === "/verify-email") {
     const token = tokenFromLink("token");
     try {
       await client.verifyEmail(token ?? "");
-      return "Your e-mail address is verified. Thank you.";
+      return { verification: { error: null } };
     } catch (error) {
-      return `This verification link does not work: ${error.message}`;
+      return { verification: { error } };
     }
   }
   if (path === "/reset-password") {
     resetToken = tokenFromLink("token");
-    return "reset";
+    return { reset: true };
   }
   if (path === "/login-mfa") {
     const token = tokenFromLink("mfa_token");
-    return token ? { mfaToken: token } : null;
+    return token ? { mfaToken: token } : {};
   }
-  return null;
+  return {};
+}
+
+// After the session is known: what the verification link did, and what the visitor can do next.
+function showVerification({ error }, user) {
+  if (!error) return showNotice("Your e-mail address is verified. Thank you.", "success");
+  const next = !user
+    ? "Log in to have a new link mailed to you."
+    : user.email_verified
+      ? "Your address is verified already."
+      : "The button “Mail me a verification link” below sends a new one.";
+  showNotice(`This verification link did not work. ${error.message} ${next}`, "failure");
 }
 
 async function register() {
@@ -416,22 +446,23 @@ async function start() {
   addEventListener("online", () => me && feed.state === "offline" && feed.start(selectedTransport()));
 
   const link = await followLink();
-  if (link === "reset") {
+  if (link.reset) {
     showSignedOut("Choose a new password for your account.");
     return showForm("reset-form");
   }
-  if (link?.mfaToken) {
+  if (link.mfaToken) {
     showSignedOut("");
     return askForSecondFactor(link.mfaToken);
   }
+  let user = null;
   try {
-    const user = await client.me();
+    user = await client.me(); // GET /auth/status first: a visitor without a session sees no 401
     if (user) await showSignedIn(user);
-    else showSignedOut(typeof link === "string" ? link : "You are logged out.");
-    if (user && typeof link === "string") $("status").textContent = `${link} Logged in as ${user.email}`;
+    else showSignedOut("You are logged out.");
   } catch (error) {
     showSignedOut(`The service cannot check your session: ${error.message}`);
   }
+  if (link.verification) showVerification(link.verification, user);
 }
 
 start();

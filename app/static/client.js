@@ -66,6 +66,15 @@ const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
  * @property {boolean} mfa_enabled whether logging in needs a TOTP code too
  */
 
+/**
+ * What GET /auth/status answers: always 200, with or without a session.
+ * @typedef {object} SessionStatus
+ * @property {User | null} user the logged-in user, or null when no valid access token came
+ * @property {string | null} session_id the session's id, with `user`
+ * @property {boolean} can_refresh a refresh cookie came: without `user`, {@link Client#refresh} may
+ *   open the session again (it can still fail when that session has ended)
+ */
+
 // 401s that say a submitted secret was wrong, not that the session is gone: no refresh, no logout.
 const WRONG_SECRET_CODES = new Set(["invalid_credentials", "invalid_mfa_code", "mfa_required"]);
 
@@ -300,15 +309,31 @@ export class Client {
   }
 
   /**
-   * The logged-in user, refreshing the access token if need be.
+   * Whether a session is open, asked of GET /auth/status: it answers 200 with or without one, so a page's
+   * first look logs no 401 in the console. Neither refreshes nor marks the session open or gone.
+   * @returns {Promise<SessionStatus>} rejects with a {@link ServiceError} (503 `unavailable`)
+   */
+  async status() {
+    const response = await fetch(this.url("/auth/status"), { credentials: this.credentials });
+    if (!response.ok) throw await ServiceError.from(response);
+    return response.json();
+  }
+
+  /**
+   * The logged-in user, refreshing the access token if need be. Asks {@link Client#status} first and
+   * refreshes only when it reports a refresh cookie, so a visitor who never logged in causes no 401.
    * @returns {Promise<User | null>} null when no session is open
    */
   async me() {
-    const response = await this.request("/auth/me");
-    if (response.status === 401) return null;
-    if (!response.ok) throw await ServiceError.from(response);
+    const status = await this.status();
+    let { user } = status;
+    if (!user && status.can_refresh && (await this.refresh())) ({ user } = await this.status());
+    if (!user) {
+      this.loggedOut();
+      return null;
+    }
     this.loggedIn();
-    return (await response.json()).user;
+    return user;
   }
 
   /**
@@ -339,8 +364,10 @@ export class Client {
   refresh() {
     if (!this.refreshing) {
       this.refreshing = withRefreshLock(async () => {
-        const check = await fetch(this.url("/auth/me"), { credentials: this.credentials });
-        if (check.ok) return true; // another tab refreshed while this one waited
+        // Another tab may have refreshed while this one waited. /auth/status, not /auth/me: it answers
+        // 200 either way, so this check logs no 401 when the access token is gone.
+        const check = await fetch(this.url("/auth/status"), { credentials: this.credentials });
+        if (check.ok && (await check.json()).user) return true;
         const response = await fetch(this.url("/auth/refresh"), { method: "POST", credentials: this.credentials });
         return response.ok;
       }).finally(() => {

@@ -143,3 +143,39 @@ def test_no_content_answers_carry_no_content_type(client, auth):
     tokens = auth.new_user_tokens()
     response = client.post("/auth/logout", headers=bearer(tokens["access_token"]))
     assert response.status_code == 204 and "Content-Type" not in response.headers and response.data == b""
+
+
+def test_status_answers_200_whether_or_not_a_session_is_open(client, auth):
+    """GET /auth/status: what a page asks first, so that a visitor without a session logs no 401."""
+    nobody = client.get("/auth/status")
+    assert nobody.status_code == 200
+    assert nobody.get_json() == {"user": None, "session_id": None, "can_refresh": False}
+    assert nobody.headers["Cache-Control"] == "no-store"
+
+    user = auth.register()
+    assert auth.login(user["email"], transport="cookie").status_code == 200
+    signed_in = client.get("/auth/status")
+    assert signed_in.headers["Cache-Control"] == "no-store"
+    assert signed_in.get_json() == {**client.get("/auth/me").get_json(), "can_refresh": True}
+
+    client.delete_cookie("__Host-access")  # as when the access token expires: the refresh cookie stays
+    assert client.get("/auth/status").get_json() == {"user": None, "session_id": None, "can_refresh": True}
+    assert client.post("/auth/refresh").status_code == 200
+    assert client.get("/auth/status").get_json()["user"]["email"] == user["email"]
+
+
+def test_status_reads_a_bearer_token_and_takes_a_bad_one_for_none(client, auth):
+    tokens = auth.new_user_tokens()
+    found = client.get("/auth/status", headers=bearer(tokens["access_token"])).get_json()
+    assert found["user"]["id"] == tokens["user"]["id"] and found["session_id"] == tokens["session_id"]
+    assert found["can_refresh"] is False  # body transport: no refresh cookie came
+    assert client.post("/auth/logout", headers=bearer(tokens["access_token"])).status_code == 204
+    for headers in (
+        bearer(tokens["access_token"]),
+        bearer("garbage"),
+        bearer("ak_unknown"),
+        {"Authorization": "Basic eDp5"},
+    ):
+        answer = client.get("/auth/status", headers=headers)
+        assert answer.status_code == 200, headers
+        assert answer.get_json() == {"user": None, "session_id": None, "can_refresh": False}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import subprocess
 import time
 
 import pyotp
@@ -17,7 +18,7 @@ from app.redis import Keys
 from tests.account.conftest import mail_env
 from tests.browser.conftest import ARTIFACTS, Stack
 from tests.mailserver import SmtpServer
-from tests.servers import make_certificate
+from tests.servers import ROOT, VENV_BIN, make_certificate, process_env
 from tests.utils import DEFAULT_PASSWORD, random_email
 
 pytestmark = pytest.mark.not_on_cluster("the browser page: a UI test, no Redis logic of its own")
@@ -71,7 +72,8 @@ def test_forgotten_password_reset_through_the_mailed_link(mail_stack, smtp, new_
     # The verification link verifies the address, on whatever browser opens it.
     verification = smtp.wait_for(email)[0]
     laptop.goto(verification.link())
-    expect(laptop.locator("#status")).to_have_text("Your e-mail address is verified. Thank you.")
+    expect(laptop.locator("#notice")).to_have_text("Your e-mail address is verified. Thank you.")
+    expect(laptop.locator("#status")).to_have_text("You are logged out.")
     assert "#token=" not in laptop.url  # the token is cleared from the address bar
 
     laptop.get_by_role("button", name="Forgot your password?").click()
@@ -166,3 +168,70 @@ def test_mfa_setup_recovery_codes_and_the_second_login_step(mail_stack, new_cont
     page.get_by_role("button", name="Turn off two-factor authentication").click()
     expect(page.locator("#mfa-status")).to_have_text("Two-factor authentication is off.")
     assert errors == []
+
+
+def create_user_from_cli(base_env: dict, email: str) -> None:
+    """`flask --app wsgi users create`, as an operator would: it mails nothing."""
+    names = ("REDIS_URL", "SECRET_KEY", "JWT_SECRET", "APP_ENV", "DATA_DIR")
+    env = process_env({name: base_env[name] for name in names})
+    command = [str(VENV_BIN / "flask"), "--app", "wsgi", "users", "create", "--email", email]
+    done = subprocess.run(
+        [*command, "--password", DEFAULT_PASSWORD], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def expect_notice(page, outcome: str, *parts: str) -> None:
+    """The link's outcome: a message of its own, boxed apart from the status line, which says none of it."""
+    notice = page.locator("#notice")
+    expect(notice).to_be_visible()
+    expect(notice).to_have_attribute("data-outcome", outcome)
+    for part in parts:
+        expect(notice).to_contain_text(part)
+    assert page.locator("#status #notice").count() == 0
+    status, box = page.locator("#status").bounding_box(), notice.bounding_box()
+    assert box["y"] >= status["y"] + status["height"]  # below the status line, not on it
+    assert notice.evaluate("element => getComputedStyle(element).borderLeftWidth") == "6px"
+
+
+def test_an_account_made_on_the_command_line_is_not_told_of_a_mail_it_never_got(
+    mail_stack, smtp, base_env, new_context
+):
+    base = mail_stack.url
+    email = random_email()
+    create_user_from_cli(base_env, email)
+    page = new_context().new_page()
+    fill_login(page, base, email)
+    logged_in(page, email)
+    expect(page.locator("#email-status")).to_have_text(f"Your address {email} is not verified yet.")
+    assert smtp.to(email) == []  # indeed nothing was mailed
+
+    page.get_by_role("button", name="Mail me a verification link").click()
+    expect(page.locator("#email-status")).to_have_text(
+        f"A verification link is on its way to {email}. Any link mailed before it no longer works."
+    )
+    verification = smtp.wait_for(email)[0]
+
+    # Signed in, a good link: its outcome stands apart from "Logged in as ...".
+    page.goto(verification.link())
+    logged_in(page, email)
+    expect_notice(page, "success", "Your e-mail address is verified. Thank you.")
+    expect(page.locator("#email-status")).to_have_text(f"Your address {email} is verified.")
+    expect(page.get_by_role("button", name="Mail me a verification link")).to_be_hidden()
+
+
+def test_a_bad_verification_link_says_so_apart_from_the_status_signed_in_or_out(mail_stack, new_context):
+    base = mail_stack.url
+    page = new_context().new_page()
+    page.goto(base + "/verify-email#token=garbage")
+    expect(page.locator("#status")).to_have_text("You are logged out.")
+    expect_notice(page, "failure", "This verification link did not work.", "not valid", "Log in to have a new")
+
+    email = register(base)
+    fill_login(page, base, email)
+    logged_in(page, email)
+    expect(page.locator("#notice")).to_be_hidden()  # a visit that followed no link has no notice
+    page.goto(base + "/verify-email#token=garbage")
+    logged_in(page, email)  # exactly: nothing of the link's outcome run into it
+    expect_notice(page, "failure", "This verification link did not work.", "Mail me a verification link")
+    expect(page.locator("#email-status")).to_have_text(f"Your address {email} is not verified yet.")
