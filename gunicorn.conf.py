@@ -13,6 +13,16 @@ import time
 
 from gunicorn.glogging import Logger
 
+from envfiles import EnvFileError, apply_env_files
+
+# The settings files beneath the environment (envfiles.py), before anything here reads PORT,
+# WEB_CONCURRENCY or LOG_LEVEL: a developer's .env applies to gunicorn started by hand as to `make run`.
+try:
+    apply_env_files()
+except EnvFileError as error:
+    print(f"configuration error: {error}", file=sys.stderr)
+    raise SystemExit(4) from None
+
 # PaaS platforms hand out the port in $PORT; listen on every interface so their router reaches us.
 # Behind a local nginx (`make run`), `--bind 127.0.0.1:$PORT` on the command line overrides this.
 bind = f"0.0.0.0:{os.environ.get('PORT', '8000')}"

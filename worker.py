@@ -2,8 +2,8 @@
 
 gevent patches the standard library first, so every attempt's socket and DNS lookup yields instead of
 blocking. Logging is gunicorn.conf.py's (one JSON object per line, LOG_LEVEL), so both processes' lines
-read alike. Then the app is built exactly as for the web process (wsgi.py: the same settings, the same
-$DATA_DIR/.env beneath the environment, the same metrics directory).
+read alike. Then the app is built exactly as for the web process (wsgi.py: the same settings, with the
+developer's .env and `make run`'s $DATA_DIR/.env beneath the environment, the same metrics directory).
 """
 
 from gevent import monkey
@@ -14,12 +14,20 @@ import logging.config  # noqa: E402 - everything after patching
 import runpy  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-logging.config.dictConfig(runpy.run_path(str(Path(__file__).with_name("gunicorn.conf.py")))["logconfig_dict"])
+
+def configure_logging() -> None:
+    """gunicorn.conf.py's logging, at the LOG_LEVEL the environment says now."""
+    logging.config.dictConfig(runpy.run_path(str(Path(__file__).with_name("gunicorn.conf.py")))["logconfig_dict"])
+
+
+configure_logging()  # JSON lines already for whatever building the app logs
+import wsgi  # noqa: E402 - the environment completed from the .env files, the app built
+
+configure_logging()  # again: LOG_LEVEL may have come from one of those files
 
 from app.metrics import serve_worker_metrics  # noqa: E402
 from app.outgoing.delivery import DeliveryWorker  # noqa: E402
-from wsgi import app  # noqa: E402
 
 if __name__ == "__main__":
-    serve_worker_metrics(app)  # its own /metrics when WORKER_METRICS_PORT is set (a dyno of its own)
-    DeliveryWorker(app).run()
+    serve_worker_metrics(wsgi.app)  # its own /metrics when WORKER_METRICS_PORT is set (a dyno of its own)
+    DeliveryWorker(wsgi.app).run()

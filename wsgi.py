@@ -1,35 +1,31 @@
-"""The entry point of every process: `gunicorn -c gunicorn.conf.py wsgi:app` and `flask --app wsgi ...`.
+"""The entry point of every process: `gunicorn -c gunicorn.conf.py wsgi:app`, `flask --app wsgi ...` and, by
+importing this, `python worker.py`.
 
-Before the app is imported, $DATA_DIR/.env (default var/.env, written by `make run`) is applied beneath
-the real environment: the CLI then talks to the Redis `make run` started and counts its metrics where
-that server's /metrics reads them. It has to happen first because prometheus_client chooses its
-multi-process mode from PROMETHEUS_MULTIPROC_DIR when it is imported. Real variables always win.
+Before the app is imported, the settings files fill in what the real environment leaves unset (envfiles.py:
+the developer's `.env`, then `make run`'s `$DATA_DIR/.env`). So the CLI talks to the Redis `make run`
+started and counts its metrics where that server's /metrics reads them. It has to happen first because
+prometheus_client chooses its multi-process mode from PROMETHEUS_MULTIPROC_DIR when it is imported.
 """
 
 import logging
 import os
-from pathlib import Path
+from typing import NoReturn
+
+from envfiles import EnvFileError, apply_env_files
 
 
-def read_env_file(path: Path) -> dict[str, str]:
-    """NAME=value lines (blank lines and # comments skipped, one level of quotes removed)."""
-    try:
-        lines = path.read_text().splitlines()
-    except FileNotFoundError:
-        return {}
-    found = {}
-    for line in lines:
-        name, sep, value = line.strip().partition("=")
-        if sep and name and not name.startswith("#"):
-            value = value.strip()
-            if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
-                value = value[1:-1]
-            found[name.strip()] = value
-    return found
+def _refuse(error: Exception) -> NoReturn:
+    # A sentence, not a traceback: a JSON line under gunicorn, plain text on the command line. Status 4 is what
+    # gunicorn's arbiter reads as "the app failed to load": it stops, instead of starting one failing worker
+    # after another.
+    logging.getLogger("wsgi").critical("configuration error: %s", error)
+    raise SystemExit(4) from None
 
 
-for _name, _value in read_env_file(Path(os.environ.get("DATA_DIR") or "var") / ".env").items():
-    os.environ.setdefault(_name, _value)
+try:
+    apply_env_files()
+except EnvFileError as error:
+    _refuse(error)
 if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
     os.makedirs(os.environ["PROMETHEUS_MULTIPROC_DIR"], exist_ok=True)  # a cleaned var/ must not stop the CLI
 
@@ -39,8 +35,4 @@ from app.settings import SettingsError  # noqa: E402
 try:
     app = create_app()
 except SettingsError as error:
-    # A sentence, not a traceback: a JSON line under gunicorn, plain text on the command line. Status 4 is
-    # what gunicorn's arbiter reads as "the app failed to load": it stops, instead of starting one failing
-    # worker after another.
-    logging.getLogger("wsgi").critical("configuration error: %s", error)
-    raise SystemExit(4) from None
+    _refuse(error)

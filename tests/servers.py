@@ -37,6 +37,7 @@ INHERITED = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "TERM")
 def process_env(*environments: dict, **variables: str) -> dict[str, str]:
     """A clean environment for a child process: the few inherited variables, then the given ones."""
     env = {name: os.environ[name] for name in INHERITED if name in os.environ}
+    env["ENV_FILE"] = ""  # a developer's .env must not change what the tests test
     for environment in environments:
         env.update(environment)
     env.update(variables)

@@ -1,26 +1,37 @@
-"""`make run` for real (scripts/run.sh: Redis, gunicorn, nginx) and the real CLI beside it."""
+"""`make run` for real (scripts/run.sh: Redis, the mail catcher, gunicorn, the delivery process, nginx), the
+real CLI and delivery process beside it, and the settings files all of them read."""
 
 from __future__ import annotations
 
+import json
 import os
+import select
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 import requests
 
+from app.redis import Keys
 from tests.events.clients import Api
 from tests.servers import ROOT, VENV_BIN, free_port, process_env, wait_until
 
 pytestmark = pytest.mark.not_on_cluster("tests `make run`, which starts its own single redis-server")
 
+#: The order `make run` stops its processes in: Redis last, once nothing is left that uses it.
+STOP_ORDER = ("nginx", "gunicorn", "delivery process", "mail catcher", "redis")
+#: What a process that lost its Redis while stopping writes (the stop used to end them all at once).
+REDIS_TROUBLE = ("unavailable", "reconnect", "ConnectionError", "cannot reach redis", "Traceback")
+
 
 def clean_env(**extra: str) -> dict:
-    """Nothing of the developer's shell: the script and the CLI must get their settings elsewhere."""
+    """Nothing of the developer's shell, nor of their .env: the script and the CLI must get their settings
+    from where each test says."""
     env = process_env()
     env["PATH"] = f"{VENV_BIN}:{env.get('PATH', '')}"
-    return {**env, "LOG_LEVEL": "info", **extra}
+    return {**env, "LOG_LEVEL": "info", "ENV_FILE": "", **extra}
 
 
 def listening_addresses(port: int) -> set[str]:
@@ -41,54 +52,84 @@ def published_total(base: str) -> float:
     raise AssertionError("rt_events_published_total missing from /metrics")
 
 
-def flask_cli(data_dir: Path, *args: str) -> subprocess.CompletedProcess:
+def flask_cli(data_dir: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
     """The CLI as the README has a developer type it: no REDIS_URL, only where `make run` keeps var/."""
     return subprocess.run(
         [str(VENV_BIN / "flask"), "--app", "wsgi", *args],
         cwd=ROOT,
-        env=clean_env(DATA_DIR=str(data_dir)),
+        env=clean_env(DATA_DIR=str(data_dir), **env),
         capture_output=True,
         text=True,
         timeout=60,
     )
 
 
-@pytest.fixture
-def make_run(tmp_path):
-    """scripts/run.sh on free ports with its data under tmp_path, two workers, no secrets given."""
-    data_dir = tmp_path / "var"
-    ports = {"PORT": free_port(), "NGINX_PORT": free_port(), "REDIS_PORT": free_port()}
-    output = tmp_path / "run.log"
-    env = clean_env(DATA_DIR=str(data_dir), WEB_CONCURRENCY="2", **{k: str(v) for k, v in ports.items()})
-    with open(output, "wb") as log:
-        process = subprocess.Popen(
-            ["scripts/run.sh"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+class MakeRun:
+    """scripts/run.sh on free ports with its data under a temporary directory; `output` is its console."""
+
+    def __init__(self, directory: Path, **env: str):
+        self.data_dir = directory / "var"
+        names = ("PORT", "NGINX_PORT", "REDIS_PORT", "MAILCATCHER_PORT", "MAILCATCHER_WEB_PORT")
+        self.ports = {name: free_port() for name in names}
+        self.output = directory / "run.log"
+        self.env = clean_env(
+            DATA_DIR=str(self.data_dir), WEB_CONCURRENCY="2", **{k: str(v) for k, v in self.ports.items()}, **env
         )
-    service = f"http://127.0.0.1:{ports['PORT']}"
-    try:
-        wait_until(lambda: requests.get(f"{service}/readyz", timeout=1).ok, timeout=30, message="make run")
-        yield {"process": process, "data_dir": data_dir, "service": service, "output": output, **ports}
-    finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(10)
+        with open(self.output, "wb") as log:  # the child keeps its own copy of the descriptor
+            # As from a terminal: SIGINT not ignored (a shell's background jobs inherit it ignored, and a script
+            # cannot trap a signal ignored when it starts), in a process group of its own.
+            self.process = subprocess.Popen(
+                ["env", "--default-signal=INT", "scripts/run.sh"],
+                cwd=ROOT,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.service = f"http://127.0.0.1:{self.ports['PORT']}"
+        self.nginx = f"http://127.0.0.1:{self.ports['NGINX_PORT']}"
+        wait_until(lambda: requests.get(f"{self.nginx}/readyz", timeout=1).ok, timeout=30, message="make run")
+
+    def log(self) -> str:
+        return self.output.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(10)
+
+
+@pytest.fixture
+def start_make_run(tmp_path):
+    """Start scripts/run.sh (with extra environment variables, if given); each is stopped at the end."""
+    started = []
+
+    def start(**env: str) -> MakeRun:
+        started.append(MakeRun(tmp_path, **env))
+        return started[-1]
+
+    yield start
+    for run in started:
+        run.stop()
 
 
 @pytest.mark.slow
-def test_the_cli_reaches_make_runs_redis_and_its_events_are_counted(make_run):
-    data_dir, service = make_run["data_dir"], make_run["service"]
+def test_the_cli_reaches_make_runs_redis_and_its_events_are_counted(start_make_run):
+    run = start_make_run()
+    data_dir, service = run.data_dir, run.service
     env_file = (data_dir / ".env").read_text()
-    assert f"REDIS_URL=redis://127.0.0.1:{make_run['REDIS_PORT']}/0" in env_file
+    assert f"REDIS_URL=redis://127.0.0.1:{run.ports['REDIS_PORT']}/0" in env_file
     assert f"PROMETHEUS_MULTIPROC_DIR={(data_dir / 'metrics').resolve()}" in env_file
     assert oct((data_dir / ".env").stat().st_mode & 0o777) == "0o600"  # it may hold a Redis password
 
     # nginx is the way in; both listen on loopback only (a development setup, with development secrets).
-    assert listening_addresses(make_run["PORT"]) == {"127.0.0.1"}
-    assert listening_addresses(make_run["NGINX_PORT"]) == {"127.0.0.1"}
-    assert requests.get(f"http://127.0.0.1:{make_run['NGINX_PORT']}/healthz", timeout=5).ok
+    assert listening_addresses(run.ports["PORT"]) == {"127.0.0.1"}
+    assert listening_addresses(run.ports["NGINX_PORT"]) == {"127.0.0.1"}
+    assert requests.get(f"{run.nginx}/healthz", timeout=5).ok
 
     reader = Api(service)
     cursor = reader.current_cursor()
@@ -108,51 +149,246 @@ def test_the_cli_reaches_make_runs_redis_and_its_events_are_counted(make_run):
         f"{service}/auth/login", json={"email": "ops@example.com", "password": "long enough pw"}, timeout=5
     ).ok
 
-    output = make_run["output"].read_text()
+    output = run.log()
     assert output.count("development secrets made") == 1, output  # two workers, one announcement
 
 
 @pytest.mark.slow
-def test_make_run_stops_everything_and_the_cli_then_names_its_redis(make_run):
-    process = make_run["process"]
-    process.send_signal(signal.SIGTERM)
-    process.wait(30)
-    # Nothing outlives the script: no process of its session is left.
-    survivors = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _session_of(p) == process.pid]
-    assert survivors == []
+def test_make_run_sets_up_mail_and_webhooks_on_this_machine_with_nothing_typed(start_make_run):
+    run = start_make_run()
+    ports = run.ports
+    defaults = dict(line.split("=", 1) for line in (run.data_dir / ".env").read_text().splitlines() if "=" in line)
+    assert {name: defaults.get(name) for name in ("SMTP_URL", "SMTP_STARTTLS", "PUBLIC_BASE_URL")} == {
+        "SMTP_URL": f"smtp://127.0.0.1:{ports['MAILCATCHER_PORT']}",
+        "SMTP_STARTTLS": "never",
+        "PUBLIC_BASE_URL": f"http://127.0.0.1:{ports['NGINX_PORT']}",
+    }
+    assert defaults["WEBHOOK_OUT_ALLOW_HTTP"] == defaults["WEBHOOK_OUT_ALLOW_PRIVATE"] == "true"
+    # The catcher takes mail and shows it on loopback only.
+    assert listening_addresses(ports["MAILCATCHER_PORT"]) == {"127.0.0.1"}
+    assert listening_addresses(ports["MAILCATCHER_WEB_PORT"]) == {"127.0.0.1"}
+    page = requests.get(f"http://127.0.0.1:{ports['MAILCATCHER_WEB_PORT']}/", timeout=5)
+    assert page.ok and "No mail yet" in page.text
+    assert f"mail:    smtp://127.0.0.1:{ports['MAILCATCHER_PORT']}" in run.log()
 
-    result = flask_cli(make_run["data_dir"], "events", "publish", "--channel", "broadcast", "--event", "x")
+
+def descendants(pid: int) -> dict[int, str]:
+    """Every process below `pid`, by the part of `make run` it belongs to (STOP_ORDER's names)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent = int((entry / "stat").read_text().rpartition(")")[2].split()[1])
+            except (OSError, ValueError):
+                continue
+            children.setdefault(parent, []).append(int(entry.name))
+    found, todo = {}, list(children.get(pid, []))
+    while todo:
+        child = todo.pop()
+        todo += children.get(child, [])
+        try:
+            command = (Path(f"/proc/{child}") / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        for part, marker in (
+            ("redis", "redis-server"),
+            ("mail catcher", "scripts/mailcatcher.py"),
+            ("gunicorn", "gunicorn"),
+            ("delivery process", "worker.py"),
+            ("nginx", "nginx"),
+        ):
+            if marker in command:
+                found[child] = part
+                break
+    return found
+
+
+def pidfds(processes: dict[int, str]) -> dict[int, int]:
+    """A pidfd per process (fd -> pid): it turns readable when the process exits, whoever its parent is."""
+    return {os.pidfd_open(pid): pid for pid in processes}
+
+
+def exit_order(watched: dict[int, int], timeout: float) -> dict[int, int]:
+    """pid -> the round in which its pidfd was seen readable. Processes seen in one round may have exited in
+    any order; those of a later round exited later. The pidfds are closed."""
+    poller = select.poll()
+    for fd in watched:
+        poller.register(fd, select.POLLIN)
+    rounds: dict[int, int] = {}
+    deadline = time.monotonic() + timeout
+    count = 0
+    try:
+        while len(rounds) < len(watched) and time.monotonic() < deadline:
+            ready = poller.poll(max(1, int((deadline - time.monotonic()) * 1000)))
+            count += 1
+            for fd, _ in ready:
+                rounds[watched[fd]] = count
+                poller.unregister(fd)
+    finally:
+        for fd in watched:
+            os.close(fd)
+    assert len(rounds) == len(watched), f"still running: {[p for p in watched.values() if p not in rounds]}"
+    return rounds
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+def test_make_run_stops_in_order_redis_last_and_exits_0(start_make_run, how):
+    """Ctrl-C reaches the whole foreground process group from the terminal; make forwards SIGTERM to the script."""
+    run = start_make_run()
+    processes = descendants(run.process.pid)
+    assert set(processes.values()) == set(STOP_ORDER), processes
+    watched = pidfds(processes)  # before the signal: nginx, first, is gone at once
+    mark = len(run.output.read_bytes())
+    if how == "ctrl-c":
+        os.killpg(run.process.pid, signal.SIGINT)
+    else:
+        run.process.send_signal(signal.SIGTERM)
+    rounds = exit_order(watched, timeout=60)
+    assert run.process.wait(30) == 0
+
+    # In STOP_ORDER, and Redis strictly after everything that uses it.
+    seen = {part: [rounds[pid] for pid, p in processes.items() if p == part] for part in STOP_ORDER}
+    for earlier, later in zip(STOP_ORDER, STOP_ORDER[1:], strict=False):
+        assert max(seen[earlier]) <= min(seen[later]), (earlier, later, seen)
+    assert min(seen["redis"]) > max(seen["gunicorn"] + seen["delivery process"]), seen
+
+    after = run.output.read_bytes()[mark:].decode(errors="replace")
+    assert "make run: stopped" in after, after
+    complaints = [
+        line
+        for line in after.splitlines()
+        if any(word in line for word in REDIS_TROUBLE)
+        or (line.startswith("{") and json.loads(line)["level"] in ("warning", "error", "critical"))
+    ]
+    assert complaints == [], after
+
+    # Its Redis is gone with it; the CLI (reading make run's var/.env) names the one it cannot reach.
+    result = flask_cli(run.data_dir, "events", "publish", "--channel", "broadcast", "--event", "x")
     assert result.returncode != 0
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
-    assert f"redis://127.0.0.1:{make_run['REDIS_PORT']}/0" in lines[0] and "REDIS_URL" in lines[0]
+    assert f"redis://127.0.0.1:{run.ports['REDIS_PORT']}/0" in lines[0] and "REDIS_URL" in lines[0]
 
 
-def _session_of(proc: Path) -> int | None:
-    try:
-        return int((proc / "stat").read_text().rpartition(")")[2].split()[3])
-    except (OSError, ValueError, IndexError):
-        return None
+@pytest.mark.slow
+def test_make_run_ends_when_one_of_its_processes_does(start_make_run):
+    """A process that exits by itself (here the delivery process) ends `make run`, with the others, saying so."""
+    run = start_make_run()
+    processes = descendants(run.process.pid)
+    watched = pidfds(processes)
+    [worker] = [pid for pid, part in processes.items() if part == "delivery process"]
+    os.kill(worker, signal.SIGTERM)
+    exit_order(watched, timeout=60)  # every one of them
+    assert run.process.wait(30) == 1
+    assert "make run: the delivery process exited (status 0); stopping the rest" in run.log()
 
 
-def test_the_environment_wins_over_the_env_file(tmp_path, redis_server, rdb):
-    """A REDIS_URL in the shell beats the one `make run` wrote; the file fills in what is unset."""
+@pytest.mark.slow
+def test_make_run_reads_the_developers_env_file_beneath_the_environment(tmp_path, start_make_run):
+    """.env is kept across restarts; the environment wins over it, and it wins over make run's defaults."""
+    env_file = tmp_path / "developer.env"
+    env_file.write_text(
+        "# kept across restarts\n"
+        "ALLOWED_ORIGINS=http://127.0.0.1:9000\n"
+        "export WEBHOOK_OUT_ALLOW_PRIVATE='false'\n"  # the production rule, for once
+        "SMTP_URL=\n"  # set to nothing: mail to the log, no catcher
+        "PORT=1\n"  # the environment's PORT wins
+    )
+    run = start_make_run(ENV_FILE=str(env_file))
+    origin = {"Origin": "http://127.0.0.1:9000"}
+    assert requests.get(f"{run.service}/healthz", headers=origin, timeout=5).headers.get(
+        "Access-Control-Allow-Origin"
+    ) == ("http://127.0.0.1:9000")
+
+    written = (run.data_dir / ".env").read_text()
+    assert "WEBHOOK_OUT_ALLOW_HTTP=true" in written  # a default .env leaves alone
+    for name in ("SMTP_URL", "SMTP_STARTTLS", "WEBHOOK_OUT_ALLOW_PRIVATE"):
+        assert f"\n{name}=" not in written, written
+    assert listening_addresses(run.ports["MAILCATCHER_PORT"]) == set()
+    assert "mail sender started; mail goes to the log" in run.log()
+
+    # The CLI reads the same .env: it made an API key whose endpoint at a loopback address is refused.
+    key = flask_cli(run.data_dir, "api-keys", "create", "--name", "hooks", "--scope", "webhooks:manage")
+    assert key.returncode == 0, key.stderr
+    answer = requests.post(
+        f"{run.nginx}/admin/webhook-endpoints",
+        headers={"Authorization": f"Bearer {key.stdout.split()[0]}"},
+        json={"url": f"http://127.0.0.1:{free_port()}/", "channels": ["broadcast"]},
+        timeout=5,
+    )
+    assert answer.status_code == 422 and "WEBHOOK_OUT_ALLOW_PRIVATE=true" in answer.text, answer.text
+
+
+def test_the_environment_wins_over_the_env_files(tmp_path, redis_server, rdb):
+    """The CLI: a variable in the environment beats .env, which beats the one `make run` wrote; each file
+    fills in only what the layers above leave unset."""
     data_dir = tmp_path / "var"
     data_dir.mkdir()
     dead = f"redis://127.0.0.1:{free_port()}/0"
-    (data_dir / ".env").write_text(f"# comment\nREDIS_URL={redis_server.url}\n")
+    developer = tmp_path / "developer.env"
     args = ["users", "create", "--email", "file@example.com", "--password", "long enough pw"]
-    from_file = flask_cli(data_dir, *args)
-    assert from_file.returncode == 0, from_file.stderr
+
+    (data_dir / ".env").write_text(f"# comment\nREDIS_URL={redis_server.url}\n")
+    from_make_run = flask_cli(data_dir, *args, ENV_FILE=str(developer))  # no .env: make run's file
+    assert from_make_run.returncode == 0, from_make_run.stderr
     assert rdb.exists("user:email:file@example.com")
 
-    overridden = subprocess.run(
-        [str(VENV_BIN / "flask"), "--app", "wsgi", *args],
-        cwd=ROOT,
-        env=clean_env(DATA_DIR=str(data_dir), REDIS_URL=dead),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    (data_dir / ".env").write_text(f"REDIS_URL={dead}\n")
+    developer.write_text(f'REDIS_URL="{redis_server.url}"\n')
+    rdb.flushall()
+    from_developer = flask_cli(data_dir, *args, ENV_FILE=str(developer))
+    assert from_developer.returncode == 0, from_developer.stderr
+    assert rdb.exists("user:email:file@example.com")
+
+    overridden = flask_cli(data_dir, *args, ENV_FILE=str(developer), REDIS_URL=dead)
     assert overridden.returncode != 0 and dead in overridden.stderr
     assert "Traceback" not in overridden.stderr
+
+
+def test_a_broken_env_file_stops_the_cli_with_one_sentence(tmp_path):
+    developer = tmp_path / "developer.env"
+    developer.write_text("APP_ENV=development\nSMTP_URL smtp://typo\n")
+    result = flask_cli(tmp_path / "var", "users", "list", ENV_FILE=str(developer))
+    assert result.returncode != 0
+    assert result.stderr.strip() == (
+        f"configuration error: {developer}, line 2: expected NAME=value, not 'SMTP_URL smtp://typo'"
+    )
+
+
+def test_a_copy_of_env_example_changes_nothing(tmp_path):
+    """`cp .env.example .env` is the README's first step to keeping settings: as copied, every line is a comment."""
+    copy = tmp_path / ".env"
+    copy.write_text((ROOT / ".env.example").read_text())
+    result = subprocess.run(
+        [str(VENV_BIN / "python"), "envfiles.py"], cwd=ROOT, env=clean_env(ENV_FILE=str(copy)), capture_output=True
+    )
+    assert (result.returncode, result.stdout, result.stderr) == (0, b"", b"")
+    documented = {
+        line.removeprefix("# ").partition("=")[0]
+        for line in copy.read_text().splitlines()
+        if line.startswith("# ") and "=" in line and line[2:].partition("=")[0].isupper()
+    }
+    assert {"SMTP_URL", "MAILCATCHER_PORT", "MAILCATCHER_WEB_PORT", "WEBHOOK_OUT_ALLOW_HTTP"} <= documented
+
+
+@pytest.mark.slow
+def test_the_delivery_process_reads_the_developers_env_file(tmp_path, redis_server, rdb):
+    """`python worker.py` takes its Redis from .env over make run's file, and its log level too."""
+    data_dir = tmp_path / "var"
+    data_dir.mkdir()
+    (data_dir / ".env").write_text(f"REDIS_URL=redis://127.0.0.1:{free_port()}/0\n")
+    developer = tmp_path / "developer.env"
+    developer.write_text(f"REDIS_URL={redis_server.url}\nLOG_LEVEL=warning\n")
+    env = clean_env(APP_ENV="test", DATA_DIR=str(data_dir), ENV_FILE=str(developer))
+    del env["LOG_LEVEL"]
+    worker = subprocess.Popen(
+        [str(VENV_BIN / "python"), "worker.py"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    try:
+        wait_until(lambda: list(rdb.scan_iter(match=Keys.outgoing_consumer("*"))), timeout=20, message="heartbeat")
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        output = worker.communicate(timeout=30)[0].decode()
+    assert worker.returncode == 0, output
+    assert "delivery process" not in output, output  # its start and stop lines are at info, below warning

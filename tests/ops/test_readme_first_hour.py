@@ -1,0 +1,189 @@
+"""README's "Your first hour", the mail and webhook steps, as written there, against `make run` itself.
+
+The commands and code are taken from README.md, so the README cannot drift from what works: only the
+addresses change, to the ports this test picks. scripts/run.sh gets those ports and where to keep its data,
+and nothing else: mail reaches its catcher and a loopback webhook receiver works with no setting typed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import selectors
+import signal
+import subprocess
+import time
+
+import pytest
+import requests
+from playwright.sync_api import expect, sync_playwright
+
+from app.redis import Keys
+from tests.browser.conftest import CHROMIUM, CHROMIUM_ARGS
+from tests.ops.test_run_script import MakeRun, clean_env
+from tests.servers import ROOT, free_port, wait_until
+
+pytestmark = pytest.mark.not_on_cluster("runs `make run`, which starts its own single redis-server")
+
+README = (ROOT / "README.md").read_text()
+EMAIL, PASSWORD, NEW_PASSWORD = "you@example.com", "your password", "a brand new passphrase"
+#: Settings a developer would otherwise have typed: none of them may reach `make run` from the test.
+TYPED = ("SMTP_URL", "SMTP_STARTTLS", "PUBLIC_BASE_URL", "WEBHOOK_OUT_ALLOW_HTTP", "WEBHOOK_OUT_ALLOW_PRIVATE")
+
+
+def section(heading: str) -> str:
+    """The text of README's `### <heading>...` section, up to the next heading."""
+    match = re.search(rf"^### {re.escape(heading)}.*?\n(.*?)(?=^#{{2,3}} )", README, re.MULTILINE | re.DOTALL)
+    assert match, f"README has no section '### {heading}'"
+    return match.group(1)
+
+
+def blocks(text: str, language: str) -> list[str]:
+    """The fenced code blocks of `text` whose info string is `language` ("" for none)."""
+    found, lines, info = [], None, ""
+    for line in text.splitlines(keepends=True):
+        if not line.startswith("```"):
+            if lines is not None:
+                lines.append(line)
+        elif lines is None:
+            lines, info = [], line[3:].strip()
+        else:
+            if info == language:
+                found.append("".join(lines))
+            lines = None
+    return found
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """`make run` (scripts/run.sh) on ports of this test, with no setting of the developer's."""
+    started = MakeRun(tmp_path_factory.mktemp("first-hour"))
+    assert not set(TYPED) & set(started.env)
+    yield started
+    started.stop()
+
+
+def localize(text: str, run: MakeRun, **more: str) -> str:
+    """README text with its addresses moved to this test's ports (each must be there to be moved)."""
+    moves = {
+        "127.0.0.1:8080": f"127.0.0.1:{run.ports['NGINX_PORT']}",
+        "127.0.0.1:8025": f"127.0.0.1:{run.ports['MAILCATCHER_WEB_PORT']}",
+        **more,
+    }
+    for old, new in moves.items():
+        text = text.replace(old, new)
+    return text
+
+
+def shell(script: str, run: MakeRun, stderr: int = subprocess.STDOUT) -> subprocess.Popen:
+    """A second terminal's bash in the repository, stopping at the first failing command. It has only what a
+    developer's shell has, and where `make run` keeps its data (var/ for them)."""
+    return subprocess.Popen(
+        ["bash", "-e", "-o", "pipefail", "-c", script],
+        cwd=ROOT,
+        env=clean_env(DATA_DIR=str(run.data_dir)),
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        start_new_session=True,
+    )
+
+
+def read_until(process: subprocess.Popen, wanted: str, timeout: float) -> str:
+    """What `process` prints, up to and including the line with `wanted` (fails after `timeout` seconds)."""
+    output = b""
+    deadline = time.monotonic() + timeout
+    with selectors.DefaultSelector() as selector:
+        selector.register(process.stdout, selectors.EVENT_READ)
+        while wanted.encode() not in output:
+            remaining = deadline - time.monotonic()
+            assert remaining > 0, f"no {wanted!r} within {timeout} s; got:\n{output.decode(errors='replace')}"
+            if selector.select(remaining):
+                chunk = os.read(process.stdout.fileno(), 65536)
+                assert chunk, f"the shell ended without {wanted!r}:\n{output.decode(errors='replace')}"
+                output += chunk
+    return output.decode(errors="replace")
+
+
+@pytest.mark.slow
+def test_reset_a_password_through_the_local_mail(run):
+    text = section("4. Reset a password through the local mail")
+    [forgot] = blocks(text, "sh")
+    [console] = blocks(text, "")
+    assert "127.0.0.1:8080" in forgot and "http://127.0.0.1:8025/" in text
+    # The account of step 2.
+    register = {"email": EMAIL, "password": PASSWORD}
+    assert requests.post(f"{run.nginx}/auth/register", json=register, timeout=5).status_code == 201
+
+    asked = shell(localize(forgot, run), run, stderr=subprocess.PIPE)  # curl's progress meter apart
+    answer = asked.communicate(timeout=30)[0].decode()
+    assert asked.returncode == 0 and answer.startswith("HTTP/1.1 202"), answer
+
+    # make run's console shows the mail as the README does, its link first of all.
+    subject_line, link_line = localize(console, run).splitlines()
+    wait_until(lambda: subject_line in run.log(), timeout=15, message="the mail on make run's console")
+    assert link_line.strip().removesuffix("...") in run.log()
+
+    catcher = localize("http://127.0.0.1:8025/", run)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_context().new_page()
+            page.set_default_timeout(10_000)
+            page.goto(catcher)
+            mails = page.get_by_role("article")
+            expect(mails.first.get_by_role("heading")).to_have_text("Reset your password")  # newest first
+            expect(mails.nth(1).get_by_role("heading")).to_have_text("Confirm your e-mail address")
+            mails.first.get_by_role("link").click()
+
+            expect(page.get_by_role("heading", name="Choose a new password")).to_be_visible()
+            page.get_by_label("New password").fill(NEW_PASSWORD)
+            page.get_by_role("button", name="Set the new password").click()
+            expect(page.locator("#status")).to_contain_text("Your password is changed")
+
+            page.get_by_label("E-mail", exact=True).fill(EMAIL)
+            page.get_by_label("Password", exact=True).fill(NEW_PASSWORD)
+            page.get_by_role("button", name="Log in", exact=True).click()
+            expect(page.locator("#status")).to_have_text(f"Logged in as {EMAIL}")
+        finally:
+            browser.close()
+    old = requests.post(f"{run.nginx}/auth/login", json=register, timeout=5)
+    assert old.status_code == 401
+
+
+@pytest.mark.slow
+def test_receive_a_signed_webhook(run, tmp_path):
+    text = section("5. Receive a signed webhook")
+    [receiver] = blocks(text, "python")
+    [commands] = blocks(text, "sh")
+    [printed] = re.findall(r"The receiver prints `([^`]+)`", text)
+    saved_as = "/tmp/receiver.py"  # noqa: S108 - where the README has a developer save it
+    assert "standardwebhooks" in receiver and "verify(" in receiver and saved_as in commands
+    port = free_port()
+    here = {
+        "127.0.0.1:8090": f"127.0.0.1:{port}",
+        '"127.0.0.1", 8090': f'"127.0.0.1", {port}',
+        saved_as: str(tmp_path / "receiver.py"),
+    }
+    assert '("127.0.0.1", 8090)' in receiver and "http://127.0.0.1:8090/" in commands
+    (tmp_path / "receiver.py").write_text(localize(receiver, run, **here))
+
+    terminal = shell(localize(commands, run, **here), run)
+    try:
+        output = read_until(terminal, printed, timeout=30)  # a first attempt that found no receiver is retried in 5 s
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(terminal.pid, signal.SIGTERM)  # the receiver, in the background of that shell
+        terminal.wait(10)
+        terminal.stdout.close()
+    assert "published" in output and "Traceback" not in output, output
+
+
+def test_the_operations_guide_counts_the_mail_queue_that_is_really_there(run):
+    """docs/operations.md's command names the key the queue is kept under, and works on make run's Redis."""
+    guide = (ROOT / "docs" / "operations.md").read_text()
+    [command] = [line for line in guide.splitlines() if line.startswith("redis-cli ") and "zcard" in line]
+    assert f"'{Keys.mail_queue()}'" in command and "-p 6389 " in command
+    here = command.replace("-p 6389 ", f"-p {run.ports['REDIS_PORT']} ")
+    counted = subprocess.run(["bash", "-c", here], capture_output=True, text=True, timeout=10, check=True)
+    assert counted.stdout.strip().isdigit(), counted
