@@ -51,3 +51,14 @@ def mail_server(base_env, smtp, smtp_certificate, tmp_path_factory):
 @pytest.fixture(scope="module")
 def redis_client(redis_server):
     return redis_server.client()
+
+
+@pytest.fixture
+def mfa_user(client, auth):
+    """A user with TOTP on: their tokens, the secret and the ten recovery codes."""
+    from tests.account.test_mfa import set_up_mfa, settle
+
+    settle()
+    tokens = auth.new_user_tokens()
+    secret, codes = set_up_mfa(client, tokens["access_token"])
+    return {**tokens, "secret": secret, "recovery_codes": codes}

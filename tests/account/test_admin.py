@@ -10,7 +10,7 @@ import pytest
 
 from app.auth.users import create_user, set_role
 from app.redis import Keys
-from tests.account.test_mfa import code_at, first_step, queued_mails, set_up_mfa, settle
+from tests.account.test_mfa import code_at, first_step, queued_mails
 from tests.test_settings_and_cli import flask_cli
 from tests.utils import DEFAULT_PASSWORD, bearer, random_email, redis_snapshot
 
@@ -139,14 +139,6 @@ def test_a_list_entry_whose_record_is_missing_is_not_listed(client, auth, admin,
     listed = client.get("/admin/users", headers=bearer(admin["access_token"])).get_json()["users"]
     assert [u["id"] for u in listed if u["id"] in (user["id"], "0" * 32)] == [user["id"]]
     assert len(listed) == 2  # the admin and the user
-
-
-@pytest.fixture
-def mfa_user(client, auth):
-    settle()
-    tokens = auth.new_user_tokens()
-    secret, codes = set_up_mfa(client, tokens["access_token"])
-    return {**tokens, "secret": secret, "recovery_codes": codes}
 
 
 def test_an_admin_resets_a_users_mfa_and_the_owner_is_mailed(client, auth, admin, rdb, mfa_user):

@@ -66,14 +66,6 @@ def second_step(client, mfa_token: str, **factor):
     return client.post("/auth/login/mfa", json={"mfa_token": mfa_token, "transport": "body", **factor})
 
 
-@pytest.fixture
-def mfa_user(client, auth):
-    settle()
-    tokens = auth.new_user_tokens()
-    secret, codes = set_up_mfa(client, tokens["access_token"])
-    return {**tokens, "secret": secret, "recovery_codes": codes}
-
-
 def test_setup_returns_a_secret_uri_and_qr_code_and_mfa_is_on_only_after_confirmation(client, auth, rdb):
     settle()
     tokens = auth.new_user_tokens()
