@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from flask.testing import FlaskClient
+from playwright.sync_api import sync_playwright
 
 from app import create_app
+from tests.chromium import CHROMIUM, CHROMIUM_ARGS
 from tests.servers import LiveServer, RedisClusterServer, RedisServer
 from tests.utils import AuthActions
 
@@ -184,3 +188,13 @@ def live_server(base_env, rdb, tmp_path):
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """Chromium, launched once per test process (Playwright's sync API runs one instance per thread)."""
+    assert Path(CHROMIUM).exists(), "Chromium is required (make test installs Debian's chromium)"
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        yield launched
+        launched.close()

@@ -41,6 +41,20 @@ return due[1]
 """
 
 
+# KEYS[1] the job, KEYS[2] the queue. ARGV: job id, attempts, last error, when it is next due. Puts the job
+# back for a later attempt, unless its record is gone meanwhile (deleted or expired while it was being
+# sent): writing to it then would make a record of attempts alone, with nothing to send.
+RETRY_LUA = """
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  redis.call('ZREM', KEYS[2], ARGV[1])
+  return 0
+end
+redis.call('HSET', KEYS[1], 'attempts', ARGV[2], 'last_error', ARGV[3])
+redis.call('ZADD', KEYS[2], ARGV[4], ARGV[1])
+return 1
+"""
+
+
 class MailQueue:
     """Jobs in Redis, and this worker's sender that works through them."""
 
@@ -55,6 +69,7 @@ class MailQueue:
         self.send_deadline = settings.timeout_seconds * 3
         self.lease_seconds = self.send_deadline * 2 + 10
         self._claim = client.register_script(CLAIM_LUA)
+        self._retry = client.register_script(RETRY_LUA)
         self._wake = gevent.event.Event()
         self._sender: gevent.Greenlet | None = None
 
@@ -112,8 +127,8 @@ class MailQueue:
 
     def _process(self, job_id: str) -> None:
         job = self.client.hgetall(Keys.mail_job(job_id))
-        if not job:
-            self.client.zrem(Keys.mail_queue(), job_id)  # expired record
+        if "kind" not in job:  # expired, or (before RETRY_LUA) a record of attempts alone
+            self._delete(job_id)
             return
         attempts = int(job.get("attempts") or 0) + 1
         try:
@@ -143,10 +158,7 @@ class MailQueue:
         log.warning(
             "mail job %s (%s) attempt %d failed (%s); next in %d s", job["id"], job["kind"], attempts, reason, delay
         )
-        pipe = self.client.pipeline(transaction=True)
-        pipe.hset(Keys.mail_job(job["id"]), mapping={"attempts": attempts, "last_error": reason[:200]})
-        pipe.zadd(Keys.mail_queue(), {job["id"]: due})
-        pipe.execute()
+        self._retry(keys=[Keys.mail_job(job["id"]), Keys.mail_queue()], args=[job["id"], attempts, reason[:200], due])
 
     def _delete(self, job_id: str) -> None:
         pipe = self.client.pipeline(transaction=True)

@@ -6,8 +6,10 @@ from __future__ import annotations
 import pytest
 import requests
 
+from app.mail.backends import TransientMailError
 from app.redis import Keys
 from tests.account.conftest import mail_env
+from tests.conftest import https_client
 from tests.mailserver import SmtpServer
 from tests.servers import LiveServer, wait_until
 from tests.utils import random_email
@@ -62,3 +64,22 @@ def test_mail_queued_while_smtp_is_down_arrives_once_when_it_is_back(outage_serv
     reset_mail = next(m for m in down_smtp.to(addresses[0]) if m.message["Subject"] == "Reset your password")
     answer = requests.post(f"{base}/auth/password/reset", json={"token": reset_mail.token(), "new_password": "x" * 12})
     assert answer.status_code == 204  # the link made at the successful attempt works
+
+
+def test_a_job_deleted_while_it_is_being_sent_stays_deleted(make_app, rdb, monkeypatch):
+    """A job whose record goes while an attempt is under way (deleted, expired, or flushed) must not come back
+    as a record of attempts alone, which the next sender would fail to build."""
+    app = make_app(SMTP_URL="smtp://127.0.0.1:1", PUBLIC_BASE_URL="https://auth.example.test", SMTP_STARTTLS="never")
+    queue = app.extensions["mail_queue"]
+    answer = https_client(app).post("/auth/register", json={"email": random_email(), "password": "correct horse"})
+    assert answer.status_code == 201
+    [job_id] = rdb.zrange(Keys.mail_queue(), 0, -1)
+
+    def refused_after_the_job_went(message):
+        rdb.delete(Keys.mail_job(job_id))
+        raise TransientMailError("connection refused")
+
+    monkeypatch.setattr(queue.backend, "send", refused_after_the_job_went)
+    queue.process(job_id)
+    assert not rdb.exists(Keys.mail_job(job_id))
+    assert rdb.zscore(Keys.mail_queue(), job_id) is None

@@ -3,30 +3,14 @@
 from __future__ import annotations
 
 import re
-import shutil
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import sync_playwright
 
 from tests.events.conftest import FAST
 from tests.servers import CLIENT_ID, CLIENT_SECRET, ROOT, LiveServer, NginxServer, OpenIdProvider, free_port
 
 ARTIFACTS = ROOT / "tests" / "artifacts"
-INSECURE_HOST = "auth-rt.test"
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-# As this machine's notes advise: no sandbox as root, and no background traffic to the outside.
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    # A name that is not localhost yet reaches this machine: a page there is not a secure context.
-    f"--host-resolver-rules=MAP {INSECURE_HOST} 127.0.0.1",
-]
 
 
 class Stack:
@@ -74,15 +58,6 @@ def stack(base_env, tmp_path_factory, embedding_origin):
     running = Stack(base_env, directory, with_oauth=True, ALLOWED_ORIGINS=embedding_origin).start()
     yield running
     running.stop()
-
-
-@pytest.fixture(scope="session")
-def browser():
-    assert Path(CHROMIUM).exists(), "Chromium is required (make test installs Debian's chromium)"
-    with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-        yield launched
-        launched.close()
 
 
 @pytest.fixture

@@ -15,7 +15,8 @@ import pytest
 import requests
 from playwright.sync_api import expect
 
-from tests.browser.conftest import INSECURE_HOST, Stack
+from tests.browser.conftest import Stack
+from tests.chromium import INSECURE_HOST
 from tests.events.clients import Api
 from tests.servers import ROOT, VENV_BIN, free_port, process_env
 from tests.utils import DEFAULT_PASSWORD, random_email

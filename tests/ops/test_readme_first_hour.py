@@ -17,10 +17,9 @@ import time
 
 import pytest
 import requests
-from playwright.sync_api import expect, sync_playwright
+from playwright.sync_api import expect
 
 from app.redis import Keys
-from tests.browser.conftest import CHROMIUM, CHROMIUM_ARGS
 from tests.ops.test_run_script import MakeRun, clean_env
 from tests.servers import ROOT, free_port, wait_until
 
@@ -106,7 +105,7 @@ def read_until(process: subprocess.Popen, wanted: str, timeout: float) -> str:
 
 
 @pytest.mark.slow
-def test_reset_a_password_through_the_local_mail(run):
+def test_reset_a_password_through_the_local_mail(run, browser):
     text = section("4. Reset a password through the local mail")
     [forgot] = blocks(text, "sh")
     [console] = blocks(text, "")
@@ -125,28 +124,27 @@ def test_reset_a_password_through_the_local_mail(run):
     assert link_line.strip().removesuffix("...") in run.log()
 
     catcher = localize("http://127.0.0.1:8025/", run)
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_context().new_page()
-            page.set_default_timeout(10_000)
-            page.goto(catcher)
-            mails = page.get_by_role("article")
-            expect(mails.first.get_by_role("heading")).to_have_text("Reset your password")  # newest first
-            expect(mails.nth(1).get_by_role("heading")).to_have_text("Confirm your e-mail address")
-            mails.first.get_by_role("link").click()
+    context = browser.new_context()
+    try:
+        page = context.new_page()
+        page.set_default_timeout(10_000)
+        page.goto(catcher)
+        mails = page.get_by_role("article")
+        expect(mails.first.get_by_role("heading")).to_have_text("Reset your password")  # newest first
+        expect(mails.nth(1).get_by_role("heading")).to_have_text("Confirm your e-mail address")
+        mails.first.get_by_role("link").click()
 
-            expect(page.get_by_role("heading", name="Choose a new password")).to_be_visible()
-            page.get_by_label("New password").fill(NEW_PASSWORD)
-            page.get_by_role("button", name="Set the new password").click()
-            expect(page.locator("#status")).to_contain_text("Your password is changed")
+        expect(page.get_by_role("heading", name="Choose a new password")).to_be_visible()
+        page.get_by_label("New password").fill(NEW_PASSWORD)
+        page.get_by_role("button", name="Set the new password").click()
+        expect(page.locator("#status")).to_contain_text("Your password is changed")
 
-            page.get_by_label("E-mail", exact=True).fill(EMAIL)
-            page.get_by_label("Password", exact=True).fill(NEW_PASSWORD)
-            page.get_by_role("button", name="Log in", exact=True).click()
-            expect(page.locator("#status")).to_have_text(f"Logged in as {EMAIL}")
-        finally:
-            browser.close()
+        page.get_by_label("E-mail", exact=True).fill(EMAIL)
+        page.get_by_label("Password", exact=True).fill(NEW_PASSWORD)
+        page.get_by_role("button", name="Log in", exact=True).click()
+        expect(page.locator("#status")).to_have_text(f"Logged in as {EMAIL}")
+    finally:
+        context.close()
     old = requests.post(f"{run.nginx}/auth/login", json=register, timeout=5)
     assert old.status_code == 401
 
