@@ -11,7 +11,7 @@ from . import apidocs, apikeys, cli, errors, events, limits, logs, mail, ops, ou
 from . import redis as redis_ext
 from .admin import views as admin_views
 from .apikeys import views as apikey_views
-from .auth import account, guards, oauth, tokens
+from .auth import account, guards, oauth, passkey_views, tokens
 from .auth import views as auth_views
 from .events import views as event_views
 from .events.handover import KeepsServerResponse
@@ -69,6 +69,7 @@ def create_app(environ: Mapping[str, str] | None = None) -> Flask:
         auth_views.bp,
         auth_views.jwks_bp,
         account.bp,
+        passkey_views.bp,
         oauth.bp,
         admin_views.bp,
         apikey_views.bp,

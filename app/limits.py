@@ -16,7 +16,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 from flask import Flask, g, request
 from flask_limiter import Limiter
 
-from .auth import cookies, devices, mfa
+from .auth import cookies, devices, mfa, passkeys
 from .auth.guards import authenticate
 from .auth.users import find_user_id_by_email
 from .errors import ApiError
@@ -90,6 +90,7 @@ KEYS = {
     "caller": _caller_key,
     "mfa_token": _mfa_token_key,
     "mfa_account": _mfa_account_key,
+    "passkey_account": passkeys.rate_limit_account,
 }
 
 

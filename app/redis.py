@@ -95,6 +95,16 @@ class Keys:
         """The identity-index keys (`user_by_identity`) that name this user (a set), to release them on delete."""
         return f"user:{{{user_id}}}:identities"
 
+    @staticmethod
+    def user_passkeys(user_id: str) -> str:
+        """The user's passkeys (a hash: credential id, base64url, -> its record as JSON; see auth/passkeys.py)."""
+        return f"user:{{{user_id}}}:passkeys"
+
+    @staticmethod
+    def passkey_registration(user_id: str) -> str:
+        """The challenge of the user's last passkey registration options (five minutes, used once)."""
+        return f"user:{{{user_id}}}:passkey-registration"
+
     # Global indexes: single keys, each changed on its own (claim, write the record, commit).
 
     @staticmethod
@@ -106,6 +116,20 @@ class Keys:
     def user_by_identity(provider: str, subject: str) -> str:
         """The id of the user an OAuth provider knows by this subject (`pending:<id>` while being created)."""
         return f"user:identity:{provider}:{subject}"
+
+    @staticmethod
+    def user_by_passkey(credential_id: str) -> str:
+        """The id of the user who registered this passkey (its credential id, base64url; `pending:<id>` while
+        it is being registered): a credential id belongs to one account only."""
+        return f"user:passkey:{credential_id}"
+
+    @staticmethod
+    def passkey_login(login_hash: str) -> str:
+        """A passkey login's challenge, under the SHA-256 of its login_id (five minutes, used once).
+
+        Global: the login options come before anyone says who they are.
+        """
+        return f"passkey:login:{login_hash}"
 
     @staticmethod
     def users() -> str:

@@ -23,6 +23,8 @@ ASYMMETRIC_ALGORITHMS = {"EdDSA", "RS256", "ES256"}
 DEV_SECRETS_FILE = "dev-secrets.json"
 PROVIDER_NAME = re.compile(r"[a-z0-9_-]{1,40}")
 WEBHOOK_SCHEMES = ("standard", "stripe", "github")
+# A host name or address as an RP ID: labels of letters, digits and hyphens (IDNs in their A-label form).
+RP_ID = re.compile(r"(?=.{1,253}$)[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?)*")
 OAUTH_PRESETS = {
     "google": {
         "discovery_url": "https://accounts.google.com/.well-known/openid-configuration",
@@ -103,6 +105,15 @@ class Mail:
 
 
 @dataclass(frozen=True)
+class WebAuthn:
+    """Passkeys (WEBAUTHN_*): what a credential is bound to. Empty values mean "from the request"."""
+
+    rp_id: str | None  # None: the request's host (PUBLIC_BASE_URL's host is filled in when that is set)
+    origins: tuple[str, ...]  # empty: the request's own origin (PUBLIC_BASE_URL's is filled in when set)
+    rp_name: str
+
+
+@dataclass(frozen=True)
 class Settings:
     """Every setting of the service, parsed and checked; secrets are `Secret`s."""
 
@@ -147,6 +158,7 @@ class Settings:
     webhook_providers: tuple[WebhookProvider, ...]
     outgoing_webhooks: OutgoingWebhooks
     mail: Mail
+    webauthn: WebAuthn
 
     @property
     def production(self) -> bool:
@@ -249,6 +261,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
             retry_schedule=reader.seconds_list("MAIL_RETRY_SCHEDULE", "5,30,120,300,600"),
             timeout_seconds=reader.number("SMTP_TIMEOUT_SECONDS", 20, minimum=1, maximum=120),
         ),
+        webauthn=_webauthn(reader),
     )
     if settings.mail.smtp_url and not settings.mail.public_base_url:
         # In every environment: links in mails are never built from a request's Host header, which a
@@ -324,6 +337,56 @@ def _public_base_url(reader: _Reader) -> str | None:
     if url and (urlsplit(url).scheme not in {"http", "https"} or not urlsplit(url).netloc):
         raise SettingsError("PUBLIC_BASE_URL must be an http(s) URL such as https://auth.example.com")
     return url or None
+
+
+def _origin(value: str) -> str | None:
+    """`scheme://host[:port]` (http or https, nothing more), lower-cased; None when `value` is not one."""
+    parts = urlsplit(value.strip())
+    try:
+        port = parts.port
+    except ValueError:  # not a number, or out of range
+        return None
+    if parts.scheme not in {"http", "https"} or not parts.hostname or parts.username or parts.password:
+        return None
+    if parts.path not in {"", "/"} or parts.query or parts.fragment or value.strip().endswith(("?", "#")):
+        return None
+    host = parts.netloc.rsplit(":", 1)[0] if port is not None else parts.netloc
+    # As a browser serialises an origin: no default port.
+    shown_port = "" if port in (None, {"http": 80, "https": 443}[parts.scheme]) else f":{port}"
+    return f"{parts.scheme}://{host}{shown_port}".lower()
+
+
+def _webauthn(reader: _Reader) -> WebAuthn:
+    """WEBAUTHN_RP_ID and WEBAUTHN_ORIGINS, defaulting to PUBLIC_BASE_URL's host and origin (else the request's).
+
+    A passkey is bound to its RP ID for good: changing it later makes every registered passkey unusable.
+    """
+    public = _public_base_url(reader)
+    rp_id = reader.text("WEBAUTHN_RP_ID", "").lower() or None
+    if rp_id is not None and not RP_ID.fullmatch(rp_id):
+        raise SettingsError(f"WEBAUTHN_RP_ID must be a host name such as auth.example.com, not {rp_id!r}")
+    if rp_id is None and public and RP_ID.fullmatch(urlsplit(public).hostname or ""):
+        rp_id = urlsplit(public).hostname
+    origins = []
+    for item in reader.text("WEBAUTHN_ORIGINS", "").split(","):
+        if not item.strip():
+            continue
+        origin = _origin(item)
+        if origin is None:
+            raise SettingsError(f"WEBAUTHN_ORIGINS: {item.strip()!r} is not an origin (scheme://host[:port])")
+        origins.append(origin)
+    if not origins and public:
+        origins.append(_origin(f"{urlsplit(public).scheme}://{urlsplit(public).netloc}"))
+    for origin in origins:
+        host = urlsplit(origin).hostname or ""
+        if rp_id is not None and host != rp_id and not host.endswith("." + rp_id):
+            # Browsers refuse such a pair: an origin may use its own host or a parent domain as RP ID.
+            raise SettingsError(
+                f"WEBAUTHN_ORIGINS (by default PUBLIC_BASE_URL's origin): {origin} is not on WEBAUTHN_RP_ID "
+                f"{rp_id} or a subdomain of it"
+            )
+    rp_name = reader.text("WEBAUTHN_RP_NAME", "") or reader.text("JWT_ISSUER", "auth-rt")
+    return WebAuthn(rp_id, tuple(origins), rp_name)
 
 
 def _redis_url(reader: _Reader) -> str:

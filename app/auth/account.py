@@ -9,11 +9,11 @@ from flask import Blueprint, current_app, jsonify, make_response
 
 from .. import mail
 from ..errors import ApiError, bad_request, forbidden, unauthorized
-from ..http import validated
+from ..http import json_body, validated
 from ..limits import rate_limited
 from ..openapi import operation
 from ..redis import Keys, get_redis
-from . import mailtokens, mfa, passwords, sessions, users
+from . import mailtokens, mfa, passkeys, passwords, sessions, users
 from .guards import current_caller, login_required
 from .schemas import (
     EmailVerification,
@@ -152,7 +152,7 @@ def _no_store(response):
 
 @bp.post("/reauthenticate")
 @operation(
-    "Prove the password again: this session counts as recently authenticated for five minutes",
+    "Prove the password, or a passkey, again: this session counts as recently authenticated for five minutes",
     tags=["account"],
     body=Reauthentication,
     responses={204: None},
@@ -162,11 +162,20 @@ def _no_store(response):
 @rate_limited("password", per=("address", "caller"))
 @login_required
 def reauthenticate():
-    """Check the password again and mark the caller's session as recently authenticated."""
-    password = validated(Reauthentication).password
+    """Check the password (or one of the caller's passkeys) again and mark the session as recently authenticated.
+
+    A refusal is 401 invalid_credentials and the session goes on.
+    """
+    challenge = passkeys.take_login_challenge(json_body().get("login_id"))  # every answer uses it up
+    proof = validated(Reauthentication)
     caller = current_caller()
-    if not users.password_matches(users.get_user(caller.user_id), password):
-        raise unauthorized("The password is wrong.", "invalid_credentials")  # the session goes on
+    if proof.password is not None:
+        if not users.password_matches(users.get_user(caller.user_id), proof.password):
+            raise unauthorized("The password is wrong.", "invalid_credentials")
+    elif proof.login_id is not None and proof.credential is not None:
+        passkeys.authenticate(challenge, proof.credential, user_id=caller.user_id)
+    else:
+        raise bad_request("Field 'password' (or 'login_id' and 'credential') is required.")
     if not sessions.mark_authenticated(caller.user_id, caller.session_id):
         raise unauthorized("The session has ended; log in again.")
     return _empty(204)
@@ -180,7 +189,7 @@ def require_recent_authentication() -> None:
     caller = current_caller()
     if not sessions.recently_authenticated(caller.user_id, caller.session_id):
         raise forbidden(
-            "Confirm it is you: enter your password again (POST /auth/reauthenticate), then retry.",
+            "Confirm it is you: enter your password, or use a passkey, again (POST /auth/reauthenticate), then retry.",
             "reauthentication_required",
         )
 

@@ -283,24 +283,26 @@ def _link(identity_key: str, user_id: str) -> None:
     indexes.commit(identity_key, user_id)
 
 
-# KEYS: 1 user, 2 the user's session set, 3 its identities, then ARGV[3] further keys of the user to
-# delete (recovery codes, mailed tokens), then the listing of every session (SESSIONS_LUA). ARGV: now,
-# the identity key, that count, the listing. Links the identity and marks the address verified. When the
-# address was not verified before, whoever registered the account never proved it, so every way in they
-# may hold goes in the same step: password, TOTP, recovery codes, mailed tokens, other identities, every
-# session with its refresh-token records, and tokenVersion + 1 (old access tokens, pending MFA logins,
-# device credentials).
-# {taken over (0|1), {released identity keys}, {ended session ids}}, nil for an unknown user, or 'stale'.
+# KEYS: 1 user, 2 the user's session set, 3 its identities, 4 its passkeys, then ARGV[3] further keys of
+# the user to delete (recovery codes, mailed tokens, a passkey registration under way), then the listing
+# of every session (SESSIONS_LUA). ARGV: now, the identity key, that count, the listing. Links the
+# identity and marks the address verified. When the address was not verified before, whoever registered
+# the account never proved it, so every way in they may hold goes in the same step: password, TOTP,
+# recovery codes, passkeys (and the user handle they were made for), mailed tokens, other identities,
+# every session with its refresh-token records, and tokenVersion + 1 (old access tokens, pending MFA
+# logins, device credentials).
+# {taken over (0|1), {released identity keys}, {ended session ids}, {deleted passkeys' credential ids}},
+# nil for an unknown user, or 'stale'.
 TAKE_OVER_LUA = (
     END_SESSION_FUNCTION_LUA
     + """
 if redis.call('EXISTS', KEYS[1]) == 0 then return false end
 if redis.call('HGET', KEYS[1], 'email_verified') == '1' then
   redis.call('SADD', KEYS[3], ARGV[2])
-  return {0, {}, {}}
+  return {0, {}, {}, {}}
 end
 local n = tonumber(ARGV[3])
-local sessions = listed_sessions(4 + n, 4)
+local sessions = listed_sessions(5 + n, 4)
 if not still_current(sessions, KEYS[2], nil, true) then return 'stale' end
 local released = {}
 for _, key in ipairs(redis.call('SMEMBERS', KEYS[3])) do
@@ -308,27 +310,37 @@ for _, key in ipairs(redis.call('SMEMBERS', KEYS[3])) do
 end
 redis.call('DEL', KEYS[3])
 redis.call('SADD', KEYS[3], ARGV[2])
-for i = 4, 3 + n do redis.call('DEL', KEYS[i]) end
+local passkeys = redis.call('HKEYS', KEYS[4])
+redis.call('DEL', KEYS[4])
+for i = 5, 4 + n do redis.call('DEL', KEYS[i]) end
 redis.call('HSET', KEYS[1], 'password_hash', '', 'email_verified', '1')
-redis.call('HDEL', KEYS[1], 'totp_secret', 'totp_pending', 'totp_last_timecode', 'mfa_failures')
+redis.call('HDEL', KEYS[1], 'totp_secret', 'totp_pending', 'totp_last_timecode', 'mfa_failures', 'passkey_handle')
 redis.call('HINCRBY', KEYS[1], 'token_version', 1)
-return {1, released, end_sessions(sessions, KEYS[2], ARGV[1], true)}
+return {1, released, end_sessions(sessions, KEYS[2], ARGV[1], true), passkeys}
 """
 )
 
 
 def take_over(user_id: str, identity_key: str) -> list[str]:
     """Link `identity_key` to the account and verify its address, taking the account over when the
-    address was unverified; the identity keys the account no longer holds (to release)."""
+    address was unverified; the index keys (identities, passkeys) the account no longer holds (to release)."""
     client = get_redis()
     extra = [
         Keys.user_recovery_codes(user_id),
+        Keys.passkey_registration(user_id),
         *(Keys.user_mail_token(user_id, purpose) for purpose in (mailtokens.VERIFY, mailtokens.RESET)),
     ]
     script = get_script(TAKE_OVER_LUA)
     result = sessions.run_listed(
         lambda listing, args: script(
-            keys=[Keys.user(user_id), Keys.user_sessions(user_id), Keys.user_identities(user_id), *extra, *listing],
+            keys=[
+                Keys.user(user_id),
+                Keys.user_sessions(user_id),
+                Keys.user_identities(user_id),
+                Keys.user_passkeys(user_id),
+                *extra,
+                *listing,
+            ],
             args=[f"{time.time():.3f}", identity_key, len(extra), *args],
         ),
         user_id,
@@ -337,8 +349,8 @@ def take_over(user_id: str, identity_key: str) -> list[str]:
     )
     if not result or not result[0]:
         return []
-    _, released, ended = result
+    _, released, ended, passkeys = result
     sessions.sessions_ended.send(
         current_app._get_current_object(), user_id=user_id, session_ids=list(ended), whole_user=True
     )
-    return list(released)
+    return [*released, *(Keys.user_by_passkey(credential_id) for credential_id in passkeys)]

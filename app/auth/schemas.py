@@ -6,8 +6,9 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from ..schemas import Answer, Body, PlainText, ProviderName
+from ..schemas import Answer, Body, JsonValue, PlainText, ProviderName
 from .devices import DEVICE_TOKEN_MAX
+from .passkeys import CREDENTIAL_ID_TEXT_MAX, LOGIN_ID_MAX, NAME_MAX
 from .users import PASSWORD_MAX, PASSWORD_MIN, ROLES
 
 Email = Annotated[str, Field(max_length=254, examples=["ada@example.com"])]
@@ -237,9 +238,12 @@ class RecoveryCodes(Answer):
 
 
 class Reauthentication(Body):
-    """The password again, to mark this session as recently authenticated."""
+    """The password again, or a passkey (the `login_id` of POST /auth/passkeys/login/options and the
+    credential), to mark this session as recently authenticated."""
 
-    password: GivenPassword
+    password: GivenPassword | None = Field(None, description="The account's password (or else a passkey).")
+    login_id: LoginId | None = Field(None, description="With `credential`: from POST /auth/passkeys/login/options.")
+    credential: AuthenticationResponse | None = None
 
 
 class SessionStatus(Answer):
@@ -251,3 +255,137 @@ class SessionStatus(Answer):
         description="A refresh cookie came with the request: without a user, POST /auth/refresh may open the "
         "session again (it may still answer 401 when that session has ended)."
     )
+
+
+# Passkeys (WebAuthn). Credentials and options are WebAuthn Level 3's JSON forms, binary fields in
+# base64url without padding; py_webauthn reads and checks them (a credential it cannot read is 400).
+PasskeyName = Annotated[
+    PlainText, Field(min_length=1, max_length=NAME_MAX, description="A name to tell the passkey by.")
+]
+LoginId = Annotated[str, Field(max_length=LOGIN_ID_MAX, description="From POST /auth/passkeys/login/options.")]
+_BASE64URL = {"type": "string", "pattern": "^[A-Za-z0-9_-]*$"}
+RegistrationResponse = Annotated[
+    dict[str, JsonValue],
+    Field(
+        description="RegistrationResponseJSON: what `PublicKeyCredential.toJSON()` gives after "
+        "`navigator.credentials.create()`.",
+        json_schema_extra={
+            "required": ["id", "rawId", "type", "response"],
+            "properties": {
+                "id": _BASE64URL,
+                "rawId": _BASE64URL,
+                "type": {"const": "public-key"},
+                "response": {
+                    "type": "object",
+                    "required": ["clientDataJSON", "attestationObject"],
+                    "properties": {
+                        "clientDataJSON": _BASE64URL,
+                        "attestationObject": _BASE64URL,
+                        "transports": {"type": "array", "items": {"type": "string"}},
+                    },
+                },
+                "authenticatorAttachment": {"type": ["string", "null"]},
+                "clientExtensionResults": {"type": "object"},
+            },
+        },
+    ),
+]
+AuthenticationResponse = Annotated[
+    dict[str, JsonValue],
+    Field(
+        description="AuthenticationResponseJSON: what `PublicKeyCredential.toJSON()` gives after "
+        "`navigator.credentials.get()`.",
+        json_schema_extra={
+            "required": ["id", "rawId", "type", "response"],
+            "properties": {
+                "id": _BASE64URL,
+                "rawId": _BASE64URL,
+                "type": {"const": "public-key"},
+                "response": {
+                    "type": "object",
+                    "required": ["clientDataJSON", "authenticatorData", "signature"],
+                    "properties": {
+                        "clientDataJSON": _BASE64URL,
+                        "authenticatorData": _BASE64URL,
+                        "signature": _BASE64URL,
+                        "userHandle": {"anyOf": [_BASE64URL, {"type": "null"}]},
+                    },
+                },
+                "authenticatorAttachment": {"type": ["string", "null"]},
+                "clientExtensionResults": {"type": "object"},
+            },
+        },
+    ),
+]
+
+
+class PasskeyRegistration(Body):
+    """The new passkey's credential, answering the last registration options, and a name for it."""
+
+    credential: RegistrationResponse
+    name: PasskeyName | None = Field(None, description="Default: `Passkey <date>`.")
+
+
+class PasskeyRename(Body):
+    """A passkey's new name."""
+
+    name: PasskeyName
+
+
+class PasskeyPath(Body):
+    """A passkey's id: its credential id, base64url (another shape is 404)."""
+
+    passkey_id: Annotated[str, Field(pattern=f"^[A-Za-z0-9_-]{{1,{CREDENTIAL_ID_TEXT_MAX}}}$")]
+
+
+class PasskeyLoginStart(Body):
+    """Who is logging in, if the page knows: it changes nothing in the answer (no address is looked up)."""
+
+    email: Email | None = None
+
+
+class PasskeyLogin(Body):
+    """A passkey's answer to the login options of `login_id`, where the tokens should go, and a device name."""
+
+    login_id: LoginId
+    credential: AuthenticationResponse
+    transport: Transport = Field("cookie", description="cookie: HttpOnly cookies; body: tokens in the answer.")
+    device: Annotated[PlainText, Field(max_length=200)] | None = Field(
+        None, description="A name for this device (defaults to the User-Agent)."
+    )
+    device_token: DeviceToken | None = Field(
+        None, description="As at POST /auth/login: kept in the answer while it is still good for this account."
+    )
+
+
+class Passkey(Answer):
+    """`P`: one of the caller's passkeys."""
+
+    id: str = Field(description="The credential id (base64url).")
+    name: str
+    created_at: str
+    last_used_at: str | None = Field(description="Null until the passkey is first used to log in.")
+
+
+class Passkeys(Answer):
+    """The caller's passkeys, oldest first."""
+
+    passkeys: list[Passkey]
+
+
+class PasskeyCreationOptions(Answer):
+    """Options for `navigator.credentials.create()`."""
+
+    options: dict[str, JsonValue] = Field(
+        description="PublicKeyCredentialCreationOptionsJSON (for `PublicKeyCredential.parseCreationOptionsFromJSON`)."
+    )
+
+
+class PasskeyRequestOptions(Answer):
+    """Options for `navigator.credentials.get()`, and the login_id the answer must name."""
+
+    options: dict[str, JsonValue] = Field(
+        description="PublicKeyCredentialRequestOptionsJSON (for `PublicKeyCredential.parseRequestOptionsFromJSON`); "
+        "`allowCredentials` is always empty."
+    )
+    login_id: str = Field(description="Send it back with the credential; used once, within five minutes.")

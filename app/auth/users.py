@@ -277,11 +277,14 @@ def delete_user(user_id: str) -> bool:
     if user.get("role") == "admin":
         _release_admin(user_id)
     identities = sorted(client.smembers(Keys.user_identities(user_id)))
+    passkeys = [Keys.user_by_passkey(credential_id) for credential_id in client.hkeys(Keys.user_passkeys(user_id))]
     keys = [
         Keys.user_recovery_codes(user_id),
         Keys.connection_leases(user_id),
         Keys.verification_resent(user_id),
         Keys.user_identities(user_id),
+        Keys.user_passkeys(user_id),
+        Keys.passkey_registration(user_id),
         *(Keys.user_mail_token(user_id, purpose) for purpose in (mailtokens.VERIFY, mailtokens.RESET)),
     ]
     script = get_script(DELETE_USER_LUA)
@@ -296,7 +299,7 @@ def delete_user(user_id: str) -> bool:
     )
     if not result:
         return False
-    for index in [Keys.user_by_email(user["email"]), *identities]:
+    for index in [Keys.user_by_email(user["email"]), *identities, *passkeys]:
         indexes.release(index, user_id)
     client.zrem(Keys.users(), user_id)
     client.delete(Keys.stream(user_channel(user_id)))

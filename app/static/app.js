@@ -1,5 +1,5 @@
 // The test page: log in, devices, live events. All server calls go through the reference client.
-import { Client, EventFeed } from "./client.js";
+import { Client, EventFeed, ServiceError, conditionalMediationAvailable, passkeysSupported } from "./client.js";
 
 const $ = (id) => document.getElementById(id);
 const SESSIONS_REFRESH_MS = 3000;
@@ -16,6 +16,7 @@ const client = new Client({ onLoggedOut: () => showSignedOut("You are logged out
 const feed = new EventFeed(client, { onEvent: logEvent, onState: showConnection });
 let me = null;
 let sessionsTimer = null;
+let hasPasskeys = false;
 
 // For debugging from the console (and for the browser tests): the client objects, never a token.
 window.authRt = { client, feed };
@@ -57,16 +58,70 @@ const SIGNED_OUT_FORMS = ["login-form", "mfa-form", "forgot-form", "reset-form"]
 function showForm(id) {
   for (const form of SIGNED_OUT_FORMS) $(form).hidden = form !== id;
   $(id).querySelector("input")?.focus();
+  if (id === "login-form") startConditionalPasskey();
+  else stopConditionalPasskey();
+}
+
+// Passkeys on the log-in form: the button, and the browser's autofill (conditional mediation) while the
+// form shows. Only one WebAuthn request may be pending, so the autofill one is aborted before any other
+// way of logging in starts, and started again when the form shows again.
+let conditionalLogin = null; // the AbortController of the pending autofill request
+
+async function startConditionalPasskey() {
+  if (conditionalLogin || !(await conditionalMediationAvailable())) return;
+  if (conditionalLogin || me || $("login-form").hidden) return; // things moved on while we asked
+  const abort = new AbortController();
+  conditionalLogin = abort;
+  try {
+    const user = await client.loginWithPasskey({ conditional: true, signal: abort.signal, device: deviceName() });
+    await showSignedIn(user);
+  } catch (error) {
+    if (abort.signal.aborted) return; // the visitor logs in otherwise, or the form went away
+    // A passkey was chosen and refused: say so. The autofill is offered again when the form next shows;
+    // the button works meanwhile. (A refusal of the options themselves, 429, concerns no one here.)
+    if (error instanceof ServiceError && error.status !== 429) $("login-error").textContent = passkeyErrorText(error);
+  } finally {
+    if (conditionalLogin === abort) conditionalLogin = null;
+  }
+}
+
+function stopConditionalPasskey() {
+  conditionalLogin?.abort();
+  conditionalLogin = null;
+}
+
+async function logInWithPasskey() {
+  $("login-error").textContent = "";
+  stopConditionalPasskey();
+  try {
+    const email = $("login-email").value.trim();
+    const user = await client.loginWithPasskey({ email: email || undefined, device: deviceName() });
+    await showSignedIn(user);
+  } catch (error) {
+    $("login-error").textContent = passkeyErrorText(error);
+    startConditionalPasskey();
+  }
+}
+
+// What went wrong with a passkey, in words: the service's message, or the browser's refusal explained.
+function passkeyErrorText(error) {
+  if (error instanceof ServiceError) return error.message;
+  if (error?.name === "NotAllowedError") return "No passkey was used: the request was cancelled or timed out.";
+  if (error?.name === "InvalidStateError") return "This device already holds a passkey for your account.";
+  if (error?.name === "SecurityError") return "Passkeys cannot be used at this address.";
+  return error?.message ?? String(error);
 }
 
 async function showSignedIn(user) {
   me = user;
   client.loggedIn();
+  stopConditionalPasskey();
   hideNotice();
   $("signed-out").hidden = true;
   $("signed-in").hidden = false;
   $("status").textContent = `Logged in as ${user.email}`;
   showAccount(user);
+  loadPasskeys();
   await loadSessions();
   clearInterval(sessionsTimer);
   sessionsTimer = setInterval(loadSessions, SESSIONS_REFRESH_MS);
@@ -152,6 +207,7 @@ function credentials() {
 async function logIn(event) {
   event?.preventDefault();
   $("login-error").textContent = "";
+  stopConditionalPasskey();
   try {
     const user = await client.login({ ...credentials(), device: deviceName() });
     $("login-form").password.value = "";
@@ -159,7 +215,10 @@ async function logIn(event) {
   } catch (error) {
     $("login-form").password.value = "";
     if (error.code === "mfa_required") askForSecondFactor(error.mfaToken);
-    else $("login-error").textContent = error.message;
+    else {
+      $("login-error").textContent = error.message;
+      startConditionalPasskey();
+    }
   }
 }
 
@@ -274,16 +333,30 @@ async function startMfaSetup() {
     $("mfa-setup-button").hidden = true;
     $("mfa-setup-code").focus();
   } catch (error) {
-    if (error.code === "reauthentication_required") askForPassword();
+    if (error.code === "reauthentication_required") askForPassword(startMfaSetup);
     else $("mfa-status").textContent = error.message;
   }
 }
 
-function askForPassword() {
+// Changing how the account signs in (MFA, passkeys) needs a recent proof: the password, or a passkey.
+// `then` is what was refused, retried once the proof is accepted.
+let afterReauthentication = null;
+
+function askForPassword(then) {
+  afterReauthentication = then;
   $("reauth-error").textContent = "";
   $("reauth-form").hidden = false;
-  $("mfa-setup-button").hidden = true;
+  $("reauth-passkey-button").hidden = !(passkeysSupported() && hasPasskeys);
+  if (then === startMfaSetup) $("mfa-setup-button").hidden = true;
   $("reauth-password").focus();
+}
+
+async function reauthenticated() {
+  $("reauth-password").value = "";
+  $("reauth-form").hidden = true;
+  const then = afterReauthentication;
+  afterReauthentication = null;
+  await then?.();
 }
 
 async function reauthenticate(event) {
@@ -291,11 +364,115 @@ async function reauthenticate(event) {
   $("reauth-error").textContent = "";
   try {
     await client.reauthenticate($("reauth-password").value);
-    $("reauth-password").value = "";
-    $("reauth-form").hidden = true;
-    await startMfaSetup();
   } catch (error) {
     $("reauth-error").textContent = error.message;
+    return;
+  }
+  await reauthenticated();
+}
+
+async function reauthenticateWithPasskey() {
+  $("reauth-error").textContent = "";
+  try {
+    await client.reauthenticateWithPasskey();
+  } catch (error) {
+    $("reauth-error").textContent = passkeyErrorText(error);
+    return;
+  }
+  await reauthenticated();
+}
+
+// The account's passkeys: list, add (named), rename, remove.
+async function loadPasskeys() {
+  if (!passkeysSupported()) return;
+  let passkeys;
+  try {
+    passkeys = await client.listPasskeys();
+  } catch (error) {
+    $("passkey-error").textContent = error.message;
+    return;
+  }
+  hasPasskeys = passkeys.length > 0;
+  $("passkeys-empty").hidden = hasPasskeys;
+  $("passkeys").replaceChildren(...passkeys.map(passkeyItem));
+}
+
+function smallButton(text, label, onClick) {
+  const element = document.createElement("button");
+  element.type = "button";
+  element.textContent = text;
+  element.setAttribute("aria-label", label);
+  element.addEventListener("click", onClick);
+  return element;
+}
+
+function passkeyItem(passkey) {
+  const item = document.createElement("li");
+  item.dataset.passkeyId = passkey.id;
+  const used = passkey.last_used_at ? `last used ${new Date(passkey.last_used_at).toLocaleString()}` : "not used yet";
+  item.append(
+    part("span", "passkey-name", passkey.name),
+    part("span", "passkey-about", ` — added ${new Date(passkey.created_at).toLocaleDateString()}, ${used} `),
+    smallButton("Rename", `Rename the passkey ${passkey.name}`, () => startRename(item, passkey)),
+    " ",
+    smallButton("Remove", `Remove the passkey ${passkey.name}`, () => removePasskey(passkey)),
+  );
+  return item;
+}
+
+function startRename(item, passkey) {
+  const form = document.createElement("form");
+  form.className = "passkey-rename";
+  form.noValidate = true;
+  const input = document.createElement("input");
+  input.value = passkey.name;
+  input.maxLength = 64;
+  input.setAttribute("aria-label", `New name for the passkey ${passkey.name}`);
+  const save = document.createElement("button");
+  save.type = "submit";
+  save.textContent = "Save";
+  form.append(input, " ", save, " ", smallButton("Cancel", "Keep the passkey's name", loadPasskeys));
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    $("passkey-error").textContent = "";
+    $("passkey-message").textContent = "";
+    try {
+      await client.renamePasskey(passkey.id, input.value.trim());
+      await loadPasskeys();
+    } catch (error) {
+      $("passkey-error").textContent = error.message;
+    }
+  });
+  item.replaceChildren(form);
+  input.focus();
+}
+
+async function addPasskey(event) {
+  event?.preventDefault();
+  $("passkey-error").textContent = "";
+  $("passkey-message").textContent = "";
+  const name = $("passkey-name").value.trim();
+  try {
+    const passkey = await client.registerPasskey({ name: name || undefined });
+    $("passkey-name").value = "";
+    $("passkey-message").textContent = `Passkey “${passkey.name}” added: you can log in with it from now on.`;
+    await loadPasskeys();
+  } catch (error) {
+    if (error.code === "reauthentication_required") askForPassword(addPasskey);
+    else $("passkey-error").textContent = passkeyErrorText(error);
+  }
+}
+
+async function removePasskey(passkey) {
+  $("passkey-error").textContent = "";
+  $("passkey-message").textContent = "";
+  try {
+    await client.deletePasskey(passkey.id);
+    $("passkey-message").textContent =
+      `Passkey “${passkey.name}” removed. Your device may still offer it: delete it there too.`;
+    await loadPasskeys();
+  } catch (error) {
+    $("passkey-error").textContent = error.message;
   }
 }
 
@@ -422,6 +599,11 @@ function explainInsecureContext() {
 async function start() {
   if (!window.isSecureContext) return explainInsecureContext();
   $("login-form").addEventListener("submit", logIn);
+  $("passkey-login-button").hidden = !passkeysSupported();
+  $("passkey-login-button").addEventListener("click", logInWithPasskey);
+  $("passkeys-section").hidden = !passkeysSupported();
+  $("passkey-add-form").addEventListener("submit", addPasskey);
+  $("reauth-passkey-button").addEventListener("click", reauthenticateWithPasskey);
   $("register-button").addEventListener("click", register);
   $("forgot-button").addEventListener("click", () => {
     $("forgot-email").value = $("login-email").value;

@@ -14,6 +14,12 @@
  * repeats nothing. Every event is delivered whatever its name: the SSE stream is read with fetch() and
  * parsed here (EventSource would only deliver the names it listens for).
  *
+ * Passkeys: {@link Client#registerPasskey}, {@link Client#loginWithPasskey} (also with the browser's
+ * conditional mediation, passkeys offered in an input's autofill) and
+ * {@link Client#reauthenticateWithPasskey} run the WebAuthn ceremonies with the browser; options and
+ * credentials travel in WebAuthn Level 3's JSON forms, converted by the browser where it can
+ * (`PublicKeyCredential.parse*OptionsFromJSON`, `toJSON()`) and by a small base64url fallback here.
+ *
  * @module client
  */
 
@@ -73,6 +79,15 @@ const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
  * @property {string | null} session_id the session's id, with `user`
  * @property {boolean} can_refresh a refresh cookie came: without `user`, {@link Client#refresh} may
  *   open the session again (it can still fail when that session has ended)
+ */
+
+/**
+ * One of the user's passkeys, as the service describes it (never its key).
+ * @typedef {object} Passkey
+ * @property {string} id its credential id (base64url)
+ * @property {string} name what the user called it
+ * @property {string} created_at when it was registered (RFC 3339, UTC)
+ * @property {string | null} last_used_at when it last logged in; null until then
  */
 
 // 401s that say a submitted secret was wrong, not that the session is gone: no refresh, no logout.
@@ -300,6 +315,97 @@ export class Client {
   }
 
   /**
+   * Creates a passkey for the logged-in user on this device (the browser asks the user to confirm, by
+   * fingerprint, face, PIN or a security key) and registers it with the service.
+   * Rejects with a {@link ServiceError} 403 `reauthentication_required` unless the session logged in or
+   * re-authenticated in the last five minutes ({@link Client#reauthenticate},
+   * {@link Client#reauthenticateWithPasskey}), or 409 `conflict` for a passkey registered already; and
+   * with the browser's DOMException when the user cancels (`NotAllowedError`) or this authenticator
+   * holds a passkey of the account already (`InvalidStateError`).
+   * @param {{name?: string}} [options] a name to tell it by (default: `Passkey <date>`)
+   * @returns {Promise<Passkey>}
+   */
+  async registerPasskey({ name } = {}) {
+    const { options } = await this.json("/auth/passkeys/register/options", { method: "POST" });
+    const credential = await navigator.credentials.create({ publicKey: creationOptionsFromJSON(options) });
+    const body = { credential: credentialToJSON(credential), ...(name ? { name } : {}) };
+    return this.json("/auth/passkeys", { method: "POST", body });
+  }
+
+  /**
+   * Logs in with a passkey (cookie transport): no password, and no TOTP code even where MFA is on.
+   * With `conditional`, the browser offers the account's passkeys among the autofill suggestions of an
+   * input with `autocomplete="username webauthn"` and resolves only once the user picks one; abort it
+   * with `signal` when the user logs in otherwise (it aborts the wait for the user, not a login already
+   * proved). See {@link conditionalMediationAvailable}.
+   * @param {{email?: string, conditional?: boolean, signal?: AbortSignal, device?: string}} [options]
+   *   `email` is sent as a hint only: the service answers the same for every address
+   * @returns {Promise<User>} rejects with a {@link ServiceError} (401 `invalid_credentials`, 403
+   *   `email_not_verified`, 429 `rate_limited`) or the browser's DOMException (`NotAllowedError` when
+   *   the user cancels, `AbortError` when `signal` aborts)
+   */
+  async loginWithPasskey({ email, conditional = false, signal, device } = {}) {
+    const { credential, login_id } = await this.passkeyAssertion({ email, conditional, signal });
+    const body = { login_id, credential, transport: "cookie", ...(device ? { device } : {}) };
+    // Not aborted from here on: the user has chosen a passkey, and the login it proves should finish.
+    const { user } = await this.json("/auth/passkeys/login", { method: "POST", body });
+    this.loggedIn();
+    return user;
+  }
+
+  /**
+   * Proves a passkey of the logged-in user again: for five minutes this session may add passkeys and
+   * change its second factor (as {@link Client#reauthenticate} with the password).
+   * @returns {Promise<void>} rejects with a {@link ServiceError} (401 `invalid_credentials`: not a
+   *   passkey of this account; the session goes on) or the browser's DOMException
+   */
+  async reauthenticateWithPasskey() {
+    const { credential, login_id } = await this.passkeyAssertion({});
+    await this.json("/auth/reauthenticate", { method: "POST", body: { login_id, credential } });
+  }
+
+  /**
+   * The logged-in user's passkeys, oldest first.
+   * @returns {Promise<Passkey[]>}
+   */
+  async listPasskeys() {
+    return (await this.json("/auth/passkeys")).passkeys;
+  }
+
+  /**
+   * Renames one of the logged-in user's passkeys.
+   * @param {string} id
+   * @param {string} name 1-64 characters
+   * @returns {Promise<Passkey>} rejects with a {@link ServiceError} (404, 422 `validation_failed`)
+   */
+  renamePasskey(id, name) {
+    return this.json(`/auth/passkeys/${encodeURIComponent(id)}`, { method: "PATCH", body: { name } });
+  }
+
+  /**
+   * Removes one of the logged-in user's passkeys: it no longer logs in (the authenticator may still
+   * offer it until the user deletes it there too).
+   * @param {string} id
+   * @returns {Promise<void>}
+   */
+  async deletePasskey(id) {
+    await this.json(`/auth/passkeys/${encodeURIComponent(id)}`, { method: "DELETE" });
+  }
+
+  /**
+   * Login options from the service, answered by the browser: the assertion's JSON and its login_id.
+   * @private
+   */
+  async passkeyAssertion({ email, conditional = false, signal }) {
+    const body = email ? { email } : {};
+    const { options, login_id } = await this.json("/auth/passkeys/login/options", { method: "POST", body, signal });
+    const request = { publicKey: requestOptionsFromJSON(options), signal };
+    if (conditional) request.mediation = "conditional";
+    const credential = await navigator.credentials.get(request);
+    return { credential: credentialToJSON(credential), login_id };
+  }
+
+  /**
    * Creates an account (then log in with {@link Client#login}).
    * @param {{email: string, password: string}} credentials
    * @returns {Promise<User>} rejects with a {@link ServiceError} (409 `conflict`, 422 `validation_failed`)
@@ -456,6 +562,87 @@ async function wrongSecret(response) {
   } catch {
     return false;
   }
+}
+
+/**
+ * Whether this browser can create and use passkeys at all (WebAuthn in a secure context).
+ * @returns {boolean}
+ */
+export function passkeysSupported() {
+  return typeof globalThis.PublicKeyCredential === "function" && !!globalThis.navigator?.credentials?.create;
+}
+
+/**
+ * Whether {@link Client#loginWithPasskey} may run with `conditional: true` here (the browser offers
+ * passkeys in an input's autofill).
+ * @returns {Promise<boolean>}
+ */
+export async function conditionalMediationAvailable() {
+  if (!passkeysSupported() || typeof PublicKeyCredential.isConditionalMediationAvailable !== "function") return false;
+  return PublicKeyCredential.isConditionalMediationAvailable().catch(() => false);
+}
+
+// WebAuthn Level 3's JSON forms (binary fields as base64url without padding), with the browser's own
+// PublicKeyCredential.parse*OptionsFromJSON and toJSON() where it has them, and this small fallback
+// where it does not.
+
+function fromBase64url(text) {
+  const binary = atob(text.replace(/-/g, "+").replace(/_/g, "/").padEnd(Math.ceil(text.length / 4) * 4, "="));
+  return Uint8Array.from(binary, (char) => char.charCodeAt(0)).buffer;
+}
+
+function toBase64url(buffer) {
+  const bytes = ArrayBuffer.isView(buffer)
+    ? new Uint8Array(buffer.buffer, buffer.byteOffset, buffer.byteLength)
+    : new Uint8Array(buffer);
+  let binary = "";
+  for (const byte of bytes) binary += String.fromCharCode(byte);
+  return btoa(binary).replace(/\+/g, "-").replace(/\//g, "_").replace(/=+$/, "");
+}
+
+function descriptorsFromJSON(descriptors = []) {
+  return descriptors.map((descriptor) => ({ ...descriptor, id: fromBase64url(descriptor.id) }));
+}
+
+function creationOptionsFromJSON(json) {
+  if (typeof PublicKeyCredential.parseCreationOptionsFromJSON === "function") {
+    return PublicKeyCredential.parseCreationOptionsFromJSON(json);
+  }
+  return {
+    ...json,
+    challenge: fromBase64url(json.challenge),
+    user: { ...json.user, id: fromBase64url(json.user.id) },
+    excludeCredentials: descriptorsFromJSON(json.excludeCredentials),
+  };
+}
+
+function requestOptionsFromJSON(json) {
+  if (typeof PublicKeyCredential.parseRequestOptionsFromJSON === "function") {
+    return PublicKeyCredential.parseRequestOptionsFromJSON(json);
+  }
+  return { ...json, challenge: fromBase64url(json.challenge), allowCredentials: descriptorsFromJSON(json.allowCredentials) };
+}
+
+function credentialToJSON(credential) {
+  if (typeof credential.toJSON === "function") return credential.toJSON();
+  const { response } = credential;
+  const json = {
+    id: credential.id,
+    rawId: toBase64url(credential.rawId),
+    type: credential.type,
+    authenticatorAttachment: credential.authenticatorAttachment ?? null,
+    clientExtensionResults: credential.getClientExtensionResults?.() ?? {},
+    response: { clientDataJSON: toBase64url(response.clientDataJSON) },
+  };
+  if (response.attestationObject) {
+    json.response.attestationObject = toBase64url(response.attestationObject);
+    json.response.transports = response.getTransports?.() ?? [];
+  } else {
+    json.response.authenticatorData = toBase64url(response.authenticatorData);
+    json.response.signature = toBase64url(response.signature);
+    json.response.userHandle = response.userHandle ? toBase64url(response.userHandle) : null;
+  }
+  return json;
 }
 
 let tabChain = Promise.resolve();

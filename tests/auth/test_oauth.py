@@ -22,6 +22,7 @@ from app.redis import Keys
 from tests.conftest import TEST_SECRET_KEY
 from tests.servers import CLIENT_ID, CLIENT_SECRET, LiveServer, OpenIdProvider
 from tests.utils import DEFAULT_PASSWORD, parse_set_cookies, random_email, redis_snapshot
+from tests.webauthn_authenticator import Authenticator
 
 STATE_COOKIE = "__Secure-oauth"
 
@@ -259,6 +260,12 @@ def test_a_provider_login_takes_over_an_account_whose_address_was_never_verified
         f"{app.url}/auth/mfa/totp/confirm", json={"code": pyotp.TOTP(secret).now()}, headers=headers
     )
     assert confirmed.status_code == 200
+    passkey = Authenticator(origin=app.url, rp_id="127.0.0.1")  # the defaults: the request's host and origin
+    options = requests.post(f"{app.url}/auth/passkeys/register/options", headers=headers).json()["options"]
+    added = requests.post(f"{app.url}/auth/passkeys", json={"credential": passkey.create(options)}, headers=headers)
+    assert added.status_code == 201
+    credential_id = added.json()["id"]
+    assert rdb.get(Keys.user_by_passkey(credential_id)) == user_id
     version = int(rdb.hget(Keys.user(user_id), "token_version"))
 
     victim = browser()
@@ -276,6 +283,14 @@ def test_a_provider_login_takes_over_an_account_whose_address_was_never_verified
     assert record["password_hash"] == "" and "totp_secret" not in record
     assert int(record["token_version"]) == version + 1
     assert not rdb.exists(Keys.user_recovery_codes(user_id))
+    # The first registrant's passkey is gone with the rest, its credential id released.
+    assert not rdb.exists(Keys.user_passkeys(user_id)) and "passkey_handle" not in record
+    assert not rdb.exists(Keys.user_by_passkey(credential_id))
+    started = requests.post(f"{app.url}/auth/passkeys/login/options").json()
+    body = {"login_id": started["login_id"], "credential": passkey.get(started["options"]), "transport": "body"}
+    passkey_login = requests.post(f"{app.url}/auth/passkeys/login", json=body)
+    assert passkey_login.status_code == 401 and passkey_login.json()["error"]["code"] == "invalid_credentials"
+    assert victim.get(f"{app.url}/auth/passkeys").json() == {"passkeys": []}
     # The victim's own session goes on, and a later provider login finds the same account.
     assert victim.get(f"{app.url}/auth/me").status_code == 200
     again = browser()
