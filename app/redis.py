@@ -27,10 +27,11 @@ class Keys:
 
     Keys that one atomic step (a Lua script or a MULTI) touches together share a hash tag, so that on a
     Redis Cluster they live in one hash slot: everything of one user under `{<user id>}` (record,
-    sessions and their refresh families, refresh tokens, MFA and mailed tokens, leases), a channel's
-    history under `{<channel>}`, a webhook provider's deliveries under `{<provider>}`, an outgoing
-    endpoint's keys under `{<endpoint id>}`. Global indexes (e-mail, OAuth identity, the list of users,
-    API keys) are single keys changed in ordered single-slot steps (see `app/auth/indexes.py`).
+    sessions and their refresh families, refresh tokens, MFA and mailed tokens, passkeys, leases), a
+    channel's history under `{<channel>}`, a webhook provider's deliveries under `{<provider>}`, an
+    outgoing endpoint's keys under `{<endpoint id>}`. Global indexes (e-mail, OAuth identity, passkey
+    credential id, the list of users, the admins, API keys) are single keys changed in ordered single-slot
+    steps (see `app/auth/indexes.py`, and `app/auth/users.py` for the admins).
     """
 
     # One user: all under the user's hash tag.
