@@ -2,7 +2,7 @@
 PORT, WEB_CONCURRENCY or LOG_LEVEL), wsgi.py (before the app is imported) and so worker.py and the CLI.
 
 Each variable comes from the first of these that names it, even with an empty value (which then means the
-setting's own default):
+setting's own default); with APP_ENV=production in the real environment, from the environment alone:
 
 1. the real environment (the shell, the platform, systemd);
 2. `.env` beside this file: the developer's own settings, kept across restarts (git-ignored; start from
@@ -48,7 +48,7 @@ def read_env_file(path: Path) -> dict[str, str]:
         name, sep, value = line.removeprefix("export ").partition("=")
         name, value = name.strip(), value.strip()
         if not sep or not VARIABLE_NAME.fullmatch(name):
-            raise EnvFileError(f"{path}, line {number}: expected NAME=value, not {line[:40]!r}")
+            raise EnvFileError(f"{path}, line {number}: expected NAME=value")  # the line itself may hold a secret
         if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
             value = value[1:-1]
         found[name] = value
@@ -71,7 +71,13 @@ def developer_settings(environ: MutableMapping[str, str]) -> dict[str, str]:
 
 
 def apply_env_files(environ: MutableMapping[str, str] = os.environ) -> None:
-    """Fill in the variables `environ` leaves unset: from the developer's file, then from `make run`'s."""
+    """Fill in the variables `environ` leaves unset: from the developer's file, then from `make run`'s.
+
+    Not in production (APP_ENV=production in the real environment): a working tree copied to a server
+    must not bring `make run`'s development defaults along, loopback webhooks and plain-text mail among them.
+    """
+    if environ.get("APP_ENV") == "production":
+        return
     for name, value in developer_settings(environ).items():
         environ.setdefault(name, value)
     # DATA_DIR as the two layers above say: the developer's .env may move it.

@@ -14,17 +14,10 @@ import logging.config  # noqa: E402 - everything after patching
 import runpy  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-
-def configure_logging() -> None:
-    """gunicorn.conf.py's logging, at the LOG_LEVEL the environment says now."""
-    logging.config.dictConfig(runpy.run_path(str(Path(__file__).with_name("gunicorn.conf.py")))["logconfig_dict"])
-
-
-configure_logging()  # JSON lines already for whatever building the app logs
-import wsgi  # noqa: E402 - the environment completed from the .env files, the app built
-
-configure_logging()  # again: LOG_LEVEL may have come from one of those files
-
+# gunicorn.conf.py's logging; reading it applies the .env files first (envfiles.py), so a LOG_LEVEL set
+# there counts here too.
+logging.config.dictConfig(runpy.run_path(str(Path(__file__).with_name("gunicorn.conf.py")))["logconfig_dict"])
+import wsgi  # noqa: E402 - the environment complete, the app built
 from app.metrics import serve_worker_metrics  # noqa: E402
 from app.outgoing.delivery import DeliveryWorker  # noqa: E402
 

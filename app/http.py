@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 import unicodedata
@@ -233,3 +234,15 @@ def _refusal(error: dict, where: str) -> ApiError:
         return bad_request(f"{where} '{name}' must be of type {expected}.")
     message = error["msg"].removeprefix("Value error, ")
     return validation_failed(f"{where} '{name}': {message[:1].lower()}{message[1:]}.")
+
+
+def ip_address(text: str | None) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """A client address as the rules judge it: without an IPv6 zone (fe80::1%eth0), an IPv4-mapped IPv6
+    address as the IPv4 address it maps; None when it is no address."""
+    try:
+        address = ipaddress.ip_address((text or "").split("%", 1)[0])
+    except ValueError:
+        return None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    return address

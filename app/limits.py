@@ -20,7 +20,7 @@ from .auth import cookies, devices, mfa, passkeys
 from .auth.guards import authenticate
 from .auth.users import find_user_id_by_email
 from .errors import ApiError
-from .http import json_body
+from .http import ip_address, json_body
 
 
 def _body_field(name: str) -> str:
@@ -39,13 +39,10 @@ def _client_address_key() -> str:
     """The client's address (the peer, or the client a trusted proxy names): an IPv4 address as it is,
     an IPv6 address as its /64 network, an IPv4-mapped IPv6 address as the IPv4 address it maps."""
     remote = request.remote_addr or "127.0.0.1"  # no address: a Unix socket, so a local client
-    try:
-        address = ipaddress.ip_address(remote.split("%", 1)[0])  # without an IPv6 zone (fe80::1%eth0)
-    except ValueError:
+    address = ip_address(remote)
+    if address is None:
         return remote
     if address.version == 6:
-        if address.ipv4_mapped is not None:
-            return str(address.ipv4_mapped)
         return str(ipaddress.IPv6Network((address, 64), strict=False))
     return str(address)
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import glob
 import hmac
-import ipaddress
 import logging
 import os
 
@@ -26,6 +25,8 @@ from prometheus_client import (
     generate_latest,
     multiprocess,
 )
+
+from .http import ip_address
 
 OPEN_CONNECTIONS = Gauge(
     "rt_open_connections", "Live connections by transport.", ["transport"], multiprocess_mode="livesum"
@@ -112,13 +113,8 @@ def scrape_allowed(client_address: str | None, authorization: str | None) -> boo
     scheme, _, presented = (authorization or "").partition(" ")
     if token and scheme.lower() == "bearer" and hmac.compare_digest(presented.strip().encode(), token.encode()):
         return True
-    try:
-        address = ipaddress.ip_address((client_address or "").split("%", 1)[0])
-    except ValueError:
-        return False
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
-    return any(address in network for network in settings.metrics_allow_ips)
+    address = ip_address(client_address)
+    return address is not None and any(address in network for network in settings.metrics_allow_ips)
 
 
 NOT_FOUND = b'{"error": {"code": "not_found", "message": "Not found."}}'

@@ -25,6 +25,19 @@ PROVIDER_NAME = re.compile(r"[a-z0-9_-]{1,40}")
 WEBHOOK_SCHEMES = ("standard", "stripe", "github")
 # A host name or address as an RP ID: labels of letters, digits and hyphens (IDNs in their A-label form).
 RP_ID = re.compile(r"(?=.{1,253}$)[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?)*")
+
+
+def is_rp_id(host: str) -> bool:
+    """Whether a host can be a WebAuthn RP ID: a domain name (browsers refuse an IP address, 127.0.0.1 too)."""
+    if not RP_ID.fullmatch(host):
+        return False
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return True
+    return False
+
+
 OAUTH_PRESETS = {
     "google": {
         "discovery_url": "https://accounts.google.com/.well-known/openid-configuration",
@@ -363,9 +376,9 @@ def _webauthn(reader: _Reader) -> WebAuthn:
     """
     public = _public_base_url(reader)
     rp_id = reader.text("WEBAUTHN_RP_ID", "").lower() or None
-    if rp_id is not None and not RP_ID.fullmatch(rp_id):
-        raise SettingsError(f"WEBAUTHN_RP_ID must be a host name such as auth.example.com, not {rp_id!r}")
-    if rp_id is None and public and RP_ID.fullmatch(urlsplit(public).hostname or ""):
+    if rp_id is not None and not is_rp_id(rp_id):
+        raise SettingsError(f"WEBAUTHN_RP_ID must be a domain name such as auth.example.com (not an IP), not {rp_id!r}")
+    if rp_id is None and public and is_rp_id(urlsplit(public).hostname or ""):
         rp_id = urlsplit(public).hostname
     origins = []
     for item in reader.text("WEBAUTHN_ORIGINS", "").split(","):

@@ -135,6 +135,10 @@ umask 077
     default SMTP_STARTTLS never # the catcher on loopback speaks plain SMTP
   fi
   default PUBLIC_BASE_URL "$nginx_url"
+  # Passkeys: browsers bind them to a domain name, never an IP address, so the page's passkeys work at
+  # http://localhost:<nginx port>/ (everything else works at 127.0.0.1 too).
+  default WEBAUTHN_RP_ID localhost
+  default WEBAUTHN_ORIGINS "${nginx_url/127.0.0.1/localhost}"
   # Webhook receivers on this machine (http://127.0.0.1:...), which the service refuses by default.
   default WEBHOOK_OUT_ALLOW_HTTP true
   default WEBHOOK_OUT_ALLOW_PRIVATE true

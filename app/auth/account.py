@@ -13,7 +13,7 @@ from ..http import json_body, validated
 from ..limits import rate_limited
 from ..openapi import operation
 from ..redis import Keys, get_redis
-from . import mailtokens, mfa, passkeys, passwords, sessions, users
+from . import devices, mailtokens, mfa, passkeys, passwords, sessions, users
 from .guards import current_caller, login_required
 from .schemas import (
     EmailVerification,
@@ -142,7 +142,11 @@ def reset_password():
         raise invalid_token()  # used by a concurrent request meanwhile
     user_id, ended = reset
     sessions.sessions_ended.send(current_app._get_current_object(), user_id=user_id, session_ids=ended, whole_user=True)
-    return _empty(204)
+    response = _empty(204)
+    user = users.get_user(user_id)
+    if user:  # whoever reset it controls the mailbox: this browser is the owner's known device from here
+        devices.remember_device(response, user)
+    return response
 
 
 def _no_store(response):

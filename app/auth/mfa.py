@@ -143,6 +143,10 @@ def _new_recovery_code() -> str:
     return f"{raw[:5]}-{raw[5:]}"
 
 
+# The fields of a user's record that make up its second factor: what turning MFA off removes (DISABLE_LUA,
+# RESET_LUA, and an OAuth takeover in auth/oauth.py).
+MFA_FIELDS_LUA = "'totp_secret', 'totp_pending', 'totp_last_timecode', 'mfa_failures'"
+
 # Shared by the scripts that accept a second factor, given the user's record and recovery codes.
 # method 'totp': `value` the secret checked against, `extra` the code's time step; 'recovery': `value`
 # the code's keyed hash, `extra` its plain SHA-256 (how codes made before keyed hashes were stored).
@@ -197,7 +201,9 @@ DISABLE_LUA = (
     + """
 local accepted = accept(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3])
 if accepted ~= 'ok' then return accepted end
-redis.call('HDEL', KEYS[1], 'totp_secret', 'totp_pending', 'totp_last_timecode', 'mfa_failures')
+redis.call('HDEL', KEYS[1], """
+    + MFA_FIELDS_LUA
+    + """)
 redis.call('DEL', KEYS[2])
 return 'ok'
 """
@@ -212,7 +218,9 @@ RESET_LUA = (
 if redis.call('EXISTS', KEYS[1]) == 0 then return false end
 local sessions = listed_sessions(4, 2)
 if not still_current(sessions, KEYS[3], nil, false) then return 'stale' end
-redis.call('HDEL', KEYS[1], 'totp_secret', 'totp_pending', 'totp_last_timecode', 'mfa_failures')
+redis.call('HDEL', KEYS[1], """
+    + MFA_FIELDS_LUA
+    + """)
 redis.call('DEL', KEYS[2])
 redis.call('HINCRBY', KEYS[1], 'token_version', 1)
 return {1, end_sessions(sessions, KEYS[3], ARGV[1], false)}

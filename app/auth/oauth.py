@@ -272,11 +272,13 @@ def find_or_create_user(provider: str, identity: Identity) -> dict:
 def _link(identity_key: str, user_id: str) -> None:
     """Link a provider identity that vouches for the address to an existing account, and verify it.
 
-    Claim the index, then one step on the account (`take_over`), then commit the claim; unless
+    Claim the index, then one step on the account (`take_over`), then commit the claim; 409 when
     another live account holds the identity already.
     """
     if indexes.claim(identity_key, user_id) is not None:
-        return
+        # Another account holds this identity (it was linked meanwhile): logging in to this one without
+        # linking it, or taking it over, would leave whoever registered it first their way in.
+        raise ApiError(409, "conflict", "This provider account is linked to another account; try logging in again.")
     released = take_over(user_id, identity_key)
     for key in released:
         indexes.release(key, user_id)
@@ -314,7 +316,9 @@ local passkeys = redis.call('HKEYS', KEYS[4])
 redis.call('DEL', KEYS[4])
 for i = 5, 4 + n do redis.call('DEL', KEYS[i]) end
 redis.call('HSET', KEYS[1], 'password_hash', '', 'email_verified', '1')
-redis.call('HDEL', KEYS[1], 'totp_secret', 'totp_pending', 'totp_last_timecode', 'mfa_failures', 'passkey_handle')
+redis.call('HDEL', KEYS[1], """
+    + mfa.MFA_FIELDS_LUA
+    + """, 'passkey_handle')
 redis.call('HINCRBY', KEYS[1], 'token_version', 1)
 return {1, released, end_sessions(sessions, KEYS[2], ARGV[1], true), passkeys}
 """

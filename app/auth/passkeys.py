@@ -62,10 +62,12 @@ from webauthn.helpers.structs import (
     UserVerificationRequirement,
 )
 
+from .. import mail
 from ..errors import ApiError, bad_request, unauthorized, validation_failed
 from ..http import has_control_characters, json_body, rfc3339
+from ..mail.messages import PASSKEY_ADDED
 from ..redis import Keys, get_redis, get_script
-from ..settings import RP_ID
+from ..settings import is_rp_id
 from . import indexes, users
 from .guards import own_origin
 
@@ -112,7 +114,7 @@ def _request_host() -> str | None:
         host = urlsplit(f"//{request.host}").hostname
     except ValueError:  # an unclosed IPv6 bracket
         return None
-    return host if host and RP_ID.fullmatch(host) else None
+    return host if host and is_rp_id(host) else None
 
 
 def login_challenge_key(login_id: str) -> str:
@@ -299,6 +301,7 @@ def register(caller, challenge: str | None, credential: dict, name: str | None) 
         "last_used_at": "",
     }
     _store(caller, record)
+    mail.queue_mail(PASSKEY_ADDED, user_id=caller.user_id)  # a passkey outlives a password reset: say so
     return public_passkey(record)
 
 

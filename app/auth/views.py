@@ -215,7 +215,7 @@ def refresh():
         message = "This refresh token was already used; the session has been ended. Log in again."
         return _refused(unauthorized(message, "refresh_token_reused"), transport)
     if rotation.outcome == "ended":
-        # The code is the one API.md fixes for a revoked token; the message says what happened.
+        # The code is the one docs/api.md fixes for a revoked token; the message says what happened.
         message = "This session has ended (logged out, here or on another device); log in again."
         return _refused(unauthorized(message, "refresh_token_reused"), transport)
     user = users.get_user(rotation.user_id) if rotation.outcome != "invalid" else None

@@ -15,9 +15,10 @@ from flask import current_app, render_template
 from ..auth import mailtokens, users
 
 VERIFY_EMAIL, PASSWORD_RESET = "verify_email", "password_reset"
-#: Notices to an account's owner of a change to its second factor; they carry no token.
+#: Notices to an account's owner of a change to how it signs in; they carry no token.
 MFA_ENABLED, MFA_RESET, MFA_LOCKED = "mfa_enabled", "mfa_reset", "mfa_locked"
-NOTICES = (MFA_ENABLED, MFA_RESET, MFA_LOCKED)
+PASSKEY_ADDED = "passkey_added"
+NOTICES = (MFA_ENABLED, MFA_RESET, MFA_LOCKED, PASSKEY_ADDED)
 #: How long a job of each kind is worth retrying: a reset nobody received within half an hour has
 #: usually been asked for again; a verification link and a notice are useful for a day.
 GIVE_UP_AFTER = {VERIFY_EMAIL: 24 * 3600, PASSWORD_RESET: 30 * 60, **dict.fromkeys(NOTICES, 24 * 3600)}
@@ -27,6 +28,7 @@ SUBJECTS = {
     MFA_ENABLED: "Two-factor authentication is on",
     MFA_RESET: "Two-factor authentication was turned off by an administrator",
     MFA_LOCKED: "Two-factor login is locked after too many wrong codes",
+    PASSKEY_ADDED: "A passkey was added to your account",
 }
 PAGES = {VERIFY_EMAIL: "verify-email", PASSWORD_RESET: "reset-password"}
 

@@ -565,11 +565,16 @@ async function wrongSecret(response) {
 }
 
 /**
- * Whether this browser can create and use passkeys at all (WebAuthn in a secure context).
+ * Whether this browser can create and use passkeys here: WebAuthn in a secure context, on a page whose host
+ * is a domain name (browsers bind passkeys to one, never to an IP address such as 127.0.0.1).
  * @returns {boolean}
  */
 export function passkeysSupported() {
-  return typeof globalThis.PublicKeyCredential === "function" && !!globalThis.navigator?.credentials?.create;
+  const host = globalThis.location?.hostname ?? "";
+  const ipAddress = /^\d+(\.\d+){3}$/.test(host) || host.includes(":") || host.startsWith("[");
+  return (
+    !ipAddress && typeof globalThis.PublicKeyCredential === "function" && !!globalThis.navigator?.credentials?.create
+  );
 }
 
 /**

@@ -165,3 +165,13 @@ def test_old_device_credentials_stop_counting_once_the_account_retires_its_sessi
     lock_out(app, email)
     for password in (DEFAULT_PASSWORD, NEW_PASSWORD):  # whichever the account has now
         assert login(device, email, "192.0.2.1", password, transport, **old).status_code == 429
+
+
+def test_the_browser_that_resets_the_password_is_a_known_device_from_then_on(app, auth, rdb):
+    """Whoever resets holds the mailbox: a spray going on must not keep the recovering owner out."""
+    email = auth.register()["email"]
+    owner = https_client(app)
+    reset_password(app, rdb, owner, {"user": {"email": email}})
+    assert owner.get_cookie(DEVICE_COOKIE, path="/auth/login") is not None
+    lock_out(app, email)
+    assert login(owner, email, "192.0.2.1", NEW_PASSWORD, transport="cookie").status_code == 200

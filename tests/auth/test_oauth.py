@@ -260,9 +260,11 @@ def test_a_provider_login_takes_over_an_account_whose_address_was_never_verified
         f"{app.url}/auth/mfa/totp/confirm", json={"code": pyotp.TOTP(secret).now()}, headers=headers
     )
     assert confirmed.status_code == 200
-    passkey = Authenticator(origin=app.url, rp_id="127.0.0.1")  # the defaults: the request's host and origin
-    options = requests.post(f"{app.url}/auth/passkeys/register/options", headers=headers).json()["options"]
-    added = requests.post(f"{app.url}/auth/passkeys", json={"credential": passkey.create(options)}, headers=headers)
+    # Passkeys at a domain name (browsers take no IP address): the defaults are the request's host and origin.
+    named = app.url.replace("127.0.0.1", "localhost")
+    passkey = Authenticator(origin=named, rp_id="localhost")
+    options = requests.post(f"{named}/auth/passkeys/register/options", headers=headers).json()["options"]
+    added = requests.post(f"{named}/auth/passkeys", json={"credential": passkey.create(options)}, headers=headers)
     assert added.status_code == 201
     credential_id = added.json()["id"]
     assert rdb.get(Keys.user_by_passkey(credential_id)) == user_id
@@ -286,9 +288,9 @@ def test_a_provider_login_takes_over_an_account_whose_address_was_never_verified
     # The first registrant's passkey is gone with the rest, its credential id released.
     assert not rdb.exists(Keys.user_passkeys(user_id)) and "passkey_handle" not in record
     assert not rdb.exists(Keys.user_by_passkey(credential_id))
-    started = requests.post(f"{app.url}/auth/passkeys/login/options").json()
+    started = requests.post(f"{named}/auth/passkeys/login/options").json()
     body = {"login_id": started["login_id"], "credential": passkey.get(started["options"]), "transport": "body"}
-    passkey_login = requests.post(f"{app.url}/auth/passkeys/login", json=body)
+    passkey_login = requests.post(f"{named}/auth/passkeys/login", json=body)
     assert passkey_login.status_code == 401 and passkey_login.json()["error"]["code"] == "invalid_credentials"
     assert victim.get(f"{app.url}/auth/passkeys").json() == {"passkeys": []}
     # The victim's own session goes on, and a later provider login finds the same account.

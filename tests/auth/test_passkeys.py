@@ -19,6 +19,7 @@ from app.auth import mailtokens, passkeys, users
 from app.metrics import LOGINS
 from app.redis import Keys
 from app.settings import SettingsError, load_settings
+from tests.account.test_mfa import queued_mails
 from tests.conftest import https_client
 from tests.utils import DEFAULT_PASSWORD, AuthActions, bearer, parse_set_cookies, redis_snapshot
 from tests.webauthn_authenticator import RS256, Authenticator, b64url, from_b64url
@@ -132,6 +133,7 @@ def test_a_passkey_is_registered_listed_renamed_and_removed(client, auth, rdb):
     listed = client.get("/auth/passkeys", headers=bearer(token)).get_json()["passkeys"]
     assert [p["id"] for p in listed] == [passkey["id"], named.get_json()["id"]]
     assert rdb.get(Keys.user_by_passkey(passkey["id"])) == tokens["user"]["id"]
+    assert len(queued_mails(rdb, "passkey_added", tokens["user"]["id"])) == 2  # its owner hears of each
 
     renamed = client.patch(f"/auth/passkeys/{passkey['id']}", json={"name": "Phone"}, headers=bearer(token))
     assert renamed.status_code == 200 and renamed.get_json() == {**passkey, "name": "Phone"}
@@ -613,7 +615,7 @@ def test_logging_out_everywhere_keeps_the_passkeys_and_stops_a_registration_unde
 # Settings.
 
 
-@pytest.mark.parametrize("host", ["[", "x:99999", "a b"])
+@pytest.mark.parametrize("host", ["[", "x:99999", "a b", "127.0.0.1:8080"])
 def test_a_host_that_names_no_rp_id_is_400(client, owner, host):
     headers = {**bearer(owner["access_token"]), "Host": host}
     assert refused(client.post("/auth/passkeys/register/options", headers=headers), 400, "bad_request")
@@ -632,6 +634,12 @@ def test_configured_rp_id_and_origins_decide_what_a_passkey_is_bound_to(make_app
     named = https_client(make_app(WEBAUTHN_RP_NAME="Example Accounts"))
     tokens = AuthActions(named).new_user_tokens()
     assert creation_options(named, tokens["access_token"])["rp"] == {"id": RP_ID, "name": "Example Accounts"}
+
+
+def test_an_ip_address_in_public_base_url_gives_no_rp_id(make_app):
+    """Browsers bind passkeys to a domain name only: an IP address there leaves the RP ID to be configured."""
+    settings = make_app(PUBLIC_BASE_URL="http://127.0.0.1:8080").config["SETTINGS"].webauthn
+    assert settings.rp_id is None
 
 
 def test_public_base_url_gives_the_defaults(make_app):
@@ -653,6 +661,7 @@ def test_public_base_url_gives_the_defaults(make_app):
         ({"WEBAUTHN_ORIGINS": "https://auth.example.com:http"}, "WEBAUTHN_ORIGINS"),
         ({"WEBAUTHN_RP_ID": "https://example.com"}, "WEBAUTHN_RP_ID"),
         ({"WEBAUTHN_RP_ID": "example.com:443"}, "WEBAUTHN_RP_ID"),
+        ({"WEBAUTHN_RP_ID": "127.0.0.1"}, "WEBAUTHN_RP_ID"),  # browsers bind passkeys to no IP address
         ({"WEBAUTHN_RP_ID": "example.com", "WEBAUTHN_ORIGINS": "https://example.org"}, "WEBAUTHN_ORIGINS"),
         ({"WEBAUTHN_RP_ID": "example.com", "PUBLIC_BASE_URL": "https://other.test"}, "WEBAUTHN_ORIGINS"),
     ],

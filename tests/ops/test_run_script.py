@@ -164,6 +164,11 @@ def test_make_run_sets_up_mail_and_webhooks_on_this_machine_with_nothing_typed(s
         "PUBLIC_BASE_URL": f"http://127.0.0.1:{ports['NGINX_PORT']}",
     }
     assert defaults["WEBHOOK_OUT_ALLOW_HTTP"] == defaults["WEBHOOK_OUT_ALLOW_PRIVATE"] == "true"
+    # Passkeys at localhost: browsers take no IP address as the domain a passkey belongs to.
+    assert (defaults["WEBAUTHN_RP_ID"], defaults["WEBAUTHN_ORIGINS"]) == (
+        "localhost",
+        f"http://localhost:{ports['NGINX_PORT']}",
+    )
     # The catcher takes mail and shows it on loopback only.
     assert listening_addresses(ports["MAILCATCHER_PORT"]) == {"127.0.0.1"}
     assert listening_addresses(ports["MAILCATCHER_WEB_PORT"]) == {"127.0.0.1"}
@@ -346,14 +351,27 @@ def test_the_environment_wins_over_the_env_files(tmp_path, redis_server, rdb):
     assert "Traceback" not in overridden.stderr
 
 
-def test_a_broken_env_file_stops_the_cli_with_one_sentence(tmp_path):
+def test_a_broken_env_file_stops_the_cli_with_one_sentence_that_holds_none_of_the_line(tmp_path):
     developer = tmp_path / "developer.env"
-    developer.write_text("APP_ENV=development\nSMTP_URL smtp://typo\n")
+    developer.write_text("APP_ENV=development\nSMTP_URL smtp://user:secret-password@typo\n")
     result = flask_cli(tmp_path / "var", "users", "list", ENV_FILE=str(developer))
     assert result.returncode != 0
-    assert result.stderr.strip() == (
-        f"configuration error: {developer}, line 2: expected NAME=value, not 'SMTP_URL smtp://typo'"
-    )
+    assert result.stderr.strip() == f"configuration error: {developer}, line 2: expected NAME=value"
+
+
+def test_production_reads_no_env_file(tmp_path, redis_server, rdb):
+    """A working tree copied to a server must not bring make run's development defaults (loopback webhooks,
+    plain-text mail) into production: with APP_ENV=production in the environment, no file is read."""
+    data_dir = tmp_path / "var"
+    data_dir.mkdir()
+    (data_dir / ".env").write_text(f"REDIS_URL={redis_server.url}\n")
+    args = ["users", "create", "--email", "prod@example.com", "--password", "long enough pw"]
+    secrets = {"SECRET_KEY": "s" * 40, "JWT_SECRET": "j" * 40}
+    developing = flask_cli(data_dir, *args)
+    assert developing.returncode == 0, developing.stderr  # the file's Redis: the path reads it
+    rdb.flushall()
+    flask_cli(data_dir, *args, APP_ENV="production", **secrets)  # REDIS_URL's own default, not the file's
+    assert not rdb.exists("user:email:prod@example.com")
 
 
 def test_a_copy_of_env_example_changes_nothing(tmp_path):
