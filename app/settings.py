@@ -152,6 +152,7 @@ class Settings:
     rate_limit_refresh: str
     rate_limit_password: str
     rate_limit_mail: str
+    rate_limit_passkey_options: str
     require_verified_email: bool
     mfa_max_failures: int
     max_connections_per_user: int
@@ -229,6 +230,8 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         rate_limit_refresh=reader.text("RATE_LIMIT_REFRESH", "30/minute"),
         rate_limit_password=reader.text("RATE_LIMIT_PASSWORD", "10/minute"),
         rate_limit_mail=reader.text("RATE_LIMIT_MAIL", "5/hour"),
+        # Asked by the page at every logged-out view (passkey autofill): more than logins, still bounded.
+        rate_limit_passkey_options=reader.text("RATE_LIMIT_PASSKEY_OPTIONS", "60/minute"),
         require_verified_email=reader.boolean("REQUIRE_VERIFIED_EMAIL", False),
         # Wrong second-factor codes in a row before an account's MFA login is locked until a password reset.
         mfa_max_failures=reader.integer("MFA_MAX_FAILURES", 100, minimum=1),

@@ -48,7 +48,8 @@ USER = ("bearer", "cookie")
 def registration_options():
     """PublicKeyCredentialCreationOptionsJSON for navigator.credentials.create(); 403 without a recent login."""
     account.require_recent_authentication()
-    return jsonify({"options": passkeys.registration_options(current_caller().user)})
+    caller = current_caller()
+    return jsonify({"options": passkeys.registration_options(caller.user, caller.session_id)})
 
 
 @bp.post("")
@@ -64,7 +65,7 @@ def registration_options():
 def register():
     """Verify the new credential against the caller's last options (used up either way) and keep it."""
     caller = current_caller()
-    challenge = passkeys.take_registration_challenge(caller.user_id)  # every answer uses it up, refused or not
+    challenge = passkeys.take_registration_challenge(caller.user_id, caller.session_id)  # used up, refused or not
     asked = validated(PasskeyRegistration)
     return jsonify(passkeys.register(caller, challenge, asked.credential, asked.name)), 201
 
@@ -114,7 +115,7 @@ def remove(passkey_id: str):
     responses={200: PasskeyRequestOptions},
     errors=(429,),
 )
-@rate_limited("login", per=("address",))
+@rate_limited("passkey_options", per=("address",))
 def login_options():
     """PublicKeyCredentialRequestOptionsJSON with an empty allowCredentials, the same for every address."""
     validated(PasskeyLoginStart, optional=True)  # read, checked, and never looked up

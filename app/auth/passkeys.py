@@ -180,7 +180,8 @@ def _parsed(parse: Callable, credential: dict):
 # Registration.
 
 # KEYS: 1 user, 2 the registration challenge. ARGV: a new user handle (kept only if the user has none),
-# the challenge, its lifetime. The user's handle, or nil for a user who is gone (nothing written then).
+# the challenge (`<session id> <challenge>`: it answers that session only), its lifetime. The user's
+# handle, or nil for a user who is gone (nothing written then).
 START_REGISTRATION_LUA = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return false end
 redis.call('HSETNX', KEYS[1], 'passkey_handle', ARGV[1])
@@ -189,15 +190,16 @@ return redis.call('HGET', KEYS[1], 'passkey_handle')
 """
 
 
-def registration_options(user: dict) -> dict:
-    """PublicKeyCredentialCreationOptionsJSON for a new passkey of `user` (`U`); its challenge is kept."""
+def registration_options(user: dict, session_id: str) -> dict:
+    """PublicKeyCredentialCreationOptionsJSON for a new passkey of `user` (`U`); its challenge is kept for
+    the session that asked (the one that proved a recent authentication)."""
     rp_id, _ = relying_party()
     challenge = secrets.token_bytes(CHALLENGE_BYTES)
     handle = get_script(START_REGISTRATION_LUA)(
         keys=[Keys.user(user["id"]), Keys.passkey_registration(user["id"])],
         args=[
             bytes_to_base64url(secrets.token_bytes(USER_HANDLE_BYTES)),
-            bytes_to_base64url(challenge),
+            f"{session_id} {bytes_to_base64url(challenge)}",
             CHALLENGE_SECONDS,
         ],
     )
@@ -252,9 +254,20 @@ return 'ok'
 """
 
 
-def take_registration_challenge(user_id: str) -> str | None:
-    """The challenge of the user's last registration options, taken (so used up) for the answer at hand."""
-    return get_redis().getdel(Keys.passkey_registration(user_id))
+# KEYS[1] the registration challenge. ARGV: the answering session. The challenge, taken (so used up), when
+# that session asked for it; nil otherwise (another session's stays for its own answer).
+TAKE_REGISTRATION_LUA = """
+local kept = redis.call('GET', KEYS[1])
+if not kept or string.sub(kept, 1, #ARGV[1] + 1) ~= ARGV[1] .. ' ' then return false end
+redis.call('DEL', KEYS[1])
+return string.sub(kept, #ARGV[1] + 2)
+"""
+
+
+def take_registration_challenge(user_id: str, session_id: str) -> str | None:
+    """The challenge of the user's last registration options, when this session asked for them, taken (so
+    used up) for the answer at hand."""
+    return get_script(TAKE_REGISTRATION_LUA)(keys=[Keys.passkey_registration(user_id)], args=[session_id])
 
 
 def register(caller, challenge: str | None, credential: dict, name: str | None) -> dict:

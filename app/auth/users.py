@@ -7,6 +7,7 @@ import re
 import time
 import uuid
 
+import gevent
 import redis
 from flask import current_app
 
@@ -207,14 +208,45 @@ def _release_admin(user_id: str) -> None:
     The check and the removal are one step on one key, so two administrators demoting each other
     at the same moment, on any instances, cannot both succeed.
     """
+    _forget_former_admins()
     drop = get_script(DROP_ADMIN_LUA)
     outcome = drop(keys=[Keys.admins()], args=[user_id])
     if outcome == "unbuilt":
-        admins = [user["id"] for user in list_users(limit=10**9) if user.get("role") == "admin"]
-        get_script(BUILD_ADMINS_LUA)(keys=[Keys.admins()], args=admins)
+        get_script(BUILD_ADMINS_LUA)(keys=[Keys.admins()], args=_find_admins())
         outcome = drop(keys=[Keys.admins()], args=[user_id])
     if outcome != "ok":
         raise last_admin()
+
+
+def _find_admins() -> list[str]:
+    """Every user whose record says admin, read in batches that let other greenlets run in between."""
+    client, admins = get_redis(), []
+    batch: list[str] = []
+    for user_id, _ in client.zscan_iter(Keys.users(), count=500):
+        batch.append(user_id)
+        if len(batch) == 500:
+            admins += _admins_among(batch)
+            batch = []
+            gevent.sleep(0)
+    return admins + _admins_among(batch)
+
+
+def _admins_among(user_ids: list[str]) -> list[str]:
+    pipe = get_redis().pipeline(transaction=False)
+    for user_id in user_ids:
+        pipe.hget(Keys.user(user_id), "role")
+    return [user_id for user_id, role in zip(user_ids, pipe.execute(), strict=True) if role == "admin"]
+
+
+def _forget_former_admins() -> None:
+    """Take out of the index whoever's record no longer says admin (a promotion and a demotion of one user
+    at the same moment can leave one behind), so that the index never counts an admin who is not one.
+    Only ever removes: an admin left out makes the last-admin rule stricter, never looser."""
+    client = get_redis()
+    indexed = sorted(client.smembers(Keys.admins()) - {"*"})
+    former = sorted(set(indexed) - set(_admins_among(indexed))) if indexed else []
+    if former:
+        client.srem(Keys.admins(), *former)
 
 
 def set_role(user_id: str, role: str) -> dict | None:

@@ -225,3 +225,17 @@ def test_two_admins_demoting_each_other_at_once_leave_one(app, client, auth, adm
         roles = [rdb.hget(Keys.user(u["user"]["id"]), "role") for u in (admin, other)]
         assert "admin" in roles, (answers, roles)
         assert answers in ([200, 403], [200, 409]), answers
+
+
+def test_an_index_entry_whose_record_is_no_admin_does_not_count(base_env, auth, admin, rdb):
+    """What a promotion and a demotion of one user at the same moment can leave in the admins index: an id
+    whose record says user. Counting it would let the last real administrator go."""
+    bystander = auth.register()
+    assert flask_cli(base_env, "users", "set-role", bystander["email"], "admin").returncode == 0
+    assert flask_cli(base_env, "users", "set-role", bystander["email"], "user").returncode == 0
+    assert rdb.sismember(Keys.admins(), admin["user"]["id"])  # the index is built and holds the admin
+    rdb.sadd(Keys.admins(), bystander["id"])  # the race's leftover
+    refused = flask_cli(base_env, "users", "set-role", admin["email"], "user")
+    assert refused.returncode != 0 and "last administrator" in refused.stderr
+    assert rdb.hget(Keys.user(admin["user"]["id"]), "role") == "admin"
+    assert not rdb.sismember(Keys.admins(), bystander["id"])

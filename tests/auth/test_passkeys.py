@@ -210,6 +210,20 @@ def test_a_registration_challenge_is_used_once_and_lives_five_minutes(client, au
     assert len(client.get("/auth/passkeys", headers=bearer(token)).get_json()["passkeys"]) == 1
 
 
+def test_a_registration_challenge_answers_only_the_session_that_asked(client, auth, rdb):
+    """The options went to the session that proved a recent authentication: another session of the user (a
+    token stolen long ago, say) can neither use the challenge nor use it up."""
+    tokens = auth.new_user_tokens()
+    other = auth.login_body(tokens["email"])
+    device = authenticator()
+    options = creation_options(client, tokens["access_token"])
+    credential = device.create(options)
+    elsewhere = client.post("/auth/passkeys", json={"credential": credential}, headers=bearer(other["access_token"]))
+    assert refused(elsewhere, 422, "validation_failed")
+    mine = client.post("/auth/passkeys", json={"credential": credential}, headers=bearer(tokens["access_token"]))
+    assert mine.status_code == 201
+
+
 def test_a_credential_id_belongs_to_one_account(client, auth, owner, rdb):
     """With "none" attestation anyone can present any credential id with a key of their own: a second
     registration of an id is refused, whoever tries it, and changes nothing."""
@@ -425,7 +439,7 @@ def test_require_verified_email_applies_to_passkey_logins(make_app, rdb):
 
 
 def test_passkey_logins_are_rate_limited_per_address_and_per_account(make_app, auth):
-    app = make_app(RATE_LIMITS_ENABLED="true", RATE_LIMIT_LOGIN="3/minute")
+    app = make_app(RATE_LIMITS_ENABLED="true", RATE_LIMIT_LOGIN="3/minute", RATE_LIMIT_PASSKEY_OPTIONS="5/minute")
     client = https_client(app)
     tokens = AuthActions(client).new_user_tokens()
     device = authenticator()
@@ -453,12 +467,13 @@ def test_passkey_logins_are_rate_limited_per_address_and_per_account(make_app, a
     assert answers == [400, 400, 400, 429]
     limited = client.post("/auth/passkeys/login", json=garbage(5), headers={"X-Forwarded-For": "203.0.113.5"})
     assert refused(limited, 429, "rate_limited") and "Retry-After" in limited.headers
-    # The options are limited per address too (they cost a key in Redis each).
+    # The options are limited per address too (they cost a key in Redis each), by a limit of their own: the
+    # page asks for them at every logged-out view, which RATE_LIMIT_LOGIN would cut short behind one address.
     options = [
         client.post("/auth/passkeys/login/options", headers={"X-Forwarded-For": "203.0.113.9"}).status_code
-        for _ in range(4)
+        for _ in range(6)
     ]
-    assert options == [200, 200, 200, 429]
+    assert options == [200, 200, 200, 200, 200, 429]
 
 
 def test_login_options_never_tell_whether_an_address_has_passkeys(client, owner):
