@@ -210,8 +210,34 @@ def worker_exit(server, worker):
     worker.finishing = True
 
 
+def _refuse_bad_settings(server) -> None:
+    """Check every setting here, in the arbiter, before any worker starts: a bad one stops gunicorn with one
+    sentence and status 4. Left to the workers, each failed alike, and when two exited at once gunicorn's
+    arbiter raised its "App failed to load" a second time while stopping, with a traceback.
+
+    app/settings.py reads the environment with the standard library only; it is loaded on its own, so the
+    arbiter imports nothing of the app (prometheus_client must first see PROMETHEUS_MULTIPROC_DIR, and
+    gevent patches the workers only).
+    """
+    import importlib.util
+
+    name = "_auth_rt_settings_check"
+    spec = importlib.util.spec_from_file_location(name, os.path.join(os.path.dirname(__file__), "app", "settings.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses looks its module up while it builds the classes
+    try:
+        spec.loader.exec_module(module)
+        module.load_settings()
+    except module.SettingsError as error:
+        server.log.critical("configuration error: %s", error)
+        raise SystemExit(4) from None
+    finally:
+        sys.modules.pop(name, None)
+
+
 def on_starting(server):
-    """One directory for every worker's Prometheus metrics, so /metrics adds up all workers.
+    """Settings checked first; then one directory for every worker's Prometheus metrics, so /metrics adds
+    up all workers.
 
     PROMETHEUS_MULTIPROC_DIR when given (`make run` gives $DATA_DIR/metrics and writes it to
     $DATA_DIR/.env, so the CLI counts its published events there too); otherwise a temporary one,
@@ -220,6 +246,7 @@ def on_starting(server):
     import glob
     import tempfile
 
+    _refuse_bad_settings(server)
     directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
     server.temporary_metrics_dir = None  # kept on the arbiter: a HUP reload re-reads this file
     if not directory:
