@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import base64
+import json
 import re
 from pathlib import Path
 
 import pytest
+import redis
 
+from app.redis import Keys
 from tests.events.conftest import FAST
 from tests.servers import CLIENT_ID, CLIENT_SECRET, ROOT, LiveServer, NginxServer, OpenIdProvider, free_port
 
@@ -84,3 +88,12 @@ def new_context(browser, request):
 def pytest_terminal_summary(terminalreporter):
     if ARTIFACTS.exists() and any(ARTIFACTS.glob("*.png")):
         terminalreporter.write_line(f"browser test screenshots (last state of each page): {ARTIFACTS}")
+
+
+def age_the_login(context, redis_url: str, seconds: float) -> None:
+    """Make the page's session's last login `seconds` older, as time passing would."""
+    access = next(c["value"] for c in context.cookies() if c["name"] == "__Host-access")
+    claims = json.loads(base64.urlsafe_b64decode(access.split(".")[1] + "=="))
+    key = Keys.session(claims["sub"], claims["sid"])
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    client.hset(key, "authenticated_at", f"{float(client.hget(key, 'authenticated_at')) - seconds:.3f}")

@@ -3,20 +3,16 @@ link lands on, e-mail verification, MFA setup with its QR code and recovery code
 
 from __future__ import annotations
 
-import base64
-import json
 import subprocess
 import time
 
 import pyotp
 import pytest
-import redis
 import requests
 from playwright.sync_api import expect
 
-from app.redis import Keys
 from tests.account.conftest import mail_env
-from tests.browser.conftest import ARTIFACTS, Stack
+from tests.browser.conftest import ARTIFACTS, Stack, age_the_login
 from tests.mailserver import SmtpServer
 from tests.servers import ROOT, VENV_BIN, make_certificate, process_env
 from tests.utils import DEFAULT_PASSWORD, random_email
@@ -103,15 +99,6 @@ def settle() -> None:
     left = 30 - time.time() % 30
     if left < 5:
         time.sleep(left + 0.05)
-
-
-def age_the_login(context, redis_url: str, seconds: float) -> None:
-    """Make the page's session's last login `seconds` older, as time passing would."""
-    access = next(c["value"] for c in context.cookies() if c["name"] == "__Host-access")
-    claims = json.loads(base64.urlsafe_b64decode(access.split(".")[1] + "=="))
-    key = Keys.session(claims["sub"], claims["sid"])
-    client = redis.Redis.from_url(redis_url, decode_responses=True)
-    client.hset(key, "authenticated_at", f"{float(client.hget(key, 'authenticated_at')) - seconds:.3f}")
 
 
 def test_mfa_setup_recovery_codes_and_the_second_login_step(mail_stack, new_context, base_env):

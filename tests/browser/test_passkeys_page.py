@@ -9,16 +9,11 @@ context, as 127.0.0.1 is), and the stack is told so: WEBAUTHN_RP_ID=localhost an
 
 from __future__ import annotations
 
-import base64
-import json
-
 import pytest
-import redis
 import requests
 from playwright.sync_api import expect
 
-from app.redis import Keys
-from tests.browser.conftest import ARTIFACTS, Stack
+from tests.browser.conftest import ARTIFACTS, Stack, age_the_login
 from tests.utils import DEFAULT_PASSWORD, random_email
 
 pytestmark = pytest.mark.not_on_cluster("the browser page: a UI test, no Redis logic of its own")
@@ -63,15 +58,6 @@ def watched_page(context, errors: list):
     page = context.new_page()
     page.on("pageerror", lambda error: errors.append(error))
     return page
-
-
-def age_the_login(context, redis_url: str, seconds: float) -> None:
-    """Make the page's session's last login `seconds` older, as time passing would."""
-    access = next(c["value"] for c in context.cookies() if c["name"] == "__Host-access")
-    claims = json.loads(base64.urlsafe_b64decode(access.split(".")[1] + "=="))
-    key = Keys.session(claims["sub"], claims["sid"])
-    client = redis.Redis.from_url(redis_url, decode_responses=True)
-    client.hset(key, "authenticated_at", f"{float(client.hget(key, 'authenticated_at')) - seconds:.3f}")
 
 
 def logged_in(page, email: str) -> None:
