@@ -425,7 +425,7 @@ def verify_login(challenge: str | None, credential: dict, user_id: str | None = 
     user, record = users.get_user(owner), _record(owner, parsed.id)
     handle = (user or {}).get("passkey_handle")
     given = parsed.response.user_handle
-    # With an empty allowCredentials the authenticator must say whose credential it used (WebAuthn 7.2).
+    # With an empty allowCredentials the authenticator names the account itself (its user handle): it must match.
     if not user or not record or not handle or not given or not hmac.compare_digest(given, base64url_to_bytes(handle)):
         raise invalid_credentials()
     rp_id, origins = relying_party()

@@ -5,7 +5,7 @@ attempt on the addresses the host resolves to then, just before connecting to on
 attempt connects to the very address that was checked, so a DNS answer that changes between the check
 and the connection (DNS rebinding) cannot point it elsewhere.
 
-Which addresses are public is written out here (IANA's special-purpose address registries) instead of
+Which addresses are public is written out here (the registered special-purpose ranges) instead of
 taken from `ipaddress.is_global`, whose tables change with the Python release: 3.11 takes 192.0.0.8 and
 the site-local fec0::/10 for global, and the AMT anycast 2001:3::/32 for private.
 """
@@ -72,7 +72,7 @@ _IPV6_GLOBAL_EXCEPTIONS = _networks(
 )
 # IPv6 forms whose packets really go to the IPv4 address inside: that address is judged instead.
 _IPV4_MAPPED = ipaddress.ip_network("::ffff:0:0/96")
-_NAT64 = ipaddress.ip_network("64:ff9b::/96")  # the well-known prefix (RFC 6052)
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")  # NAT64's well-known prefix
 _SIX_TO_FOUR = ipaddress.ip_network("2002::/16")
 
 # What the URL standard refuses in a host name once it is decoded (its "forbidden domain code points").

@@ -63,7 +63,7 @@ FORBIDDEN_HOSTS = [
     "192.0.0.1",
     "[fec0::1]",  # site-local (deprecated, outside 2000::/3)
     "[fec0:12::34]",
-    "[3fff::1]",  # documentation (RFC 9637)
+    "[3fff::1]",  # the newer IPv6 documentation range
     "[5f00::1]",  # SRv6 segment identifiers
     "[64:ff9b:1::808:808]",  # local-use NAT64: outside 2000::/3
     "[2001::1]",  # Teredo
