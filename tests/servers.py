@@ -52,10 +52,25 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _ephemeral_ports() -> range:
+    """The ports the kernel hands out as outgoing connections' source ports."""
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    return range(low, high + 1)
+
+
 def free_cluster_port() -> int:
-    """A free port whose cluster bus port (+10000) is free too (free_port may give one above 55535)."""
+    """A free port whose cluster bus port (+10000) is free too, both outside the ephemeral range.
+
+    A bus port among the ephemeral ports could be taken by any outgoing connection of the suite
+    between this check and the node's start, and the node would exit at once."""
+    ephemeral = _ephemeral_ports()
     while True:
-        port = random.randint(20000, 40000)
+        port = random.randint(10000, 30000)
+        if port in ephemeral or port + 10000 in ephemeral:
+            continue
         with socket.socket() as data, socket.socket() as bus:
             try:
                 data.bind(("127.0.0.1", port))
@@ -63,6 +78,10 @@ def free_cluster_port() -> int:
             except OSError:
                 continue
             return port
+
+
+class ProcessExited(RuntimeError):
+    """The process waited for has exited: waiting longer cannot help."""
 
 
 def wait_until(predicate, timeout: float = 10.0, interval: float = 0.02, message: str = "condition"):
@@ -74,6 +93,8 @@ def wait_until(predicate, timeout: float = 10.0, interval: float = 0.02, message
             value = predicate()
             if value:
                 return value
+        except ProcessExited:
+            raise
         except Exception as error:  # noqa: BLE001 - the server may not be up yet
             last_error = error
         time.sleep(interval)
@@ -135,8 +156,8 @@ class RedisClusterServer:
         return redis.RedisCluster(startup_nodes=nodes, decode_responses=True)
 
     def start(self) -> None:
-        for port in self.ports:
-            self.start_node(port)
+        for index, port in enumerate(self.ports):
+            self.ports[index] = self._start_new_node(port)
         addresses = [f"127.0.0.1:{port}" for port in self.ports]
         subprocess.run(
             ["redis-cli", "--cluster", "create", *addresses, "--cluster-replicas", str(self.replicas_each)]
@@ -159,7 +180,23 @@ class RedisClusterServer:
             + ["--repl-diskless-sync-delay", "0"],  # a node back after a kill syncs at once, not after 5 s
             stdout=subprocess.DEVNULL,
         )
-        wait_until(lambda: redis.Redis("127.0.0.1", port).ping(), message=f"redis node {port}")
+        wait_until(lambda: self._answers(port), message=f"redis node {port}")
+
+    def _start_new_node(self, port: int, attempts: int = 5) -> int:
+        """Start a node that has never run, on another free port if another process took this one."""
+        for _ in range(attempts - 1):
+            try:
+                self.start_node(port)
+                return port
+            except ProcessExited:
+                port = free_cluster_port()
+        self.start_node(port)
+        return port
+
+    def _answers(self, port: int) -> bool:
+        if self.processes[port].poll() is not None:
+            raise ProcessExited(f"redis node {port} exited with status {self.processes.pop(port).returncode}")
+        return redis.Redis("127.0.0.1", port).ping()
 
     def kill_node(self, port: int) -> None:
         """SIGKILL one node (a crash: no goodbye to the cluster)."""
