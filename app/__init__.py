@@ -13,6 +13,7 @@ from .admin import views as admin_views
 from .apikeys import views as apikey_views
 from .auth import account, guards, oauth, passkey_views, tokens
 from .auth import views as auth_views
+from .channels import views as channel_views
 from .events import views as event_views
 from .events.handover import KeepsServerResponse
 from .outgoing import views as outgoing_views
@@ -74,6 +75,7 @@ def create_app(environ: Mapping[str, str] | None = None) -> Flask:
         admin_views.bp,
         apikey_views.bp,
         event_views.bp,
+        channel_views.bp,
         webhook_views.bp,
         outgoing_views.bp,
         outgoing_views.page_bp,

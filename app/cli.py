@@ -1,4 +1,5 @@
-"""Operator commands: `flask --app wsgi users ...`, `events publish`, `api-keys ...` and `redis migrate-keys`."""
+"""Operator commands: `flask --app wsgi users ...`, `events publish`, `api-keys ...`, `channels ...` and
+`redis migrate-keys`."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from .errors import ApiError
 
 
 def init_app(app: Flask) -> None:
-    """Add the `users`, `events`, `api-keys` and `redis` command groups to `flask`."""
+    """Add the `users`, `events`, `api-keys`, `channels` and `redis` command groups to `flask`."""
     users_group = click.Group("users", help="Manage user accounts.")
 
     @users_group.command("create")
@@ -150,6 +151,91 @@ def init_app(app: Flask) -> None:
         click.echo(f"deleted {key_id}")
 
     app.cli.add_command(keys_group)
+
+    channels_group = click.Group("channels", help="Manage namespaces and who is granted their channels.")
+
+    @channels_group.command("namespace-put")
+    @click.argument("namespace")
+    @click.option("--subscribe", type=click.Choice(["members", "authenticated"]), default="members", show_default=True)
+    @click.option("--publish", type=click.Choice(["server", "subscribers"]), default="server", show_default=True)
+    @click.option("--presence", is_flag=True, help="Keep who reads its channels.")
+    @click.option("--join-leave", is_flag=True, help="Publish presence.join and presence.leave (needs --presence).")
+    @_one_line_errors
+    def namespace_put_command(namespace: str, subscribe: str, publish: str, presence: bool, join_leave: bool):
+        """Create NAMESPACE or replace its rules (open subscriptions are checked again)."""
+        from .channels.manage import define_namespace
+        from .channels.namespaces import Namespace
+
+        defined = define_namespace(Namespace(namespace, subscribe, publish, presence, join_leave))
+        click.echo(json.dumps(defined.as_json()))
+
+    @channels_group.command("namespace-list")
+    @_one_line_errors
+    def namespace_list_command():
+        """List the namespaces, one JSON object a line."""
+        from .channels.namespaces import list_namespaces
+        from .redis import get_redis
+
+        for namespace in list_namespaces(get_redis()):
+            click.echo(json.dumps(namespace.as_json()))
+
+    @channels_group.command("namespace-delete")
+    @click.argument("namespace")
+    @_one_line_errors
+    def namespace_delete_command(namespace: str):
+        """Delete NAMESPACE: open subscriptions to its channels end."""
+        from .channels.manage import remove_namespace
+
+        remove_namespace(namespace)
+        click.echo(f"deleted namespace {namespace}")
+
+    @channels_group.command("grant")
+    @click.argument("channel")
+    @click.argument("user")
+    @click.option("--info", help="A JSON object shown in presence (at most 1 KiB).")
+    @click.option("--expires-in", type=click.FloatRange(min=0, min_open=True), help="Seconds until it runs out.")
+    @_one_line_errors
+    def grant_command(channel: str, user: str, info: str | None, expires_in: float | None):
+        """Grant USER (an id or an e-mail address) CHANNEL (<namespace>:<name>)."""
+        from .channels.manage import grant_member
+
+        found = _user_or_fail(user)
+        try:
+            value = json.loads(info) if info is not None else None
+        except ValueError:
+            raise click.BadParameter("must be a JSON object", param_hint="--info") from None
+        if value is not None and not isinstance(value, dict):
+            raise click.BadParameter("must be a JSON object", param_hint="--info")
+        grant_member(channel, found["id"], value, expires_in)
+        click.echo(f"granted {channel} to {found['email']} ({found['id']})")
+
+    @channels_group.command("revoke")
+    @click.argument("channel")
+    @click.argument("user")
+    @_one_line_errors
+    def revoke_command(channel: str, user: str):
+        """Take CHANNEL away from USER (an id or an e-mail address); their open subscriptions end."""
+        from .channels.manage import revoke_member
+
+        found = _user_or_fail(user)
+        revoke_member(channel, found["id"])
+        click.echo(f"revoked {channel} from {found['email']} ({found['id']})")
+
+    @channels_group.command("members")
+    @click.argument("channel")
+    @_one_line_errors
+    def members_command(channel: str):
+        """List CHANNEL's grants in force: user id, expiry (or -), info."""
+        from .channels.grants import members
+        from .channels.manage import namespace_of
+        from .redis import get_redis
+
+        namespace_of(channel)
+        for member in members(get_redis(), channel):
+            info = json.dumps(member["info"]) if member["info"] is not None else "-"
+            click.echo(f"{member['user_id']}  {member['expires_at'] or '-'}  {info}")
+
+    app.cli.add_command(channels_group)
 
     redis_group = click.Group("redis", help="Maintain the data in Redis.")
 

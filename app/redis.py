@@ -178,6 +178,47 @@ class Keys:
         """The channel whose history a stream key holds (the inverse of `stream`)."""
         return key.removeprefix("events:{").removesuffix("}")
 
+    # Channels of namespaces: a channel's keys share its stream's hash tag, so one Lua step can change
+    # its members or presence and publish to it.
+
+    @staticmethod
+    def namespaces() -> str:
+        """Every namespace's rules, by name (a hash of JSON)."""
+        return "namespaces"
+
+    @staticmethod
+    def channel_members(channel: str) -> str:
+        """The users granted a channel: user id -> JSON {"info", "expires_at"} (a hash)."""
+        return f"members:{{{channel}}}"
+
+    @staticmethod
+    def user_grants(user_id: str) -> str:
+        """The channels a user is granted: channel -> expiry in epoch seconds, or "" (a hash)."""
+        return f"user:{{{user_id}}}:grants"
+
+    # Presence (app/channels/presence.py owns these keys).
+
+    @staticmethod
+    def presence(channel: str) -> str:
+        """A channel's present connections: "<user id>|<connection id>" scored by lease expiry (ms)."""
+        return f"presence:{{{channel}}}"
+
+    @staticmethod
+    def presence_users(channel: str) -> str:
+        """A channel's present users: user id -> number of connections (a hash)."""
+        return f"presence:{{{channel}}}:users"
+
+    @staticmethod
+    def presence_sorted(channel: str) -> str:
+        """A channel's present users again, each scored 0 so they list in id order (a sorted set): a
+        snapshot of a big channel reads its first 1,000 without sorting them all."""
+        return f"presence:{{{channel}}}:sorted"
+
+    @staticmethod
+    def presence_channels() -> str:
+        """Channels with present connections, scored by their earliest lease expiry (ms), for the reaper."""
+        return "presence:channels"
+
     # Received webhooks: one provider's keys share its hash tag.
 
     @staticmethod

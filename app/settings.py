@@ -162,6 +162,8 @@ class Settings:
     event_history_maxlen: int
     ws_send_queue: int
     ws_send_timeout: float
+    max_channels_per_connection: int
+    presence_timeout: float
     prometheus_multiproc_dir: str | None
     metrics_allow_ips: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]
     metrics_token: Secret | None
@@ -243,6 +245,9 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         event_history_maxlen=reader.integer("EVENT_HISTORY_MAXLEN", 1000, minimum=1),
         ws_send_queue=reader.integer("WS_SEND_QUEUE", 1000, minimum=1),
         ws_send_timeout=reader.number("WS_SEND_TIMEOUT_SECONDS", 10, minimum=0.05),
+        max_channels_per_connection=reader.integer("MAX_CHANNELS_PER_CONNECTION", 100, minimum=1),
+        # A dead worker's connections stop counting as present within this time (their lease runs out).
+        presence_timeout=reader.number("PRESENCE_TIMEOUT_SECONDS", 60, minimum=0.5),
         # Set by gunicorn.conf.py for its workers (and by `make run`'s var/.env for the CLI).
         prometheus_multiproc_dir=reader.text("PROMETHEUS_MULTIPROC_DIR", "") or None,
         # Who may read /metrics: these client addresses, or whoever sends the token as a bearer.

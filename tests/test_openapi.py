@@ -120,7 +120,7 @@ def test_the_document_carries_the_constraints_the_views_enforce(app, client, aut
     assert schemas["Login"]["properties"]["transport"]["enum"] == ["cookie", "body"]
     batch = schemas["Batch"]["properties"]["events"]
     assert (batch["minItems"], batch["maxItems"]) == (1, 100)
-    assert schemas["Publication"]["properties"]["channel"]["pattern"] == "^[A-Za-z0-9_.:-]{1,128}$"
+    assert schemas["Publication"]["properties"]["channel"]["pattern"] == "^[A-Za-z0-9_.:=@-]{1,128}$"
     # ... and the service refuses exactly what the document forbids, with the statuses it lists.
     email = random_email()
     with app.app_context():

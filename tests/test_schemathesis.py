@@ -120,7 +120,8 @@ def admin_token(service, base_env) -> str:
 
 @pytest.fixture(scope="module")
 def api_key(service, base_env) -> str:
-    return create_key(base_env, "schemathesis", ["events:publish", "tokens:introspect", "webhooks:manage"], ["*"])
+    scopes = ["events:publish", "tokens:introspect", "webhooks:manage", "channels:manage"]
+    return create_key(base_env, "schemathesis", scopes, ["*"])
 
 
 def _own_user_token(service) -> str:

@@ -6,13 +6,17 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
+from ..channels.namespaces import CHANNEL_NAME_PATTERN, NAMESPACE_PATTERN
 from ..events.bus import CHANNEL_PATTERN
 from ..schemas import Answer, Body, PlainText
 from .store import CHANNELS_LIMIT, NAME_LIMIT, SCOPES
 
 Scope = Literal[SCOPES]
-# A channel name, `user:*` (every user's channel) or `*` (every channel).
-ChannelRule = Annotated[str, Field(pattern=rf"^(\*|user:\*|{CHANNEL_PATTERN.pattern.strip('^$')})$")]
+# A channel name, `<namespace>:*` (every channel of a namespace; `user:*` every user's) or `*` (every channel).
+ChannelRule = Annotated[
+    str,
+    Field(pattern=rf"^(\*|{NAMESPACE_PATTERN}:(\*|{CHANNEL_NAME_PATTERN})|{CHANNEL_PATTERN.pattern.strip('^$')})$"),
+]
 
 
 class KeyRequest(Body):

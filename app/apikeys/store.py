@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import secrets
 import time
 import uuid
@@ -15,13 +16,14 @@ from dataclasses import dataclass
 
 from flask import current_app
 
+from ..channels.namespaces import NAMESPACE_PATTERN, split_channel
 from ..errors import validation_failed
-from ..events.bus import CHANNEL_PATTERN, USER_CHANNEL_PREFIX
+from ..events.bus import CHANNEL_PATTERN
 from ..http import plain_text, rfc3339
 from ..redis import Keys, get_redis
 
 KEY_PREFIX = "ak_"
-SCOPES = ("events:publish", "tokens:introspect", "webhooks:manage")
+SCOPES = ("events:publish", "tokens:introspect", "webhooks:manage", "channels:manage")
 NAME_LIMIT, CHANNELS_LIMIT = 100, 100
 TOUCH_INTERVAL_SECONDS = 60  # last_used_at is written at most this often per key
 
@@ -47,13 +49,18 @@ class ApiKey:
     channels: tuple[str, ...]
 
     def may_publish(self, channel: str) -> bool:
-        """Exact channel names, `user:*` for every user channel, `*` for all."""
+        """Exact channel names, `<ns>:*` for a namespace's channels (`user:*`: every user's), `*` for all."""
         return any(
-            allowed == "*"
-            or allowed == channel
-            or (allowed == f"{USER_CHANNEL_PREFIX}*" and channel.startswith(USER_CHANNEL_PREFIX))
+            allowed in ("*", channel) or (allowed.endswith(":*") and channel.startswith(allowed[:-1]))
             for allowed in self.channels
         )
+
+
+def is_channel_rule(rule: str) -> bool:
+    """A channel name, `<ns>:*` (every channel of a namespace, `user:*` every user's) or `*`."""
+    if rule == "*" or CHANNEL_PATTERN.fullmatch(rule) or split_channel(rule):
+        return True
+    return rule.endswith(":*") and re.fullmatch(NAMESPACE_PATTERN, rule[:-2]) is not None
 
 
 def hash_key(raw: str) -> str:
@@ -72,8 +79,8 @@ def validate_request(name, scopes, channels) -> tuple[str, list[str], list[str]]
     if len(channels) > CHANNELS_LIMIT:
         raise validation_failed(f"At most {CHANNELS_LIMIT} channels.")
     for channel in channels:
-        if channel not in ("*", f"{USER_CHANNEL_PREFIX}*") and not CHANNEL_PATTERN.fullmatch(channel):
-            raise validation_failed(f"Channel {channel!r} is neither a channel name, 'user:*' nor '*'.")
+        if not is_channel_rule(channel):
+            raise validation_failed(f"Channel {channel!r} is neither a channel name, '<namespace>:*' nor '*'.")
     if "events:publish" in scopes and not channels:
         raise validation_failed("A key with scope events:publish needs at least one channel.")
     return name, sorted(set(scopes)), sorted(set(channels))

@@ -11,6 +11,7 @@ import gevent
 import redis
 from flask import current_app
 
+from ..channels.grants import forget_user as forget_user_grants
 from ..errors import ApiError, validation_failed
 from ..http import has_control_characters, rfc3339
 from ..redis import END_SESSION_FUNCTION_LUA, Keys, get_redis, get_script
@@ -331,6 +332,7 @@ def delete_user(user_id: str) -> bool:
     )
     if not result:
         return False
+    forget_user_grants(client, user_id)  # after the record is gone: no grant can be indexed again
     for index in [Keys.user_by_email(user["email"]), *identities, *passkeys]:
         indexes.release(index, user_id)
     client.zrem(Keys.users(), user_id)

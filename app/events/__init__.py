@@ -5,6 +5,8 @@ from __future__ import annotations
 from flask import Flask
 
 from ..auth.sessions import sessions_ended
+from ..channels import presence
+from ..channels.access import current_access
 from ..redis import is_cluster
 from . import sse, ws  # noqa: F401 - they add their routes to the events blueprint
 from .bus import Bus
@@ -25,7 +27,8 @@ def init_app(app: Flask) -> None:
     bus = Bus(client, app.extensions["redis_scripts"], settings.event_history_maxlen, settings.event_durability)
     app.extensions["event_bus"] = bus
     topology = Cluster(client, settings.redis_url) if is_cluster(client) else OneServer(settings.redis_url)
-    app.extensions["event_hub"] = Hub(topology)
+    app.extensions["event_hub"] = Hub(topology, access=lambda *asked: current_access(client, *asked))
+    presence.init_app(app)
     app.extensions["connection_leases"] = ConnectionLeases(client, settings.max_connections_per_user)
     sse.init_app(app)
     ws.init_app(app)

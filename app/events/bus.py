@@ -31,7 +31,7 @@ CONTROL_CHANNEL = "control"
 BROADCAST = "broadcast"
 DATA_LIMIT = 64 * 1024
 HISTORY_BATCH = 500
-CHANNEL_PATTERN = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
+CHANNEL_PATTERN = re.compile(r"^[A-Za-z0-9_.:=@-]{1,128}$")
 EVENT_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.:-]{1,100}$")
 REPLICA_WAIT_MILLISECONDS = 1000  # how long a replicated publication waits for a replica before its 503
 MOVED_RETRIES = 2  # a slot that moved under a publication: refresh the slot map and send it again
@@ -51,7 +51,7 @@ def channel_of_wake(name: str) -> str:
 
 # KEYS: each event's stream, all in one hash slot; on one Redis also, last, the set of outgoing webhook
 # endpoints and their feed. ARGV: the publish command (PUBLISH or SPUBLISH), maxlen, ts, the number of
-# events, then per event: wake-up channel, event name, data (JSON), channel.
+# events, then per event: wake-up channel, event name, data (JSON), channel, sender ("" for none).
 # Each XADD is followed by its PUBLISH in one atomic step: every subscriber sees events in stream order,
 # and the events are all appended, or none. On one Redis, while any outgoing endpoint exists, each event
 # is also appended to the dispatcher's feed in the same step (a cluster cannot: the feed is in another
@@ -61,14 +61,20 @@ local count = tonumber(ARGV[4])
 local feed = #KEYS == count + 2 and redis.call('EXISTS', KEYS[count + 1]) == 1
 local ids = {}
 for i = 1, count do
-  local base = 4 + (i - 1) * 4
-  local id = redis.call('XADD', KEYS[i], 'MAXLEN', '~', ARGV[2], '*',
-                        'event', ARGV[base + 2], 'data', ARGV[base + 3], 'ts', ARGV[3])
+  local base = 4 + (i - 1) * 5
+  local fields = {'event', ARGV[base + 2], 'data', ARGV[base + 3], 'ts', ARGV[3]}
+  if ARGV[base + 5] ~= '' then
+    table.insert(fields, 'from')
+    table.insert(fields, ARGV[base + 5])
+  end
+  local id = redis.call('XADD', KEYS[i], 'MAXLEN', '~', ARGV[2], '*', unpack(fields))
   local wire = {id = id, channel = ARGV[base + 4], event = ARGV[base + 2], data = ARGV[base + 3], ts = ARGV[3]}
+  if ARGV[base + 5] ~= '' then
+    wire['from'] = ARGV[base + 5]
+  end
   redis.call(ARGV[1], ARGV[base + 1], cjson.encode(wire))
   if feed then
-    redis.call('XADD', KEYS[count + 2], '*', 'id', id, 'channel', ARGV[base + 4], 'event', ARGV[base + 2],
-               'data', ARGV[base + 3], 'ts', ARGV[3])
+    redis.call('XADD', KEYS[count + 2], '*', 'id', id, 'channel', ARGV[base + 4], unpack(fields))
   end
   ids[i] = id
 end
@@ -97,6 +103,7 @@ class Event:
     event: str
     data: str  # the JSON text, kept encoded: it is written to clients as it is
     ts: str
+    sender: str | None = None  # the user who published it with an access token (`from` in E)
     _json: str | None = field(default=None, repr=False, compare=False)
     _sse_tail: bytes | None = field(default=None, repr=False, compare=False)
     order: tuple[int, int] = field(init=False, repr=False, compare=False)  # the id as numbers, for comparing
@@ -132,16 +139,22 @@ class Event:
         return self._render({**extra, **({"cursor": cursor} if cursor is not None else {})})
 
     def _render(self, extra: dict) -> str:
-        head_json = json.dumps(
-            {"id": self.id, "channel": self.channel, "event": self.event, **extra}, separators=(",", ":")
-        )
+        head = {"id": self.id, "channel": self.channel, "event": self.event}
+        if self.sender is not None:
+            head["from"] = self.sender
+        head_json = json.dumps({**head, **extra}, separators=(",", ":"))
         return f'{head_json[:-1]},"data":{self.data},"ts":{json.dumps(self.ts)}}}'
 
     @classmethod
     def from_wire(cls, raw: str) -> Event:
         """An event from the JSON the publish script sends on pub/sub."""
         fields = json.loads(raw)
-        return cls(fields["id"], fields["channel"], fields["event"], fields["data"], fields["ts"])
+        return cls(fields["id"], fields["channel"], fields["event"], fields["data"], fields["ts"], fields.get("from"))
+
+    @classmethod
+    def from_entry(cls, event_id: str, channel: str, fields: dict) -> Event:
+        """An event from its stream entry's (or the outgoing feed entry's) fields."""
+        return cls(event_id, channel, fields["event"], fields["data"], fields["ts"], fields.get("from"))
 
 
 def reset_event(channel: str) -> Event:
@@ -206,14 +219,16 @@ class Bus:
         self.replicated = durability == "replicated"
         self._publish = client.register_script(PUBLISH_LUA)
 
-    def publish(self, channel: str, event: str, data) -> Event:
-        """Append an event to its channel's stream and wake live readers, in one atomic step."""
+    def publish(self, channel: str, event: str, data, sender: str | None = None) -> Event:
+        """Append an event to its channel's stream and wake live readers, in one atomic step.
+
+        `sender`: the user publishing with an access token (E's `from`); None for keys, the CLI, webhooks."""
         validate_names(channel, event)
         encoded, ts = encode_data(data), _now()
-        (event_id,) = self._append([(channel, event, encoded)], ts)
-        return Event(event_id, channel, event, encoded, ts)
+        (event_id,) = self._append([(channel, event, encoded)], ts, sender)
+        return Event(event_id, channel, event, encoded, ts, sender)
 
-    def publish_many(self, events: list[tuple[str, str, object]]) -> list[str]:
+    def publish_many(self, events: list[tuple[str, str, object]], sender: str | None = None) -> list[str]:
         """Publish (channel, event, data) triples all together or not at all; their ids, in order.
 
         Every event is checked before anything is written, so a refused batch writes nothing. On one
@@ -225,31 +240,31 @@ class Bus:
         for channel, event, _ in events:
             validate_names(channel, event)
         checked = [(channel, event, encode_data(data)) for channel, event, data in events]
-        return self._append(checked, _now())
+        return self._append(checked, _now(), sender)
 
-    def _append(self, events: list[tuple[str, str, str]], ts: str) -> list[str]:
+    def _append(self, events: list[tuple[str, str, str]], ts: str, sender: str | None = None) -> list[str]:
         """Run the publish script for (channel, event, encoded data) triples; their ids, in order."""
         if self.cluster:
-            ids = self._append_on_cluster(events, ts)
+            ids = self._append_on_cluster(events, ts, sender)
         elif self.replicated:
-            (ids,) = self._run_on_node(self.client, [events], ts)
+            (ids,) = self._run_on_node(self.client, [events], ts, sender)
         else:
-            ids = list(self._publish(**self._script_call(events, ts)))
+            ids = list(self._publish(**self._script_call(events, ts, sender)))
         EVENTS_PUBLISHED.inc(len(ids))
-        self._feed_outgoing([Event(i, c, e, d, ts) for i, (c, e, d) in zip(ids, events, strict=True)])
+        self._feed_outgoing([Event(i, c, e, d, ts, sender) for i, (c, e, d) in zip(ids, events, strict=True)])
         return ids
 
-    def _script_call(self, events: list[tuple[str, str, str]], ts: str) -> dict:
+    def _script_call(self, events: list[tuple[str, str, str]], ts: str, sender: str | None) -> dict:
         """KEYS and ARGV of PUBLISH_LUA for events of one hash slot."""
         keys = [Keys.stream(channel) for channel, _, _ in events]
         if not self.cluster:  # the feed is fed in the same step (see _feed_outgoing)
             keys += [Keys.outgoing_endpoints(), Keys.outgoing_feed()]
         args = ["SPUBLISH" if self.cluster else "PUBLISH", self.history_maxlen, ts, len(events)]
         for channel, event, data in events:
-            args += [wake_channel(channel), event, data, channel]
+            args += [wake_channel(channel), event, data, channel, sender or ""]
         return {"keys": keys, "args": args}
 
-    def _run_on_node(self, node_client: redis.Redis, groups: list[list], ts: str) -> list:
+    def _run_on_node(self, node_client: redis.Redis, groups: list[list], ts: str, sender: str | None) -> list:
         """One pipeline on one node: the script per group, then (replicated) WAIT on the same connection.
 
         Returns each group's ids or, on a cluster, the error that says its slot is served elsewhere now
@@ -259,7 +274,7 @@ class Bus:
         """
         pipe = node_client.pipeline(transaction=False)
         for group in groups:
-            self._publish(**self._script_call(group, ts), client=pipe)
+            self._publish(**self._script_call(group, ts, sender), client=pipe)
         if self.replicated:
             pipe.execute_command("WAIT", 1, REPLICA_WAIT_MILLISECONDS)
         results = pipe.execute(raise_on_error=False)
@@ -273,7 +288,7 @@ class Bus:
             raise NotReplicated()
         return [result if isinstance(result, Exception) else list(result) for result in results]
 
-    def _append_on_cluster(self, events: list[tuple[str, str, str]], ts: str) -> list[str]:
+    def _append_on_cluster(self, events: list[tuple[str, str, str]], ts: str, sender: str | None) -> list[str]:
         """One atomic step per hash slot; the steps of one node in one pipeline (and one WAIT)."""
         ids: list[str | None] = [None] * len(events)
         pending = list(range(len(events)))
@@ -289,7 +304,7 @@ class Bus:
             for node, groups in by_node.values():
                 try:
                     results = self._run_on_node(
-                        self.client.get_redis_connection(node), [[events[i] for i in g] for g in groups], ts
+                        self.client.get_redis_connection(node), [[events[i] for i in g] for g in groups], ts, sender
                     )
                 except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
                     self._refresh_topology()  # the node is gone: the next publication asks the new one
@@ -330,6 +345,27 @@ class Bus:
         else:
             self.client.publish(CONTROL_CHANNEL, message)
 
+    def announce_access_changed(
+        self, reason: str, *, channel: str | None = None, namespace: str | None = None, user_id: str | None = None
+    ) -> None:
+        """Tell every worker of every instance that access to channels changed; they re-check or end it.
+
+        One user's grant of one channel (`channel`, `user_id`): on the channel's own wake-up channel, the
+        path its events take, so the change is in order with them: nothing published after a revocation
+        reaches the user. A namespace's rules or existence (`namespace`): on the control channel.
+        `reason`: revoked, access_changed (grants and rules: re-check) or namespace_deleted.
+        """
+        if channel is not None:
+            target = wake_channel(channel)
+            message = json.dumps({"control": {"reason": reason, "channel": channel, "user_id": user_id}})
+        else:
+            target = CONTROL_CHANNEL
+            message = json.dumps({"access": {"reason": reason, "namespace": namespace}})
+        if self.cluster:
+            self.client.spublish(target, message)
+        else:
+            self.client.publish(target, message)
+
     def present(self, channels: list[str]) -> dict[str, str]:
         """The position just after the newest event of each channel (0-0 for a channel never used)."""
         info = self._stream_info(channels)
@@ -360,7 +396,7 @@ class Bus:
             pipe.xrange(Keys.stream(channel), f"({positions[channel]}", "+", count=limit)
         events, more = [], False
         for channel, entries in zip(channels, pipe.execute(), strict=False):
-            events.extend(Event(i, channel, f["event"], f["data"], f["ts"]) for i, f in entries)
+            events.extend(Event.from_entry(i, channel, f) for i, f in entries)
             more = more or len(entries) == limit
         return events, more
 

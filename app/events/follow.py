@@ -7,13 +7,16 @@ any whose id is not after the position already delivered for its channel.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import NamedTuple
 
 from .bus import Bus, Event, channels_for, reset_event
-from .cursor import CursorWriter, decode_cursor, parse_id
-from .hub import RESYNC, Hub
+from .cursor import cursor_writer, decode_cursor, named_in, parse_id
+from .hub import RESYNC, Hub, Unsubscribed
 from .leases import ConnectionLeases
+
+log = logging.getLogger(__name__)
 
 
 class StreamEnded(Exception):
@@ -26,9 +29,10 @@ class StreamEnded(Exception):
 
 
 class Delivery(NamedTuple):
-    """An event and the cursor just after it (a tuple: one is made per reader per event)."""
+    """An event and the cursor just after it (a tuple: one is made per reader per event), or a channel
+    taken from the connection (`Unsubscribed`) and the cursor without it."""
 
-    event: Event
+    event: Event | Unsubscribed
     cursor: str  # the position just after this event: resuming from it yields the next one
 
 
@@ -44,38 +48,106 @@ class Follower:
         queue_size: int,
         leases: ConnectionLeases | None = None,
         lease: str | None = None,
+        named: dict | None = None,
+        presence=None,
     ):
         """Start following; a 400 for a malformed cursor comes before anything is held.
 
         With `leases`, this is a live connection: it holds a lease (taken here unless `lease` is one
         already taken) and a hub subscription until `close()`, and raises StreamEnded("session_ended")
         if the session ended while it was subscribing. Without, it reads history only (polling).
+        `named`: the named channels asked for, each with the caller's Access (checked by the caller);
+        `presence`: the worker's PresenceKeeper, for a connection that counts as present (SSE, WebSocket).
         """
         self.bus = bus
         self.hub = hub
         self.caller = caller
-        self.channels = channels_for(caller.user_id, caller.is_admin)
-        self.write_cursor = CursorWriter(self.channels)
+        self.access = dict(named or {})  # named channel -> Access
+        self.channels = channels_for(caller.user_id, caller.is_admin) + list(self.access)
+        self.write_cursor = cursor_writer(self.channels, compact=bool(self.access))
         self.leases, self.lease, self.subscription = leases, lease, None
+        self.presence, self.present_in = presence, {}  # channel -> presence entry
+        self.max_named = 100  # MAX_CHANNELS_PER_CONNECTION, for subscribe frames (the view sets it)
         if cursor:  # validate before subscribing: a malformed cursor is a plain 400
             self.start_at(decode_cursor(cursor, self.channels))
         try:
             if leases is not None:
                 self.lease = lease or leases.acquire(caller.user_id)  # 429 when the user has too many
-                self.subscription = hub.subscribe(self.channels, caller.user_id, caller.session_id, queue_size)
+                self.subscription = hub.subscribe(
+                    self.channels, caller.user_id, caller.session_id, queue_size, caller.is_admin
+                )
                 # A logout between authentication and the subscription reached no one: look once more.
                 if not bus.session_is_valid(caller):
                     raise StreamEnded("session_ended")
             if not cursor:
                 self.start_at(bus.present(self.channels))
+            else:  # a named channel the cursor does not name starts at the present
+                unnamed = [c for c in self.access if c not in named_in(cursor, list(self.access))]
+                if unnamed:
+                    self.start_at({**self.positions, **bus.present(unnamed)})
             self.pending: list[Delivery] = []
             if cursor:
                 for channel in bus.trimmed_past(self.positions):
                     self.pending.append(Delivery(reset_event(channel), self.cursor))
             self._catch_up()
+            for channel, access in self.access.items():
+                self._hold_access(channel, access)
         except BaseException:
             self.close()
             raise
+
+    @property
+    def named(self) -> list[str]:
+        """The named channels read now."""
+        return list(self.access)
+
+    def add_channel(self, channel: str, access, cursor: str | None = None) -> None:
+        """Read one more named channel (a WebSocket's subscribe frame): from the cursor's position for it,
+        else from the present; its history after that comes next."""
+        if channel in self.access:
+            return
+        if self.subscription is not None:
+            self.hub.add_channel(self.subscription, channel)
+        try:
+            if cursor and channel in named_in(cursor, [channel]):
+                position = decode_cursor(cursor, [channel])[channel]
+            else:
+                position = self.bus.present([channel])[channel]
+            self.access[channel] = access
+            self.channels.append(channel)
+            self.write_cursor = cursor_writer(self.channels, compact=True)
+            self.start_at({**self.positions, channel: position})
+            self._catch_up([channel])
+            self._hold_access(channel, access)
+        except BaseException:
+            self.remove_channel(channel)
+            raise
+
+    def remove_channel(self, channel: str) -> None:
+        """Read a named channel no more (an unsubscribe frame, or its access ended)."""
+        if self.subscription is not None:
+            self.hub.remove_channel(self.subscription, channel)
+        self._leave(channel)
+        if self.access.pop(channel, None) is None:
+            return
+        self.channels.remove(channel)
+        self.write_cursor = cursor_writer(self.channels, compact=bool(self.access))
+        self.positions.pop(channel, None)
+        self.after.pop(channel, None)
+
+    def _hold_access(self, channel: str, access) -> None:
+        """For a live connection: watch the grant's end, and count as present where the namespace asks."""
+        if self.subscription is None:
+            return
+        self.hub.watch_expiry(self.subscription, channel, access.expires_at)
+        namespace = access.namespace
+        if self.presence is not None and namespace is not None and namespace.presence:
+            self.present_in[channel] = self.presence.enter(channel, self.caller.user_id, namespace.join_leave)
+
+    def _leave(self, channel: str) -> None:
+        entry = self.present_in.pop(channel, None)
+        if entry is not None:
+            self.presence.leave(entry)
 
     def start_at(self, positions: dict[str, str]) -> None:
         """The position of each channel: a stream id, and the same as numbers for comparing."""
@@ -88,7 +160,9 @@ class Follower:
         return self.write_cursor(self.positions)
 
     def close(self) -> None:
-        """Stop following: unsubscribe and give the connection's lease back (idempotent)."""
+        """Stop following: unsubscribe, leave presence and give the connection's lease back (idempotent)."""
+        for channel in list(self.present_in):
+            self._leave(channel)
         if self.subscription is not None:
             self.hub.unsubscribe(self.subscription)
             self.subscription = None
@@ -143,7 +217,13 @@ class Follower:
             if item == RESYNC:
                 if not self.bus.session_is_valid(self.caller):
                     raise StreamEnded("session_ended")  # a control message may have been missed
+                if self.access:  # so may a revocation: ask again before reading what was missed
+                    self.hub.recheck([(self.subscription, channel) for channel in self.access], "resync")
                 self._catch_up()
+            elif item.__class__ is Unsubscribed:
+                if item.channel in self.access:
+                    self.remove_channel(item.channel)
+                    self.pending.append(Delivery(item, self.cursor))
             else:
                 self._accept(item)
         if not items and time.time() >= self.caller.expires_at:
@@ -163,9 +243,10 @@ class Follower:
         if cursor is not None:
             self.pending.append(Delivery(event, cursor))
 
-    def _catch_up(self) -> None:
+    def _catch_up(self, channels: list[str] | None = None) -> None:
         while True:
-            batch, more = self.bus.read_after(dict(self.positions))
+            wanted = self.positions if channels is None else {c: self.positions[c] for c in channels}
+            batch, more = self.bus.read_after(dict(wanted))
             for event in sorted(batch, key=lambda e: parse_id(e.id)):
                 self._accept(event)
             if not more:

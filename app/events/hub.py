@@ -28,6 +28,7 @@ import json
 import logging
 import time
 from collections import defaultdict
+from typing import NamedTuple
 from urllib.parse import urlsplit
 
 import gevent
@@ -46,6 +47,14 @@ CONFIRM_TIMEOUT = 5.0  # seconds a reader waits for Redis to confirm its channel
 # broadcast to 10,000 readers, or a backlog of 100 events to 1,000, takes the CPU for a good part of a
 # second; in slices, a request (a publish, a login) waits for one slice, not for all of it.
 FAN_OUT_SLICE = 1000
+CONTROL_PREFIX = '{"control"'  # a control message on a channel's own wake-up channel, not an event
+
+
+class Unsubscribed(NamedTuple):
+    """A channel taken from a live connection: its reader tells the client, and reads the channel no more."""
+
+    channel: str
+    reason: str  # revoked | expired | namespace_deleted | access_changed
 
 
 class Subscription:
@@ -61,25 +70,29 @@ class Subscription:
         "channels",
         "user_id",
         "session_id",
+        "is_admin",
         "maxsize",
         "items",
         "ready",
         "ended",
         "outlet",
         "parked",
+        "expiries",
         "__weakref__",
     )
 
-    def __init__(self, channels: list[str], user_id: str, session_id: str, maxsize: int):
-        self.channels = channels
+    def __init__(self, channels: list[str], user_id: str, session_id: str, maxsize: int, is_admin: bool = False):
+        self.channels = list(channels)
         self.user_id = user_id
         self.session_id = session_id
+        self.is_admin = is_admin
         self.maxsize = maxsize
         self.items: list = []  # rarely used (the outlet writes most events): an empty list is the smallest
         self.ready = gevent.event.Event()
         self.ended: str | None = None  # session_ended | overflow | shutdown | gone
         self.outlet = None
         self.parked = None
+        self.expiries: dict | None = None  # channel -> the timer of its grant's end (members channels only)
 
     def wake(self) -> None:
         """Wake the reader: its waiting greenlet, or a greenlet for its parked stream."""
@@ -92,7 +105,7 @@ class Subscription:
         """Deliver an event through the outlet, or queue it (or a resync); past the bound the connection ends."""
         outlet = self.outlet
         if outlet is not None:
-            if item is not RESYNC and outlet.write(item):
+            if item is not RESYNC and item.__class__ is not Unsubscribed and outlet.write(item):
                 if not outlet.stalled:
                     return
                 self.outlet = None  # the reader finishes the write, then queued items follow it
@@ -148,9 +161,11 @@ class Subscription:
 class Hub:
     """This worker's pub/sub links (one per Redis node it reads from), handing events to local connections."""
 
-    def __init__(self, topology: OneServer | Cluster, confirm_timeout: float = CONFIRM_TIMEOUT):
-        """`topology` says which node carries a channel and makes each link's connection."""
+    def __init__(self, topology: OneServer | Cluster, confirm_timeout: float = CONFIRM_TIMEOUT, access=None):
+        """`topology` says which node carries a channel and makes each link's connection; `access(user_id,
+        is_admin, channels)` answers each channel's Access now (app/channels/access.py), for re-checks."""
         self.topology = topology
+        self.access = access
         self.confirm_timeout = confirm_timeout
         self.by_channel: dict[str, set[Subscription]] = defaultdict(set)
         self.by_user: dict[str, set[Subscription]] = defaultdict(set)
@@ -164,12 +179,14 @@ class Hub:
         self._placing: gevent.Greenlet | None = None
         self._refresh_failing = False
 
-    def subscribe(self, channels: list[str], user_id: str, session_id: str, maxsize: int) -> Subscription:
+    def subscribe(
+        self, channels: list[str], user_id: str, session_id: str, maxsize: int, is_admin: bool = False
+    ) -> Subscription:
         """Register locally, then wait until Redis confirms every channel: the caller reads history after this.
 
         Raises redis.exceptions.TimeoutError if Redis does not confirm within the time-out.
         """
-        subscription = Subscription(channels, user_id, session_id, maxsize)
+        subscription = Subscription(channels, user_id, session_id, maxsize, is_admin)
         for channel in channels:
             self.by_channel[channel].add(subscription)
         self.by_user[user_id].add(subscription)
@@ -184,6 +201,33 @@ class Hub:
             raise
         return subscription
 
+    def add_channel(self, subscription: Subscription, channel: str) -> None:
+        """A live connection reads one more channel: returns once Redis confirmed it (as `subscribe`)."""
+        if channel in subscription.channels:
+            return
+        subscription.channels.append(channel)
+        self.by_channel[channel].add(subscription)
+        try:
+            self._wait_confirmed([wake_channel(channel)])
+        except BaseException:
+            self.remove_channel(subscription, channel)
+            raise
+
+    def remove_channel(self, subscription: Subscription, channel: str) -> None:
+        """A live connection reads a channel no more (idempotent): nothing of it reaches it from now on."""
+        if channel in subscription.channels:
+            subscription.channels.remove(channel)
+        self.forget_expiry(subscription, channel)
+        if self._discard(self.by_channel, channel, subscription):
+            self._release(channel)
+
+    def revoke(self, subscription: Subscription, channel: str, reason: str) -> None:
+        """Take a channel from a live connection at once, and have its reader tell the client why."""
+        if channel not in subscription.channels:
+            return
+        self.remove_channel(subscription, channel)
+        subscription.offer(Unsubscribed(channel, reason))
+
     def unsubscribe(self, subscription: Subscription) -> None:
         """Forget a connection that has ended; unsubscribe from the channels it was the last reader of."""
         for index, key in [(self.by_user, subscription.user_id), (self.by_session, subscription.session_id)]:
@@ -191,6 +235,73 @@ class Hub:
         for channel in subscription.channels:
             if self._discard(self.by_channel, channel, subscription):
                 self._release(channel)
+        for timer in (subscription.expiries or {}).values():
+            timer.close()
+        subscription.expiries = None
+
+    # Access to named channels: revocations, changed rules, grants that run out.
+
+    def watch_expiry(self, subscription: Subscription, channel: str, expires_at: float | None) -> None:
+        """When the connection's grant of `channel` runs out, check again (and take the channel if it is over)."""
+        self.forget_expiry(subscription, channel)
+        if expires_at is None or subscription.ended is not None:
+            return
+        timer = gevent.get_hub().loop.timer(max(0.0, expires_at - time.time()))
+        if subscription.expiries is None:
+            subscription.expiries = {}
+        subscription.expiries[channel] = timer
+        timer.start(lambda: gevent.spawn(self.recheck, [(subscription, channel)], "expired"))
+
+    @staticmethod
+    def forget_expiry(subscription: Subscription, channel: str) -> None:
+        """Stop watching the end of the connection's grant of `channel`."""
+        if subscription.expiries and channel in subscription.expiries:
+            subscription.expiries.pop(channel).close()
+
+    def recheck(self, pairs: list[tuple[Subscription, str]], cause: str) -> None:
+        """Ask again whether each connection may read its channel; take the channel from those that may not.
+
+        `cause` names what made the check (access_changed, expired, resync): a channel taken for lack of
+        a grant after the namespace's rules or a grant changed is `access_changed`, not `revoked`."""
+        if self.access is None or not pairs:
+            return
+        wanted: dict[tuple[str, bool], set[str]] = defaultdict(set)
+        for subscription, channel in pairs:
+            wanted[(subscription.user_id, subscription.is_admin)].add(channel)
+        try:
+            answers = {key: self.access(key[0], key[1], sorted(channels)) for key, channels in wanted.items()}
+        except Exception as error:  # noqa: BLE001 - Redis away: the reader's resync checks again later
+            log.warning("event hub could not check channel access (%s)", type(error).__name__)
+            return
+        for subscription, channel in pairs:
+            access = answers[(subscription.user_id, subscription.is_admin)].get(channel)
+            if access is None or channel not in subscription.channels:
+                continue
+            if access.allowed:
+                self.watch_expiry(subscription, channel, access.expires_at)
+            else:
+                reason = "access_changed" if cause == "access_changed" and access.reason == "revoked" else access.reason
+                self.revoke(subscription, channel, reason or cause)
+
+    def _channel_control(self, channel: str, message: dict) -> None:
+        """A grant of `channel` changed (sent on the channel's own wake-up, so it is in order with its events)."""
+        targets = [s for s in self.by_channel.get(channel, ()) if s.user_id == message.get("user_id")]
+        if message.get("reason") == "revoked":
+            for subscription in targets:
+                if not subscription.is_admin:
+                    self.revoke(subscription, channel, "revoked")
+        else:
+            self.recheck([(subscription, channel) for subscription in targets], "access_changed")
+
+    def _namespace_control(self, message: dict) -> None:
+        """A namespace was deleted (every reader of its channels loses them) or its rules changed (re-check)."""
+        prefix = f"{message.get('namespace')}:"
+        pairs = [(s, c) for c, readers in list(self.by_channel.items()) if c.startswith(prefix) for s in readers]
+        if message.get("reason") == "namespace_deleted":
+            for subscription, channel in pairs:
+                self.revoke(subscription, channel, "namespace_deleted")
+        else:
+            self.recheck(pairs, "access_changed")
 
     def shutdown(self) -> None:
         """End every local connection (worker shutting down): clients reconnect elsewhere by cursor."""
@@ -329,6 +440,10 @@ class Hub:
                 self._fan_out(batches)
                 batches = {}
                 self._control(json.loads(data))
+            elif data.startswith(CONTROL_PREFIX):
+                self._fan_out(batches)
+                batches = {}
+                self._channel_control(channel_of_wake(name), json.loads(data)["control"])
             else:
                 event = Event.from_wire(data)
                 batches.setdefault(event.channel, []).append(event)
@@ -359,6 +474,9 @@ class Hub:
             subscription.offer(RESYNC)
 
     def _control(self, message: dict) -> None:
+        if "access" in message:
+            self._namespace_control(message["access"])
+            return
         if message.get("whole_user"):
             targets = list(self.by_user.get(message["user_id"], ()))
         else:

@@ -16,6 +16,14 @@ POLL_LIMIT_DEFAULT, POLL_LIMIT_MAX = 100, 1000
 Channel = Annotated[str, Field(pattern=CHANNEL_PATTERN.pattern, examples=["broadcast"])]
 EventName = Annotated[str, Field(pattern=EVENT_NAME_PATTERN.pattern, examples=["order.created"])]
 Cursor = Annotated[str, Field(max_length=MAX_CURSOR_LENGTH, description="Where the previous answer ended (opaque).")]
+ChannelList = Annotated[
+    str,
+    Field(
+        max_length=16384,
+        description="Named channels to read besides the caller's own, comma separated (`chat:room1,chat:room2`).",
+        examples=["chat:lobby"],
+    ),
+]
 
 
 class Publication(Body):
@@ -36,6 +44,7 @@ class Position(Body):
     """Where to start reading (polling)."""
 
     cursor: Cursor | None = None
+    channels: ChannelList | None = None
     limit: int = Field(POLL_LIMIT_DEFAULT, ge=1, le=POLL_LIMIT_MAX, description="At most this many events.")
 
 
@@ -51,6 +60,7 @@ class StreamPosition(Body):
     """Where to start streaming; a `Last-Event-ID` header takes precedence."""
 
     cursor: Cursor | None = None
+    channels: ChannelList | None = None
 
 
 class Published(Answer):
@@ -74,6 +84,7 @@ class Event(Answer):
     event: str
     data: JsonValue
     ts: str
+    from_: str | None = Field(None, alias="from", description="The user who published it with an access token.")
 
 
 class Events(Answer):

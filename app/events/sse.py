@@ -16,10 +16,11 @@ from ..openapi import operation
 from .bus import Event
 from .follow import Delivery, Follower, StreamEnded
 from .handover import Handover
+from .hub import Unsubscribed
 from .outlet import Outlet, Tally, plain_socket, send_within
 from .parked import FAREWELL_REASONS, ParkedStream, Parking
 from .schemas import StreamPosition
-from .views import bp, follower_for_request
+from .views import bp, follower_for_request, requested_channels
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,15 @@ def message_bytes(event: Event, cursor: str) -> bytes:
 
 def messages(deliveries: list[Delivery]) -> bytes:
     """The SSE messages of deliveries, as one piece."""
-    return b"".join(message_bytes(d.event, d.cursor) for d in deliveries)
+    return b"".join(
+        unsubscribed_message(d.event) if d.event.__class__ is Unsubscribed else message_bytes(d.event, d.cursor)
+        for d in deliveries
+    )
+
+
+def unsubscribed_message(notice: Unsubscribed) -> bytes:
+    """The event that tells the client a channel was taken from the stream (no id: it moves no cursor)."""
+    return sse_frame(json.dumps({"channel": notice.channel, "reason": notice.reason}), "unsubscribed").encode()
 
 
 def farewell(reason: str) -> bytes:
@@ -133,9 +142,12 @@ class StreamBody:
 def stream():
     """Server-sent events: every event after the cursor, then live, with heartbeats."""
     # Last-Event-ID first: a browser reconnecting by itself sends it, newer than the URL's ?cursor=.
-    cursor = request.headers.get("Last-Event-ID") or validated_query(StreamPosition).cursor or None
-    # 400 for a bad cursor and 429 past the user's connection cap, both before streaming.
-    follower = follower_for_request(live=True, cursor=cursor)
+    asked = validated_query(StreamPosition)
+    cursor = request.headers.get("Last-Event-ID") or asked.cursor or None
+    # 400 for a bad cursor or channel list, 403 for a channel not allowed, 429 past the user's
+    # connection cap: all before streaming.
+    named = requested_channels(asked.channels)
+    follower = follower_for_request(live=True, cursor=cursor, named=named, present=True)
     settings = current_app.config["SETTINGS"]
     heartbeat = settings.sse_heartbeat_seconds
     # Under gunicorn, the hub may write events to the response's socket itself (outlet.py), framed as

@@ -7,13 +7,14 @@ import time
 from flask import Blueprint, Response, current_app, jsonify
 
 from ..auth.guards import current_api_key, current_caller, login_required, user_or_api_key
-from ..errors import bad_request, error_response, forbidden
+from ..channels.access import check_publish, check_subscribe
+from ..errors import bad_request, error_response, validation_failed
 from ..http import validated, validated_query
 from ..metrics import EVENTS_DELIVERED, OPEN_CONNECTIONS
 from ..openapi import operation
-from .bus import Bus, may_publish
+from .bus import Bus, channels_for
 from .follow import Delivery, Follower, StreamEnded
-from .hub import Hub
+from .hub import Hub, Unsubscribed
 from .leases import ConnectionLeases
 from .schemas import Batch, Events, Position, Publication, Published, PublishedBatch, Wait
 
@@ -35,12 +36,42 @@ def get_leases() -> ConnectionLeases:
     return current_app.extensions["connection_leases"]
 
 
-def follower_for_request(live: bool, cursor: str | None = None, lease: str | None = None) -> Follower:
+def follower_for_request(
+    live: bool, cursor: str | None = None, lease: str | None = None, named: dict | None = None, present: bool = False
+) -> Follower:
     """A follower for the caller; a `live` one holds a connection lease (429 past the user's cap), and
-    raises StreamEnded if the session ended while it was subscribing (a 401 below)."""
+    raises StreamEnded if the session ended while it was subscribing (a 401 below). `named`: the named
+    channels asked for (`requested_channels`); `present`: the connection counts in presence (SSE, WebSocket)."""
     settings = current_app.config["SETTINGS"]
     leases = get_leases() if live else None
-    return Follower(get_bus(), get_hub(), current_caller(), cursor, settings.ws_send_queue, leases, lease)
+    presence = current_app.extensions["presence"] if present else None
+    follower = Follower(
+        get_bus(), get_hub(), current_caller(), cursor, settings.ws_send_queue, leases, lease, named, presence
+    )
+    follower.max_named = settings.max_channels_per_connection  # for subscribe frames, served without a context
+    return follower
+
+
+def requested_channels(raw: str | None) -> dict:
+    """The named channels of a `?channels=` list, each with the caller's Access: 400 for a malformed name,
+    422 past MAX_CHANNELS_PER_CONNECTION, 404 for a namespace that does not exist, 403 for a channel the
+    caller may not read; all before anything is held. The caller's own channels are read anyway."""
+    if not raw:
+        return {}
+    caller = current_caller()
+    own = set(channels_for(caller.user_id, caller.is_admin))
+    names = raw.split(",")
+    if any(not name for name in names):
+        raise bad_request("Query parameter 'channels' must be channel names separated by commas.")
+    named = [name for name in dict.fromkeys(names) if name not in own]
+    check_channel_count(len(named), current_app.config["SETTINGS"].max_channels_per_connection)
+    return check_subscribe(get_bus().client, caller.user_id, caller.is_admin, named) if named else {}
+
+
+def check_channel_count(count: int, limit: int) -> None:
+    """422 when a connection would read more named channels than MAX_CHANNELS_PER_CONNECTION."""
+    if count > limit:
+        raise validation_failed(f"A connection reads at most {limit} named channels (MAX_CHANNELS_PER_CONNECTION).")
 
 
 @bp.errorhandler(StreamEnded)
@@ -52,6 +83,7 @@ def session_ended(ended: StreamEnded):
 
 def events_answer(deliveries: list[Delivery], cursor: str, transport: str) -> Response:
     """200 with the events and the cursor after the last one, or 204; `Event-Cursor` on both."""
+    deliveries = [d for d in deliveries if d.event.__class__ is not Unsubscribed]
     EVENTS_DELIVERED.labels(transport).inc(len(deliveries))
     if not deliveries:
         response = Response(status=204)
@@ -65,16 +97,19 @@ def events_answer(deliveries: list[Delivery], cursor: str, transport: str) -> Re
     return response
 
 
-def _check_may_publish(channel: str) -> None:
-    """403 unless the caller may publish there: users their own channel (admins any), keys their list."""
+def publisher() -> tuple[str | None, bool, object]:
+    """Who publishes: (user id or None for an API key, is admin, the API key or None)."""
     key = current_api_key()
     if key is not None:
-        if not key.may_publish(channel):
-            raise forbidden(f"This API key may not publish to {channel!r}.")
-        return
+        return None, False, key
     caller = current_caller()
-    if not may_publish(caller.user_id, caller.is_admin, channel):
-        raise forbidden("You may publish only to your own channel.")
+    return caller.user_id, caller.is_admin, None
+
+
+def _check_may_publish(channel: str) -> None:
+    """403 unless the caller may publish there (404 for a namespace that does not exist)."""
+    user_id, is_admin, key = publisher()
+    check_publish(get_bus().client, channel, user_id=user_id, is_admin=is_admin, api_key=key)
 
 
 PUBLISHERS = ("bearer", "cookie", "api_key")
@@ -95,7 +130,8 @@ def publish():
     """Publish an event to a channel the caller may publish to."""
     publication = validated(Publication)
     _check_may_publish(publication.channel)
-    published = get_bus().publish(publication.channel, publication.event, publication.data)
+    sender = publisher()[0]
+    published = get_bus().publish(publication.channel, publication.event, publication.data, sender)
     return jsonify({"id": published.id, "channel": published.channel}), 201
 
 
@@ -114,7 +150,7 @@ def publish_batch():
     for publication in batch.events:
         _check_may_publish(publication.channel)
     triples = [(publication.channel, publication.event, publication.data) for publication in batch.events]
-    return jsonify({"ids": get_bus().publish_many(triples)}), 201
+    return jsonify({"ids": get_bus().publish_many(triples, publisher()[0])}), 201
 
 
 @bp.get("/events")
@@ -130,7 +166,8 @@ def publish_batch():
 def poll():
     """Polling: whatever is new after the cursor, at once (204 when nothing is)."""
     position = validated_query(Position)
-    follower = follower_for_request(live=False, cursor=position.cursor or None)
+    named = requested_channels(position.channels)
+    follower = follower_for_request(live=False, cursor=position.cursor or None, named=named)
     return events_answer(follower.take_ready(position.limit), follower.cursor, "poll")
 
 
@@ -152,15 +189,18 @@ def wait():
     timeout = settings.long_poll_timeout if asked.timeout is None else asked.timeout
     if timeout > settings.long_poll_max_timeout:
         raise bad_request(f"Query parameter 'timeout' must be at most {settings.long_poll_max_timeout}.")
+    named = requested_channels(asked.channels)
     OPEN_CONNECTIONS.labels("long_poll").inc()
     try:
-        return _hold(follower_for_request(live=True, cursor=asked.cursor or None), timeout, asked.limit)
+        follower = follower_for_request(live=True, cursor=asked.cursor or None, named=named)
+        return _hold(follower, timeout, asked.limit)
     finally:
         OPEN_CONNECTIONS.labels("long_poll").dec()
 
 
 def _hold(follower: Follower, timeout: float, limit: int) -> Response:
-    """Answer as soon as an event arrives, or with 204 when `timeout` seconds pass without one."""
+    """Answer as soon as an event arrives, or with 204 when `timeout` seconds pass without one (or when a
+    channel is taken from it: answered as on time-out, with any events that came before)."""
     with follower:
         deliveries = follower.take_ready(limit)
         deadline = time.monotonic() + timeout

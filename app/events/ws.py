@@ -25,18 +25,20 @@ from wsproto.frame_protocol import FrameProtocol
 from wsproto.utilities import LocalProtocolError
 
 from ..auth.guards import authenticate, origin_allowed
-from ..errors import REDIS_UNAVAILABLE, ApiError, bad_request
+from ..channels.access import check_publish, check_subscribe
+from ..errors import REDIS_UNAVAILABLE, ApiError, bad_request, validation_failed
 from ..http import StrictJSONError, parse_json
 from ..metrics import EVENTS_DELIVERED, OPEN_CONNECTIONS
 from ..openapi import operation
-from .bus import Event, channels_for, user_channel
-from .cursor import decode_cursor
+from .bus import Event, user_channel
+from .cursor import decode_positions
 from .follow import Delivery, Follower, StreamEnded
 from .handover import Handover
+from .hub import Unsubscribed
 from .outlet import FellBehind, Outlet, Tally, plain_socket, send_within
 from .parked import Parking, monotonic_expiry
 from .schemas import StreamPosition
-from .views import bp, follower_for_request, get_leases
+from .views import bp, check_channel_count, follower_for_request, get_leases, requested_channels
 
 sock = Sock()
 log = logging.getLogger(__name__)
@@ -132,7 +134,8 @@ def guard_websocket_handshake():
     if caller.via == "cookie" and origin is not None and not origin_allowed(origin):
         raise ApiError(403, "origin_rejected", "WebSocket connections from this origin are not allowed.")
     if request.args.get("cursor"):
-        decode_cursor(request.args["cursor"], channels_for(caller.user_id, caller.is_admin))
+        decode_positions(request.args["cursor"])
+    g.named_channels = requested_channels(request.args.get("channels"))
     g.connection_lease = get_leases().acquire(caller.user_id)
 
 
@@ -147,10 +150,11 @@ def guard_websocket_handshake():
 )
 def websocket(ws):
     """The upgraded connection: nothing may escape from here, or Flask would write a 500 into it."""
-    lease, follower, connection = g.pop("connection_lease"), None, None
+    lease, named, follower, connection = g.pop("connection_lease"), g.pop("named_channels"), None, None
     g.access_line_at_end = write_now  # its response is never iterated: the line is written when this returns
     try:
-        follower = follower_for_request(live=True, cursor=request.args.get("cursor") or None, lease=lease)
+        cursor = request.args.get("cursor") or None
+        follower = follower_for_request(live=True, cursor=cursor, lease=lease, named=named, present=True)
         # simple-websocket accepts permessage-deflate whenever the client offers it.
         offered = "permessage-deflate" in request.headers.get("Sec-WebSocket-Extensions", "")
         settings = current_app.config["SETTINGS"]
@@ -519,7 +523,7 @@ class Connection:
         """Every frame the client has sent so far (ConnectionClosed once it has left)."""
         self.socket.take_in()
         while (message := self.ws.receive(timeout=0)) is not None:
-            reply = handle_client_message(self.follower.bus, self.caller, message)
+            reply = handle_client_message(self.follower, message)
             if reply is not None:
                 self.socket.writer.send(self.socket.text_frame(json.dumps(reply)))
 
@@ -578,31 +582,85 @@ def text_frame(payload: bytes) -> bytes:
 
 
 def event_message(delivery: Delivery) -> str:
-    """An event frame's text: E with its type and the cursor after it."""
+    """An event frame's text: E with its type and the cursor after it (or a channel taken: `unsubscribed`)."""
+    if delivery.event.__class__ is Unsubscribed:
+        notice = delivery.event
+        return json.dumps({"type": "unsubscribed", "channel": notice.channel, "reason": notice.reason})
     return delivery.event.as_json(delivery.cursor, type="event")
 
 
-def handle_client_message(bus, caller, message) -> dict | None:
-    """One client frame: publish to the caller's own channel, or ping. Bad frames get an error frame."""
+def handle_client_message(follower: Follower, message) -> dict | None:
+    """One client frame: subscribe, unsubscribe, publish, or ping. Bad frames get an error frame (with the
+    channel, for a channel's frame); the connection stays open."""
+    channel = None
     try:
         frame = parse_json(message)
         if not isinstance(frame, dict) or not isinstance(frame.get("type"), str):
             raise bad_request("A frame must be a JSON object with a string 'type'.")
-        if frame["type"] == "ping":
+        kind = frame["type"]
+        if kind == "ping":
             return {"type": "pong"}
-        if frame["type"] == "publish":
-            event = frame.get("event")
-            if not isinstance(event, str):
-                raise bad_request("'event' must be a string.")
-            published = bus.publish(user_channel(caller.user_id), event, frame.get("data"))
-            return {"type": "ack", "id": published.id}
-        raise bad_request(f"Unknown frame type {frame['type']!r}.")
+        if kind not in FRAME_HANDLERS:
+            raise bad_request(f"Unknown frame type {kind!r}.")
+        channel = frame.get("channel")
+        if channel is not None and not isinstance(channel, str):
+            channel = None
+            raise bad_request("'channel' must be a string.")
+        return FRAME_HANDLERS[kind](follower, frame, channel)
     except StrictJSONError as error:
         return {"type": "error", "code": "bad_request", "message": f"A frame must be plain JSON text: {error}."}
     except ApiError as error:
-        return {"type": "error", "code": error.code, "message": error.message}
+        return with_channel({"type": "error", "code": error.code, "message": error.message}, channel)
     except REDIS_UNAVAILABLE:
-        return {"type": "error", "code": "unavailable", "message": "A dependency is unavailable; retry shortly."}
+        reply = {"type": "error", "code": "unavailable", "message": "A dependency is unavailable; retry shortly."}
+        return with_channel(reply, channel)
+
+
+def with_channel(reply: dict, channel: str | None) -> dict:
+    """An error frame about a channel's frame names the channel."""
+    return {**reply, "channel": channel} if channel is not None else reply
+
+
+def publish_frame(follower: Follower, frame: dict, channel: str | None) -> dict:
+    """Publish to `channel` (default: the caller's own channel) under the channel's rules; `ack` with the id."""
+    caller, bus = follower.caller, follower.bus
+    event = frame.get("event")
+    if not isinstance(event, str):
+        raise bad_request("'event' must be a string.")
+    channel = channel or user_channel(caller.user_id)
+    check_publish(bus.client, channel, user_id=caller.user_id, is_admin=caller.is_admin, api_key=None)
+    published = bus.publish(channel, event, frame.get("data"), caller.user_id)
+    return {"type": "ack", "id": published.id}
+
+
+def subscribe_frame(follower: Follower, frame: dict, channel: str | None) -> dict:
+    """Read one more named channel from now on (or from `cursor`): `subscribed` with the new cursor."""
+    if channel is None:
+        raise bad_request("A subscribe frame needs a 'channel'.")
+    cursor = frame.get("cursor")
+    if cursor is not None and not isinstance(cursor, str):
+        raise bad_request("'cursor' must be a string.")
+    if cursor:
+        decode_positions(cursor)
+    caller = follower.caller
+    if channel not in follower.channels:
+        check_channel_count(len(follower.named) + 1, follower.max_named)
+        access = check_subscribe(follower.bus.client, caller.user_id, caller.is_admin, [channel])[channel]
+        follower.add_channel(channel, access, cursor or None)
+    return {"type": "subscribed", "channel": channel, "cursor": follower.cursor}
+
+
+def unsubscribe_frame(follower: Follower, frame: dict, channel: str | None) -> dict:
+    """Read a named channel no more: `unsubscribed` (also when it was not read)."""
+    if channel is None:
+        raise bad_request("An unsubscribe frame needs a 'channel'.")
+    if channel in follower.channels and channel not in follower.access:
+        raise validation_failed("A connection always reads its own channels; only named channels can be left.")
+    follower.remove_channel(channel)
+    return {"type": "unsubscribed", "channel": channel}
+
+
+FRAME_HANDLERS = {"publish": publish_frame, "subscribe": subscribe_frame, "unsubscribe": unsubscribe_frame}
 
 
 def init_app(app) -> None:

@@ -202,7 +202,7 @@ class DeliveryWorker:
         for _, fields in entries:
             if not fields:  # deleted while pending: only acknowledged
                 continue
-            event = Event(fields["id"], fields["channel"], fields["event"], fields["data"], fields["ts"])
+            event = Event.from_entry(fields["id"], fields["channel"], fields)
             body = event.as_json()
             for endpoint in self.endpoints.values():
                 if not endpoint.disabled and endpoint.wants(event.channel, event.event):

@@ -46,8 +46,16 @@ def feed_events(client, events, replicated: bool = False) -> int:
 
     def append(pipe) -> None:
         for event in events:
-            pipe.xadd(feed, {"id": event.id, "channel": event.channel, "event": event.event, "data": event.data,
-                             "ts": event.ts})  # fmt: skip
+            fields = {
+                "id": event.id,
+                "channel": event.channel,
+                "event": event.event,
+                "data": event.data,
+                "ts": event.ts,
+            }
+            if getattr(event, "sender", None) is not None:
+                fields["from"] = event.sender
+            pipe.xadd(feed, fields)
 
     if replicated:
         execute_replicated(client, feed, append)

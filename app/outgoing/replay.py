@@ -43,7 +43,7 @@ def replay_events(
             start = f"{since_ms}-0"
         for event_id, fields in client.xrange(Keys.stream(channel), start, "+", count=REPLAY_LIMIT):
             if endpoint.wants(channel, fields["event"]):
-                events.append(Event(event_id, channel, fields["event"], fields["data"], fields["ts"]))
+                events.append(Event.from_entry(event_id, channel, fields))
     events.sort(key=lambda event: parse_id(event.id))
     items = [(e.id, e.channel, e.event, e.as_json()) for e in events[:REPLAY_LIMIT]]
     return store.enqueue(endpoint.id, items, force=True)

@@ -83,11 +83,18 @@ class SSE:
     """Reads an SSE response on its own thread; frames are parsed exactly as the wire carries them."""
 
     def __init__(
-        self, base: str, headers: dict, cursor: str | None = None, path: str = "/events/stream", timeout: float = 30
+        self,
+        base: str,
+        headers: dict,
+        cursor: str | None = None,
+        path: str = "/events/stream",
+        timeout: float = 30,
+        params: dict | None = None,
     ):
         url = urlparse(base)
         self.conn = http.client.HTTPConnection(url.hostname, url.port, timeout=timeout)
-        query = f"?{urlencode({'cursor': cursor})}" if cursor else ""
+        params = {**(params or {}), **({"cursor": cursor} if cursor else {})}
+        query = f"?{urlencode(params)}" if params else ""
         self.conn.request(
             "GET", path + query, headers={"Accept": "text/event-stream", "Cache-Control": "no-cache", **headers}
         )
@@ -165,18 +172,22 @@ def parse_block(block: str) -> dict:
     return frame
 
 
-def ws_url(base: str, cursor: str | None = None) -> str:
-    query = f"?{urlencode({'cursor': cursor})}" if cursor else ""
+def ws_url(base: str, cursor: str | None = None, params: dict | None = None) -> str:
+    params = {**(params or {}), **({"cursor": cursor} if cursor else {})}
+    query = f"?{urlencode(params)}" if params else ""
     return base.replace("http://", "ws://") + "/ws" + query
 
 
-def open_ws(base: str, headers: dict, cursor: str | None = None, **options) -> websocket.WebSocket:
+def open_ws(
+    base: str, headers: dict, cursor: str | None = None, params: dict | None = None, **options
+) -> websocket.WebSocket:
     """A WebSocket client; an `Origin` in headers is sent as the only Origin (none is sent otherwise)."""
     headers = dict(headers)
     origin = headers.pop("Origin", None)
     header = [f"{k}: {v}" for k, v in headers.items()]
     origin_options = {"origin": origin} if origin else {"suppress_origin": True}
-    return websocket.create_connection(ws_url(base, cursor), header=header, timeout=10, **origin_options, **options)
+    url = ws_url(base, cursor, params)
+    return websocket.create_connection(url, header=header, timeout=10, **origin_options, **options)
 
 
 def ws_json(ws: websocket.WebSocket, timeout: float = 5.0) -> dict:

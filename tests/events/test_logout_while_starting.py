@@ -22,10 +22,12 @@ class HubDuringALogout:
         self.subscribed: list[Subscription] = []
         self.unsubscribed: list[Subscription] = []
 
-    def subscribe(self, channels: list[str], user_id: str, session_id: str, maxsize: int) -> Subscription:
+    def subscribe(
+        self, channels: list[str], user_id: str, session_id: str, maxsize: int, is_admin: bool = False
+    ) -> Subscription:
         if self.logout:
             assert end_session(user_id, session_id)
-        subscription = Subscription(channels, user_id, session_id, maxsize)
+        subscription = Subscription(channels, user_id, session_id, maxsize, is_admin)
         self.subscribed.append(subscription)
         return subscription
 

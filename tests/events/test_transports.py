@@ -13,7 +13,7 @@ from app.events.sse import sse_frame
 from tests.events.clients import SSE, Api, open_connections, open_ws, parse_block, ws_close_code, ws_json
 from tests.servers import wait_until
 
-E_FIELDS = {"id", "channel", "event", "data", "ts"}
+E_FIELDS = {"id", "channel", "event", "data", "ts", "from"}  # `from`: published with a user's access token
 
 
 # Server-sent events
@@ -107,7 +107,7 @@ def test_polling_returns_new_events_and_the_cursor_after_them(server):
     assert response.status_code == 200
     body = response.json()
     assert [e["id"] for e in body["events"]] == ids
-    assert all(set(e) == E_FIELDS for e in body["events"])
+    assert all(set(e) == E_FIELDS and e["from"] == user.user_id for e in body["events"])
     assert response.headers["Event-Cursor"] == body["cursor"]
     assert user.poll(body["cursor"]).status_code == 204
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from datetime import UTC, datetime
 
@@ -25,6 +26,7 @@ def test_a_published_event_arrives_signed_with_the_event_as_body(service):
     event_id = api.publish(orders, "order.paid", {"total": 12})
     (received,) = receiver.wait_for(f"/ok/{orders}", 1)
     event = received.verify(endpoint["secret"])
+    assert re.fullmatch("[0-9a-f]{32}", event.pop("from"))  # published with the admin's access token
     assert event == {"id": event_id, "channel": orders, "event": "order.paid", "data": {"total": 12}, "ts": event["ts"]}
     assert received.headers["Content-Type"] == "application/json"
     message = api.message_with(endpoint["id"], lambda m: m["status"] == "delivered")

@@ -1,0 +1,125 @@
+"""Who may subscribe to and publish on a channel: section-4 channels and the channels of namespaces.
+
+`current_access` never raises an ApiError (open subscriptions re-check with it); `check_subscribe` and
+`check_publish` answer a request with 400, 404 or 403.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from ..errors import bad_request, forbidden, not_found
+from ..events.bus import BROADCAST, USER_CHANNEL_PREFIX, WEBHOOKS, user_channel
+from ..redis import Keys
+from .grants import live_grant
+from .namespaces import RESERVED, Namespace, get_namespace, get_namespaces, split_channel
+
+NO_NAMESPACE = "namespace_deleted"
+
+
+@dataclass(frozen=True)
+class Access:
+    """Whether a caller may read a channel now; why not; until when."""
+
+    allowed: bool
+    reason: str | None = None  # when not allowed: "namespace_deleted" | "revoked" | "expired" | "access_changed"
+    expires_at: float | None = None  # epoch seconds when the caller's grant runs out (members namespaces)
+    namespace: Namespace | None = None  # None for section-4 channels (user:<id>, broadcast)
+
+
+def _own_channel(channel: str) -> bool:
+    """A channel of section 4 (and the admins' `webhooks`): its rules are not a namespace's."""
+    return channel in (BROADCAST, WEBHOOKS) or (
+        channel.startswith(USER_CHANNEL_PREFIX) and split_channel(channel) is not None
+    )
+
+
+def _read_default(channel: str, user_id: str, is_admin: bool) -> Access:
+    allowed = is_admin or channel == BROADCAST or channel == user_channel(user_id)
+    return Access(True) if allowed else Access(False, "access_changed")
+
+
+def _read_named(namespace: Namespace | None, stored_grant: str | None, is_admin: bool, now: float) -> Access:
+    if namespace is None:
+        return Access(False, NO_NAMESPACE)
+    if is_admin or namespace.subscribe == "authenticated":
+        return Access(True, namespace=namespace)
+    grant = live_grant(stored_grant, now)
+    if grant is None:
+        return Access(False, "expired" if stored_grant else "revoked", namespace=namespace)
+    return Access(True, expires_at=grant["expires_at"], namespace=namespace)
+
+
+def current_access(client, user_id: str, is_admin: bool, channels: list[str]) -> dict[str, Access]:
+    """What the user may read of `channels` now: one HMGET of namespaces and one pipelined HGET per
+    channel whose namespace admits members only. A malformed name counts as a namespace that is gone."""
+    named = {channel: split_channel(channel) for channel in channels if not _own_channel(channel)}
+    namespaces = get_namespaces(client, {split[0] for split in named.values() if split and split[0] not in RESERVED})
+    namespace_of = {channel: namespaces.get(split[0]) if split else None for channel, split in named.items()}
+    needs_grant = [
+        channel
+        for channel, namespace in namespace_of.items()
+        if not is_admin and namespace is not None and namespace.subscribe == "members"
+    ]
+    stored = {}
+    if needs_grant:
+        pipe = client.pipeline(transaction=False)  # one key each: fine across hash slots
+        for channel in needs_grant:
+            pipe.hget(Keys.channel_members(channel), user_id)
+        stored = dict(zip(needs_grant, pipe.execute(), strict=True))
+    now = time.time()
+    return {
+        channel: (
+            _read_default(channel, user_id, is_admin)
+            if channel not in named
+            else _read_named(namespace_of[channel], stored.get(channel), is_admin, now)
+        )
+        for channel in channels
+    }
+
+
+def check_subscribe(client, user_id: str, is_admin: bool, channels: list[str]) -> dict[str, Access]:
+    """The Access of each channel a request names: 400 for a malformed name, 404 for a channel whose
+    namespace does not exist, 403 when any is not allowed."""
+    for channel in channels:
+        if not (_own_channel(channel) or split_channel(channel)):
+            raise bad_request(f"{channel[:200]!r} is not a channel name (<namespace>:<name>).")
+    access = current_access(client, user_id, is_admin, channels)
+    for channel, found in access.items():
+        if found.reason == NO_NAMESPACE:
+            raise not_found(f"No namespace of channel {channel!r}.")
+    for channel, found in access.items():
+        if not found.allowed:
+            raise forbidden(f"You may not subscribe to {channel!r}.")
+    return access
+
+
+def check_publish(client, channel: str, *, user_id: str | None, is_admin: bool, api_key) -> Namespace | None:
+    """The channel's namespace (None for other channels) when the caller may publish there; else 403,
+    or 404 for a channel of a namespace that does not exist.
+
+    Channels outside namespaces keep section 4's rules: users their own channel, admins any, keys their
+    list. In a namespace, `server`: admins and keys whose channels cover it; `subscribers`: also users
+    who may subscribe.
+    """
+    split = split_channel(channel)
+    if split is None or split[0] == "user":
+        if api_key is not None and not api_key.may_publish(channel):
+            raise forbidden(f"This API key may not publish to {channel!r}.")
+        if api_key is None and not (is_admin or channel == user_channel(user_id or "")):
+            raise forbidden("You may publish only to your own channel.")
+        return None
+    namespace = get_namespace(client, split[0]) if split[0] not in RESERVED else None
+    if namespace is None:
+        raise not_found(f"No namespace of channel {channel!r}.")
+    if api_key is not None:
+        if not api_key.may_publish(channel):
+            raise forbidden(f"This API key may not publish to {channel!r}.")
+    elif not is_admin:
+        if namespace.publish != "subscribers" or user_id is None:
+            raise forbidden(f"Only the server publishes to {channel!r}.")
+        stored = client.hget(Keys.channel_members(channel), user_id) if namespace.subscribe == "members" else None
+        if not _read_named(namespace, stored, False, time.time()).allowed:
+            raise forbidden(f"You may not publish to {channel!r}.")
+    return namespace

@@ -1,0 +1,104 @@
+"""Grants: which users may read a channel of a `members` namespace, until when, with what info.
+
+The channel's members hash (`members:{C}`, in its stream's hash slot) is the authority; the user's index
+(`user:{U}:grants`, in the user record's slot) lists their channels for `GET /channels` and for purging
+when the account is deleted. Writes go in an order that keeps every member of a channel in its user's
+index, whatever interleaves: a grant writes the members hash, then the index; a revocation the index,
+then the members hash. The index may hold a channel for a while that the members hash no longer does,
+so readers of the index check each channel against the members hash.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from ..errors import validation_failed
+from ..http import rfc3339
+from ..redis import Keys
+
+INFO_LIMIT = 1024  # bytes of compact JSON
+EXPIRES_IN_LIMIT = 10 * 366 * 24 * 3600  # seconds: a longer grant is one without `expires_in`
+
+# KEYS[1] the user's record, KEYS[2] the user's grants index. ARGV: channel, expiry ('' for none).
+# Indexes the grant while the user exists: 1, or 0 when the account is gone (or being deleted).
+INDEX_GRANT_LUA = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+return 1
+"""
+
+
+def compact(value) -> str:
+    """JSON as stored and measured: no spaces, non-ASCII kept as it is."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def check_grant(info: dict | None, expires_in: float | None) -> None:
+    """422 unless `info` is an object of at most 1 KiB as compact JSON and `expires_in` is in range."""
+    if info is not None and (not isinstance(info, dict) or len(compact(info).encode()) > INFO_LIMIT):
+        raise validation_failed(f"info must be a JSON object of at most {INFO_LIMIT} bytes as compact JSON.")
+    if expires_in is not None and not 0 < expires_in <= EXPIRES_IN_LIMIT:
+        raise validation_failed(f"expires_in must be more than 0 and at most {EXPIRES_IN_LIMIT} seconds.")
+
+
+def live_grant(stored: str | None, now: float) -> dict | None:
+    """A members-hash entry {"info", "expires_at"} while it is in force, else None."""
+    grant = json.loads(stored) if stored else None
+    if grant is None or (grant["expires_at"] is not None and grant["expires_at"] <= now):
+        return None
+    return grant
+
+
+def grant(client, channel: str, user_id: str, info: dict | None, expires_in: float | None) -> bool:
+    """Grant (or grant again, replacing info and expiry) one user one channel; False, with nothing
+    kept, when the user does not exist."""
+    check_grant(info, expires_in)
+    expires_at = round(time.time() + expires_in, 3) if expires_in is not None else None
+    members = Keys.channel_members(channel)
+    client.hset(members, user_id, compact({"info": info, "expires_at": expires_at}))
+    index = client.register_script(INDEX_GRANT_LUA)
+    expiry = f"{expires_at:.3f}" if expires_at is not None else ""
+    if index(keys=[Keys.user(user_id), Keys.user_grants(user_id)], args=[channel, expiry]):
+        return True
+    client.hdel(members, user_id)  # the account is gone: forget_user may already have run
+    return False
+
+
+def revoke(client, channel: str, user_id: str) -> bool:
+    """Take a user's grant of a channel away; False if there was none (expired ones count as some)."""
+    client.hdel(Keys.user_grants(user_id), channel)
+    return client.hdel(Keys.channel_members(channel), user_id) == 1
+
+
+def members(client, channel: str) -> list[dict]:
+    """The channel's members in force, by user id: {"user_id", "info", "expires_at" (RFC 3339 or None)}."""
+    now = time.time()
+    found = []
+    for user_id, stored in sorted(client.hgetall(Keys.channel_members(channel)).items()):
+        member = live_grant(stored, now)
+        if member is not None:
+            found.append({"user_id": user_id, "info": member["info"], "expires_at": rfc3339(member["expires_at"])})
+    return found
+
+
+def channels_of(client, user_id: str) -> list[str]:
+    """The channels the user is granted now (the index, checked against each members hash), sorted."""
+    channels = sorted(client.hkeys(Keys.user_grants(user_id)))
+    if not channels:
+        return []
+    pipe = client.pipeline(transaction=False)  # one key each: fine across hash slots
+    for channel in channels:
+        pipe.hget(Keys.channel_members(channel), user_id)
+    now = time.time()
+    return [channel for channel, stored in zip(channels, pipe.execute(), strict=True) if live_grant(stored, now)]
+
+
+def forget_user(client, user_id: str) -> None:
+    """Remove every grant of a deleted user (after the record is gone, so no grant can be indexed again)."""
+    channels = client.hkeys(Keys.user_grants(user_id))
+    pipe = client.pipeline(transaction=False)
+    for channel in channels:
+        pipe.hdel(Keys.channel_members(channel), user_id)
+    pipe.delete(Keys.user_grants(user_id))
+    pipe.execute()

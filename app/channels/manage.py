@@ -1,0 +1,66 @@
+"""Changes to namespaces and grants as the API and the command line make them: checked, stored, announced.
+
+Each change is announced on the event bus, so that every worker re-checks the open subscriptions it
+concerns: a revoked grant or a deleted namespace ends them at once, a changed one is read again.
+"""
+
+from __future__ import annotations
+
+from flask import current_app
+
+from ..auth.users import USER_ID, get_user
+from ..errors import not_found
+from ..redis import get_redis
+from . import grants, namespaces
+from .namespaces import Namespace
+
+
+def _announce(reason: str, **where) -> None:
+    current_app.extensions["event_bus"].announce_access_changed(reason, **where)
+
+
+def namespace_of(channel: str) -> Namespace:
+    """The namespace of a named channel; 404 for a malformed name or a namespace that does not exist."""
+    split = namespaces.split_channel(channel)
+    namespace = namespaces.get_namespace(get_redis(), split[0]) if split else None
+    if namespace is None:
+        raise not_found(f"No channel {channel[:200]!r}: channels are <namespace>:<name> of an existing namespace.")
+    return namespace
+
+
+def define_namespace(namespace: Namespace) -> Namespace:
+    """Create or replace a namespace (422 for a bad or reserved name, or bad rules)."""
+    client = get_redis()
+    before = namespaces.get_namespace(client, namespace.name)
+    namespaces.put_namespace(client, namespace)
+    if before is not None and before != namespace:
+        _announce("access_changed", namespace=namespace.name)
+    return namespace
+
+
+def remove_namespace(name: str) -> None:
+    """Delete a namespace (404 if there is none); its channels' open subscriptions end."""
+    if not namespaces.delete_namespace(get_redis(), name):
+        raise not_found(f"No namespace {name[:100]!r}.")
+    _announce("namespace_deleted", namespace=name)
+
+
+def grant_member(channel: str, user_id: str, info: dict | None, expires_in: float | None) -> None:
+    """Grant a user a channel (404 for an unknown channel or user, 422 for bad info or expiry)."""
+    namespace_of(channel)
+    grants.check_grant(info, expires_in)
+    if not USER_ID.fullmatch(user_id) or get_user(user_id) is None:
+        raise not_found("No such user.")
+    if not grants.grant(get_redis(), channel, user_id, info, expires_in):
+        raise not_found("No such user.")
+    _announce("access_changed", channel=channel, user_id=user_id)
+
+
+def revoke_member(channel: str, user_id: str) -> None:
+    """Take a user's grant of a channel away, also when there is none (404 for an unknown channel, or
+    a user id of the wrong shape)."""
+    namespace_of(channel)
+    if not USER_ID.fullmatch(user_id):
+        raise not_found("No such user.")
+    grants.revoke(get_redis(), channel, user_id)
+    _announce("revoked", channel=channel, user_id=user_id)

@@ -1,0 +1,108 @@
+"""What the namespace, membership and presence endpoints take and answer (`N` in docs/api.md)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from ..schemas import Answer, Body, JsonValue
+from .grants import EXPIRES_IN_LIMIT, INFO_LIMIT
+from .namespaces import CHANNEL_NAME_PATTERN, NAMESPACE_PATTERN, PUBLISH_RULES, SUBSCRIBE_RULES
+
+ChannelName = Annotated[
+    str,
+    Field(
+        pattern=rf"^{NAMESPACE_PATTERN}:{CHANNEL_NAME_PATTERN}$",
+        description="`<namespace>:<name>` of an existing namespace (anything else is 404).",
+    ),
+]
+UserId = Annotated[str, Field(pattern=r"^[0-9a-f]{32}$")]
+Info = Annotated[dict[str, JsonValue], Field(description=f"At most {INFO_LIMIT} bytes as compact JSON (else 422).")]
+
+
+class NamespacePath(Body):
+    """A namespace's name (in PUT, another shape or a reserved name is 422; elsewhere 404)."""
+
+    ns: Annotated[str, Field(pattern=rf"^{NAMESPACE_PATTERN}$")]
+
+
+class NamespaceRules(Body):
+    """A namespace's rules; what is absent takes its default."""
+
+    subscribe: Literal[SUBSCRIBE_RULES] = "members"
+    publish: Literal[PUBLISH_RULES] = "server"
+    presence: bool = False
+    join_leave: bool = Field(False, description="Needs presence (else 422).")
+
+
+class ChannelPath(Body):
+    """A channel of a namespace."""
+
+    channel: ChannelName
+
+
+class MemberPath(Body):
+    """A channel of a namespace and a user's id."""
+
+    channel: ChannelName
+    user_id: UserId
+
+
+class GrantRequest(Body):
+    """What a grant shows in presence, and when it runs out (never, without `expires_in`)."""
+
+    info: Info | None = None
+    expires_in: float | None = Field(None, gt=0, le=EXPIRES_IN_LIMIT, description="Seconds from now.")
+
+
+class NamespaceAnswer(Answer):
+    """`N`: a namespace and its rules."""
+
+    name: str
+    subscribe: Literal[SUBSCRIBE_RULES]
+    publish: Literal[PUBLISH_RULES]
+    presence: bool
+    join_leave: bool
+
+
+class Namespaces(Answer):
+    """Every namespace, by name."""
+
+    namespaces: list[NamespaceAnswer]
+
+
+class Member(Answer):
+    """One grant in force."""
+
+    user_id: str
+    info: dict[str, JsonValue] | None
+    expires_at: str | None = Field(description="RFC 3339; null for a grant that does not run out.")
+
+
+class Members(Answer):
+    """A channel's grants in force, by user id."""
+
+    members: list[Member]
+
+
+class Channels(Answer):
+    """The channels granted to the caller."""
+
+    channels: list[str]
+
+
+class PresentUser(Answer):
+    """A user reading the channel, with the info of their grant."""
+
+    user_id: str
+    info: dict[str, JsonValue] | None
+    connections: int = Field(ge=1)
+
+
+class Presence(Answer):
+    """Who reads a channel now: at most 1,000 users, by user id; `count` is the whole number."""
+
+    channel: str
+    count: int = Field(ge=0)
+    users: list[PresentUser]
