@@ -36,8 +36,15 @@ class Delivery(NamedTuple):
     cursor: str  # the position just after this event: resuming from it yields the next one
 
 
+NO_CHANNELS: dict = {}  # shared by the many readers of no named channel: never written (see add_channel)
+
+
 class Follower:
     """A reader's view of its channels from a cursor: history first, then live, every event once."""
+
+    presence = None  # the worker's PresenceKeeper, for connections that count as present
+    present_in: dict | None = None  # channel -> presence entry, once there is one
+    max_named = 100  # MAX_CHANNELS_PER_CONNECTION, for subscribe frames (the view sets it)
 
     def __init__(
         self,
@@ -62,12 +69,12 @@ class Follower:
         self.bus = bus
         self.hub = hub
         self.caller = caller
-        self.access = dict(named or {})  # named channel -> Access
+        self.access = dict(named) if named else NO_CHANNELS  # named channel -> Access
         self.channels = channels_for(caller.user_id, caller.is_admin) + list(self.access)
         self.write_cursor = cursor_writer(self.channels, compact=bool(self.access))
         self.leases, self.lease, self.subscription = leases, lease, None
-        self.presence, self.present_in = presence, {}  # channel -> presence entry
-        self.max_named = 100  # MAX_CHANNELS_PER_CONNECTION, for subscribe frames (the view sets it)
+        if presence is not None:
+            self.presence = presence
         if cursor:  # validate before subscribing: a malformed cursor is a plain 400
             self.start_at(decode_cursor(cursor, self.channels))
         try:
@@ -113,6 +120,8 @@ class Follower:
                 position = decode_cursor(cursor, [channel])[channel]
             else:
                 position = self.bus.present([channel])[channel]
+            if self.access is NO_CHANNELS:
+                self.access = {}
             self.access[channel] = access
             self.channels.append(channel)
             self.write_cursor = cursor_writer(self.channels, compact=True)
@@ -128,8 +137,9 @@ class Follower:
         if self.subscription is not None:
             self.hub.remove_channel(self.subscription, channel)
         self._leave(channel)
-        if self.access.pop(channel, None) is None:
+        if channel not in self.access:
             return
+        del self.access[channel]
         self.channels.remove(channel)
         self.write_cursor = cursor_writer(self.channels, compact=bool(self.access))
         self.positions.pop(channel, None)
@@ -142,10 +152,12 @@ class Follower:
         self.hub.watch_expiry(self.subscription, channel, access.expires_at)
         namespace = access.namespace
         if self.presence is not None and namespace is not None and namespace.presence:
+            if self.present_in is None:
+                self.present_in = {}
             self.present_in[channel] = self.presence.enter(channel, self.caller.user_id, namespace.join_leave)
 
     def _leave(self, channel: str) -> None:
-        entry = self.present_in.pop(channel, None)
+        entry = self.present_in.pop(channel, None) if self.present_in else None
         if entry is not None:
             self.presence.leave(entry)
 
@@ -161,7 +173,7 @@ class Follower:
 
     def close(self) -> None:
         """Stop following: unsubscribe, leave presence and give the connection's lease back (idempotent)."""
-        for channel in list(self.present_in):
+        for channel in list(self.present_in or ()):
             self._leave(channel)
         if self.subscription is not None:
             self.hub.unsubscribe(self.subscription)

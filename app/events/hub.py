@@ -105,7 +105,7 @@ class Subscription:
         """Deliver an event through the outlet, or queue it (or a resync); past the bound the connection ends."""
         outlet = self.outlet
         if outlet is not None:
-            if item is not RESYNC and item.__class__ is not Unsubscribed and outlet.write(item):
+            if item.__class__ is Event and outlet.write(item):  # not a resync or a notice: those wake the reader
                 if not outlet.stalled:
                     return
                 self.outlet = None  # the reader finishes the write, then queued items follow it
