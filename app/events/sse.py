@@ -20,7 +20,7 @@ from .hub import Unsubscribed
 from .outlet import Outlet, Tally, plain_socket, send_within
 from .parked import FAREWELL_REASONS, ParkedStream, Parking
 from .schemas import StreamPosition
-from .views import bp, follower_for_request, requested_channels
+from .views import CHANNEL_ERRORS, bp, follower_for_request, requested_channels
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +135,7 @@ class StreamBody:
     tags=["events"],
     query=StreamPosition,
     responses={200: ("text/event-stream", "Events as `event:`, `id:` (the cursor) and `data:` (E) lines")},
-    errors=(429,),
+    errors=(*CHANNEL_ERRORS, 429),
     auth=("bearer", "cookie"),
 )
 @login_required

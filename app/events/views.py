@@ -115,6 +115,7 @@ def _check_may_publish(channel: str) -> None:
 PUBLISHERS = ("bearer", "cookie", "api_key")
 READERS = ("bearer", "cookie")
 CURSOR_HEADER = {"Event-Cursor": "The cursor to resume from."}
+CHANNEL_ERRORS = (404, 422)  # ?channels=: a namespace that does not exist; too many named channels
 
 
 @bp.post("/events")
@@ -123,6 +124,7 @@ CURSOR_HEADER = {"Event-Cursor": "The cursor to resume from."}
     tags=["events"],
     body=Publication,
     responses={201: Published},
+    errors=(404,),
     auth=PUBLISHERS,
 )
 @user_or_api_key("events:publish")
@@ -141,6 +143,7 @@ def publish():
     tags=["events"],
     body=Batch,
     responses={201: PublishedBatch},
+    errors=(404,),
     auth=PUBLISHERS,
 )
 @user_or_api_key("events:publish")
@@ -160,6 +163,7 @@ def publish_batch():
     query=Position,
     responses={200: Events, 204: None},
     headers={200: CURSOR_HEADER, 204: CURSOR_HEADER},
+    errors=CHANNEL_ERRORS,
     auth=READERS,
 )
 @login_required
@@ -178,7 +182,7 @@ def poll():
     query=Wait,
     responses={200: Events, 204: None},
     headers={200: CURSOR_HEADER, 204: CURSOR_HEADER},
-    errors=(429,),
+    errors=(*CHANNEL_ERRORS, 429),
     auth=READERS,
 )
 @login_required

@@ -38,7 +38,7 @@ from .hub import Unsubscribed
 from .outlet import FellBehind, Outlet, Tally, plain_socket, send_within
 from .parked import Parking, monotonic_expiry
 from .schemas import StreamPosition
-from .views import bp, check_channel_count, follower_for_request, get_leases, requested_channels
+from .views import CHANNEL_ERRORS, bp, check_channel_count, follower_for_request, get_leases, requested_channels
 
 sock = Sock()
 log = logging.getLogger(__name__)
@@ -145,7 +145,7 @@ def guard_websocket_handshake():
     tags=["events"],
     query=StreamPosition,
     responses={101: None},
-    errors=(429,),
+    errors=(*CHANNEL_ERRORS, 429),
     auth=("bearer", "cookie"),
 )
 def websocket(ws):
