@@ -108,11 +108,12 @@ class Follower:
         """The named channels read now."""
         return list(self.access)
 
-    def add_channel(self, channel: str, access, cursor: str | None = None) -> None:
+    def add_channel(self, channel: str, access, cursor: str | None = None) -> str:
         """Read one more named channel (a WebSocket's subscribe frame): from the cursor's position for it,
-        else from the present; its history after that comes next."""
+        else from the present; its history after that comes next. Returns the cursor at that start, before
+        any of its history is delivered (a client that resumes from it misses none)."""
         if channel in self.access:
-            return
+            return self.cursor
         if self.subscription is not None:
             self.hub.add_channel(self.subscription, channel)
         try:
@@ -126,11 +127,13 @@ class Follower:
             self.channels.append(channel)
             self.write_cursor = cursor_writer(self.channels, compact=True)
             self.start_at({**self.positions, channel: position})
+            started = self.cursor
             self._catch_up([channel])
             self._hold_access(channel, access)
         except BaseException:
             self.remove_channel(channel)
             raise
+        return started
 
     def remove_channel(self, channel: str) -> None:
         """Read a named channel no more (an unsubscribe frame, or its access ended)."""

@@ -634,7 +634,8 @@ def publish_frame(follower: Follower, frame: dict, channel: str | None) -> dict:
 
 
 def subscribe_frame(follower: Follower, frame: dict, channel: str | None) -> dict:
-    """Read one more named channel from now on (or from `cursor`): `subscribed` with the new cursor."""
+    """Read one more named channel from now on (or from `cursor`): `subscribed` with the cursor where it
+    starts (the channel's history after it follows as event frames)."""
     if channel is None:
         raise bad_request("A subscribe frame needs a 'channel'.")
     cursor = frame.get("cursor")
@@ -643,11 +644,12 @@ def subscribe_frame(follower: Follower, frame: dict, channel: str | None) -> dic
     if cursor:
         decode_positions(cursor)
     caller = follower.caller
-    if channel not in follower.channels:
-        check_channel_count(len(follower.named) + 1, follower.max_named)
-        access = check_subscribe(follower.bus.client, caller.user_id, caller.is_admin, [channel])[channel]
-        follower.add_channel(channel, access, cursor or None)
-    return {"type": "subscribed", "channel": channel, "cursor": follower.cursor}
+    if channel in follower.channels:
+        return {"type": "subscribed", "channel": channel, "cursor": follower.cursor}
+    check_channel_count(len(follower.named) + 1, follower.max_named)
+    access = check_subscribe(follower.bus.client, caller.user_id, caller.is_admin, [channel])[channel]
+    started = follower.add_channel(channel, access, cursor or None)
+    return {"type": "subscribed", "channel": channel, "cursor": started}
 
 
 def unsubscribe_frame(follower: Follower, frame: dict, channel: str | None) -> dict:

@@ -1,8 +1,11 @@
-// The test page: log in, devices, live events. All server calls go through the reference client.
+// The test page: log in, devices, live events, rooms. All server calls go through the reference client.
 import { Client, EventFeed, ServiceError, conditionalMediationAvailable, passkeysSupported } from "./client.js";
 
 const $ = (id) => document.getElementById(id);
 const SESSIONS_REFRESH_MS = 3000;
+// Join and leave events keep a room's list of people current; a periodic look also catches the rooms
+// whose namespace sends none, and people whose server went away (their presence runs out).
+const ROOM_PRESENCE_REFRESH_MS = 10_000;
 
 const TRANSPORT_NAMES = {
   sse: "server-sent events",
@@ -12,8 +15,21 @@ const TRANSPORT_NAMES = {
 };
 const STATE_NAMES = { connecting: "Connecting", live: "Live", reconnecting: "Reconnecting", offline: "Offline" };
 
+const UNSUBSCRIBE_REASONS = {
+  revoked: "your access to it was revoked",
+  expired: "your access to it expired",
+  namespace_deleted: "it no longer exists",
+  access_changed: "your access to it ended",
+};
+
 const client = new Client({ onLoggedOut: () => showSignedOut("You are logged out.") });
-const feed = new EventFeed(client, { onEvent: logEvent, onState: showConnection });
+const feed = new EventFeed(client, {
+  onEvent: showEvent,
+  onState: showConnection,
+  onJoin: (channel, member) => presenceChanged(channel, member, true),
+  onLeave: (channel, member) => presenceChanged(channel, member, false),
+  onUnsubscribed: removedFromRoom,
+});
 let me = null;
 let sessionsTimer = null;
 let hasPasskeys = false;
@@ -46,6 +62,8 @@ function showSignedOut(message) {
   me = null;
   hideNotice();
   feed.stop();
+  closeRoom();
+  for (const channel of feed.channels) feed.unsubscribe(channel); // stopped: only forgotten
   clearInterval(sessionsTimer);
   $("signed-in").hidden = true;
   $("signed-out").hidden = false;
@@ -169,6 +187,11 @@ function part(tag, className, text) {
   element.className = className;
   element.textContent = text;
   return element;
+}
+
+function showEvent(event) {
+  if (room && event.channel === room.channel) showRoomEvent(event);
+  else logEvent(event);
 }
 
 function logEvent(event) {
@@ -581,6 +604,166 @@ async function publish(event) {
   }
 }
 
+// Rooms: one named channel at a time, followed by the page's feed. Who is here comes from the channel's
+// presence, then from its join and leave events; messages are events named `message`, each with `from`.
+// room: {channel, people: Map(user id -> member), loading, buffered: [[member, present]], timer, withoutPresence}
+let room = null;
+
+async function joinRoom(event) {
+  event.preventDefault();
+  const channel = $("room-name").value.trim();
+  $("room-error").textContent = "";
+  if (room?.channel === channel) return;
+  await leaveRoom();
+  const joining = { channel, people: new Map(), loading: false, buffered: [], timer: null };
+  room = joining;
+  $("room-title").textContent = `In ${channel}`;
+  $("room-people").replaceChildren();
+  $("room-count").textContent = "0";
+  $("room-presence-note").hidden = true;
+  $("room-messages").replaceChildren();
+  $("room-messages-empty").hidden = false;
+  $("room-message-error").textContent = "";
+  $("room").hidden = false;
+  try {
+    await feed.subscribe(channel);
+  } catch (error) {
+    if (room === joining) closeRoom();
+    $("room-error").textContent = `You cannot join ${channel}: ${error.message}`;
+    return;
+  }
+  if (room !== joining) return;
+  $("room-message").focus();
+  await loadPresence(joining);
+  if (room === joining && !joining.withoutPresence) {
+    joining.timer = setInterval(() => loadPresence(joining), ROOM_PRESENCE_REFRESH_MS);
+  }
+}
+
+async function leaveRoom() {
+  if (!room) return;
+  const { channel } = room;
+  closeRoom();
+  try {
+    await feed.unsubscribe(channel);
+  } catch (error) {
+    $("room-error").textContent = error.message;
+  }
+}
+
+function closeRoom() {
+  if (room) clearInterval(room.timer);
+  room = null;
+  $("room").hidden = true;
+}
+
+function removedFromRoom(channel, reason) {
+  if (room?.channel !== channel) return;
+  closeRoom();
+  $("room-error").textContent = `You are no longer in ${channel}: ${UNSUBSCRIBE_REASONS[reason] ?? reason}.`;
+}
+
+// Join and leave events that arrive while presence is being asked wait for its answer and then apply in
+// order: each says how one user changed, so applied after any snapshot they leave the list right.
+async function loadPresence(current) {
+  if (current.loading) return;
+  current.loading = true;
+  let presence = null;
+  let failure = null;
+  try {
+    presence = await client.presence(current.channel);
+  } catch (error) {
+    failure = error;
+  }
+  current.loading = false;
+  if (room !== current) return;
+  const note = $("room-presence-note");
+  if (presence) {
+    current.people = new Map(presence.users.map((user) => [user.user_id, user]));
+    note.hidden = true;
+  } else if (failure.status === 404) {
+    current.withoutPresence = true; // its namespace keeps none: asking again would only be refused again
+    clearInterval(current.timer);
+    note.textContent = "This room does not show who is here.";
+    note.hidden = false;
+  } else {
+    note.textContent = failure.message;
+    note.hidden = false;
+  }
+  for (const [member, present] of current.buffered.splice(0)) applyPresence(current, member, present);
+  showPeople(current);
+}
+
+function presenceChanged(channel, member, present) {
+  if (room?.channel !== channel) return;
+  if (room.loading) return room.buffered.push([member, present]);
+  applyPresence(room, member, present);
+  showPeople(room);
+}
+
+function applyPresence(current, member, present) {
+  if (present) current.people.set(member.user_id, { ...current.people.get(member.user_id), ...member });
+  else current.people.delete(member.user_id);
+}
+
+// A person as the room shows them: the name their grant gives them, else their user id.
+function personName(userId) {
+  const name = room?.people.get(userId)?.info?.name;
+  return typeof name === "string" && name ? name : userId;
+}
+
+function showPeople(current) {
+  const people = [...current.people.values()].sort((a, b) => a.user_id.localeCompare(b.user_id));
+  $("room-count").textContent = String(people.length);
+  $("room-people").replaceChildren(
+    ...people.map((person) => {
+      const item = document.createElement("li");
+      item.dataset.userId = person.user_id;
+      item.append(part("span", "person", personName(person.user_id)));
+      if (person.user_id === me?.id) {
+        item.classList.add("me");
+        item.append(" (you)");
+      }
+      return item;
+    }),
+  );
+}
+
+function showRoomEvent(event) {
+  if (event.event === "presence.join" || event.event === "presence.leave") return; // the people list says it
+  const item = document.createElement("li");
+  item.dataset.eventId = event.id;
+  item.dataset.event = event.event;
+  const time = part("time", "time", new Date(event.ts).toLocaleTimeString());
+  time.dateTime = event.ts;
+  item.append(time, " ");
+  if (event.from) {
+    item.dataset.from = event.from;
+    const sender = part("span", "sender", personName(event.from));
+    if (event.from === me?.id) sender.classList.add("me");
+    item.append(sender, ": ");
+  }
+  const text = event.event === "message" && typeof event.data?.text === "string" ? event.data.text : null;
+  if (text !== null) item.append(part("span", "text", text));
+  else item.append(part("span", "name", event.event), " ", part("code", "data", JSON.stringify(event.data)));
+  $("room-messages").append(item);
+  $("room-messages-empty").hidden = true;
+}
+
+async function sendMessage(event) {
+  event.preventDefault();
+  const input = $("room-message");
+  const text = input.value.trim();
+  if (!room || !text) return;
+  try {
+    await feed.publish(room.channel, "message", { text });
+    input.value = "";
+    $("room-message-error").textContent = "";
+  } catch (error) {
+    $("room-message-error").textContent = error.message;
+  }
+}
+
 async function logOut(everywhere) {
   await client.logout({ everywhere }).catch(() => {});
   showSignedOut(everywhere ? "You logged out everywhere." : "You logged out.");
@@ -622,6 +805,9 @@ async function start() {
   $("reauth-form").addEventListener("submit", reauthenticate);
   $("mfa-disable-form").addEventListener("submit", disableMfa);
   $("publish-form").addEventListener("submit", publish);
+  $("room-join-form").addEventListener("submit", joinRoom);
+  $("room-leave-button").addEventListener("click", leaveRoom);
+  $("room-message-form").addEventListener("submit", sendMessage);
   $("logout-button").addEventListener("click", () => logOut(false));
   $("logout-all-button").addEventListener("click", () => logOut(true));
   $("transports").addEventListener("change", () => me && feed.start(selectedTransport()));

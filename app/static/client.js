@@ -14,6 +14,12 @@
  * repeats nothing. Every event is delivered whatever its name: the SSE stream is read with fetch() and
  * parsed here (EventSource would only deliver the names it listens for).
  *
+ * Channels: beyond `user:<id>` and `broadcast`, a feed follows named channels (`<namespace>:<name>`) that
+ * {@link EventFeed#subscribe} adds and {@link EventFeed#unsubscribe} removes while it runs: by frames on a
+ * WebSocket, by reconnecting with `?channels=` and the cursor on the other transports. A channel whose
+ * access ends is reported to `onUnsubscribed`; `presence.join` and `presence.leave` events to `onJoin` and
+ * `onLeave`. {@link Client#presence} says who is in a channel now.
+ *
  * Passkeys: {@link Client#registerPasskey}, {@link Client#loginWithPasskey} (also with the browser's
  * conditional mediation, passkeys offered in an input's autofill) and
  * {@link Client#reauthenticateWithPasskey} run the WebAuthn ceremonies with the browser; options and
@@ -56,10 +62,34 @@ const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
  * An event as the service delivers it.
  * @typedef {object} ServiceEvent
  * @property {string} id the event's id in its channel
- * @property {string} channel `user:<id>`, `broadcast`, ...
+ * @property {string} channel `user:<id>`, `broadcast`, `<namespace>:<name>`
+ * @property {string} [from] the id of the user who published it; absent when an API key, the command line
+ *   or a webhook published it (and for join and leave events)
  * @property {string} event its name; any name the service accepts, known to this client or not
  * @property {*} data any JSON value
  * @property {string} ts when it was published (RFC 3339, UTC)
+ */
+
+/**
+ * A member of a channel as join and leave events and presence describe one.
+ * @typedef {object} ChannelMember
+ * @property {string} user_id
+ * @property {*} info what the channel's grant says of the user (`null` without a grant or info)
+ */
+
+/**
+ * Who is in a channel now (GET /channels/{channel}/presence).
+ * @typedef {object} Presence
+ * @property {string} channel
+ * @property {number} count how many users are present (all of them, also beyond the 1,000 in `users`)
+ * @property {Array<ChannelMember & {connections: number}>} users sorted by user id; `connections` counts
+ *   the user's SSE and WebSocket connections reading the channel
+ */
+
+/**
+ * Why a channel stopped being followed: `revoked` (its grant was deleted), `expired` (its grant ran out),
+ * `namespace_deleted`, or `access_changed` (access ended another way, or was found refused on reconnecting).
+ * @typedef {"revoked" | "expired" | "namespace_deleted" | "access_changed"} UnsubscribeReason
  */
 
 /**
@@ -453,14 +483,36 @@ export class Client {
   }
 
   /**
-   * Publishes an event (to `user:<your id>`; an admin may publish to any channel).
+   * Publishes an event (POST /events): to `user:<your id>`, to a named channel whose namespace lets
+   * subscribers publish and that the user may subscribe to, or as an admin to any channel. The event
+   * carries `from`: the user's id.
    * @param {string} channel
    * @param {string} event its name: 1-100 letters, digits or `_.:-`
    * @param {*} data any JSON value
-   * @returns {Promise<{id: string, channel: string}>}
+   * @returns {Promise<{id: string, channel: string}>} rejects with a {@link ServiceError} (403
+   *   `forbidden`, 404 `not_found` for a namespace that does not exist, 413, 422)
    */
   publish(channel, event, data) {
     return this.json("/events", { method: "POST", body: { channel, event, data } });
+  }
+
+  /**
+   * Who is in a channel now: users with at least one SSE or WebSocket connection reading it. A user may
+   * ask of a channel it may subscribe to whose namespace has `presence: true`.
+   * @param {string} channel `<namespace>:<name>`
+   * @returns {Promise<Presence>} rejects with a {@link ServiceError} (403 `forbidden`; 404 `not_found`:
+   *   no such namespace, or one without presence)
+   */
+  presence(channel) {
+    return this.json(`/channels/${encodeURIComponent(channel)}/presence`);
+  }
+
+  /**
+   * The named channels the user is granted (members namespaces), as GET /channels lists them.
+   * @returns {Promise<string[]>}
+   */
+  async channels() {
+    return (await this.json("/channels")).channels;
   }
 
   /**
@@ -666,22 +718,62 @@ function withRefreshLock(task) {
  * Options of {@link EventFeed}.
  * @typedef {object} EventFeedOptions
  * @property {(event: ServiceEvent) => void} onEvent called for every event, in order, exactly once,
- *   whatever its name (the service's `reset` event included: history was lost past an old cursor)
+ *   whatever its name (the service's `reset` event included: history was lost past an old cursor; join
+ *   and leave events too, before `onJoin` and `onLeave`)
  * @property {(state: ConnectionState, transport: Transport | null) => void} [onState] called on every
  *   change of connection state
  * @property {string | null} [cursor] where to resume; default: the present (no history)
+ * @property {string[]} [channels] named channels (`<namespace>:<name>`) to follow from the start, beside
+ *   the user's own `user:<id>` and `broadcast`
+ * @property {(channel: string, member: ChannelMember, event: ServiceEvent) => void} [onJoin] a user became
+ *   present in a followed channel (its `presence.join` event)
+ * @property {(channel: string, member: ChannelMember, event: ServiceEvent) => void} [onLeave] a user stopped
+ *   being present (its `presence.leave` event)
+ * @property {(channel: string, reason: UnsubscribeReason) => void} [onUnsubscribed] the service stopped
+ *   sending a channel because the user's access to it ended; the feed no longer follows it, and the rest
+ *   goes on
  */
 
-/** The user's live events (their `user:<id>` channel and `broadcast`) by any of the four transports. */
+// Answers to a request with `?channels=` that refuse the channels (or one of them), not the session.
+const CHANNEL_REFUSALS = new Set([400, 403, 404, 422]);
+// The HTTP status an error frame's code stands for, so a WebSocket refusal reads as a request's would.
+const CODE_STATUS = {
+  bad_request: 400,
+  forbidden: 403,
+  not_found: 404,
+  payload_too_large: 413,
+  validation_failed: 422,
+  rate_limited: 429,
+  unavailable: 503,
+};
+
+/**
+ * The user's live events (their `user:<id>` channel, `broadcast`, and the named channels subscribed)
+ * by any of the four transports.
+ */
 export class EventFeed {
   /**
    * @param {Client} client
    * @param {EventFeedOptions} options
    */
-  constructor(client, { onEvent, onState = () => {}, cursor = null }) {
+  constructor(
+    client,
+    {
+      onEvent,
+      onState = () => {},
+      cursor = null,
+      channels = [],
+      onJoin = () => {},
+      onLeave = () => {},
+      onUnsubscribed = () => {},
+    },
+  ) {
     this.client = client;
     this.onEvent = onEvent;
     this.onStateChange = onState;
+    this.onJoin = onJoin;
+    this.onLeave = onLeave;
+    this.onUnsubscribed = onUnsubscribed;
     /** @type {string | null} the position after the last event delivered; resumes from here */
     this.cursor = cursor;
     /** @type {Transport | null} */
@@ -690,6 +782,19 @@ export class EventFeed {
     this.state = "offline";
     this.generation = 0;
     this.attempts = 0;
+    this.running = false;
+    this.named = new Set(channels);
+    // Changes of the channel set the next accepted connection confirms (or its refusal undoes), and
+    // requests sent as WebSocket frames, waiting for their answer frame.
+    this.pending = [];
+    this.framed = [];
+    this.socket = null;
+    this.welcomed = false;
+  }
+
+  /** @type {string[]} the named channels followed (subscribed and not unsubscribed or revoked) */
+  get channels() {
+    return [...this.named];
   }
 
   /**
@@ -697,15 +802,13 @@ export class EventFeed {
    * @param {Transport} transport
    */
   start(transport) {
-    const runners = { sse: this.sse, websocket: this.openWebSocket, "long-poll": this.longPoll, poll: this.poll };
-    const run = Object.hasOwn(runners, transport) && runners[transport];
-    if (!run) throw new TypeError(`unknown transport: ${transport}`);
+    if (!Object.hasOwn(this.runners(), transport)) throw new TypeError(`unknown transport: ${transport}`);
     this.halt();
     this.transport = transport;
-    const generation = ++this.generation;
+    this.running = true;
     this.attempts = 0;
     this.setState("connecting");
-    run.call(this, generation);
+    this.run();
   }
 
   /**
@@ -715,10 +818,62 @@ export class EventFeed {
    */
   listen(_name) {}
 
-  /** Stops following; the cursor is kept, so a later start resumes where this one stopped. */
+  /** Stops following; the cursor and the channels are kept, so a later start resumes where this one stopped. */
   stop() {
+    this.running = false;
     this.halt();
+    this.settlePending();
     this.setState("offline");
+  }
+
+  /**
+   * Follows a named channel too. On a WebSocket a `subscribe` frame asks for it; on the other transports
+   * the feed reconnects with the new set of channels and its cursor (nothing of the other channels is
+   * lost or repeated). The channel's events start at the present. While the feed is stopped the channel
+   * is only noted: {@link EventFeed#start} asks for it, and a refusal then reaches `onUnsubscribed`.
+   * @param {string} channel `<namespace>:<name>`
+   * @returns {Promise<void>} resolves once the service follows it; rejects with a {@link ServiceError}
+   *   (403 `forbidden`, 404 `not_found` for a namespace that does not exist, 400 `bad_request` for a
+   *   malformed name, 422 `validation_failed` past the channels a connection may follow), and the feed
+   *   goes on without it
+   */
+  subscribe(channel) {
+    return this.change("subscribe", channel);
+  }
+
+  /**
+   * Stops following a named channel (by an `unsubscribe` frame, or by reconnecting without it).
+   * @param {string} channel
+   * @returns {Promise<void>}
+   */
+  unsubscribe(channel) {
+    return this.change("unsubscribe", channel);
+  }
+
+  /**
+   * Publishes an event: as a `publish` frame when the feed is connected by WebSocket, otherwise with
+   * {@link Client#publish}. The event carries `from`: the user's id.
+   * @param {string} channel `user:<your id>`, or a named channel the user may publish to
+   * @param {string} event its name: 1-100 letters, digits or `_.:-`
+   * @param {*} data any JSON value
+   * @returns {Promise<{id: string, channel: string}>} rejects with a {@link ServiceError}; a WebSocket
+   *   that closes before the answer rejects with an Error (the event may or may not be published)
+   */
+  async publish(channel, event, data) {
+    if (!this.welcomed) return this.client.publish(channel, event, data);
+    const { id } = await this.send({ type: "publish", channel, event, data });
+    return { id, channel };
+  }
+
+  /** @private */
+  runners() {
+    return { sse: this.sse, websocket: this.reopenWebSocket, "long-poll": this.longPoll, poll: this.poll };
+  }
+
+  /** @private */
+  run() {
+    const generation = ++this.generation;
+    this.runners()[this.transport].call(this, generation);
   }
 
   /** @private */
@@ -727,10 +882,28 @@ export class EventFeed {
     if (this.socket) {
       this.socket.onclose = null;
       this.socket.close(1000);
-      this.socket = null;
+      this.socketGone();
     }
     this.abort?.abort();
     this.abort = null;
+  }
+
+  /**
+   * The WebSocket is gone: changes it was asked for wait for the next connection (it carries them in
+   * `?channels=`); publishes it was asked for are lost to view.
+   * @private
+   */
+  socketGone() {
+    this.socket = null;
+    this.welcomed = false;
+    for (const request of this.framed.splice(0)) {
+      if (request.op === "publish") {
+        const lost = "The connection closed before the service answered: the event may or may not be published.";
+        request.reject(new Error(lost));
+      } else {
+        this.pending.push(request);
+      }
+    }
   }
 
   /** @private */
@@ -750,6 +923,127 @@ export class EventFeed {
   deliver(event, cursor) {
     if (cursor) this.cursor = cursor;
     this.onEvent(event);
+    if (event.event === "presence.join") this.onJoin(event.channel, event.data, event);
+    else if (event.event === "presence.leave") this.onLeave(event.channel, event.data, event);
+  }
+
+  /**
+   * The service stopped sending a channel (an `unsubscribed` notice with its reason).
+   * @private
+   */
+  revoked({ channel, reason }) {
+    if (!this.named.delete(channel)) return;
+    this.onUnsubscribed(channel, reason);
+  }
+
+  /** @private */
+  change(op, channel) {
+    if (typeof channel !== "string" || !channel) return Promise.reject(new TypeError("a channel name is expected"));
+    const waiting = [...this.framed, ...this.pending].findLast((request) => request.channel === channel);
+    if (waiting?.op === op) return waiting.promise;
+    if (this.named.has(channel) === (op === "subscribe")) return Promise.resolve();
+    if (op === "subscribe") this.named.add(channel);
+    else this.named.delete(channel);
+    if (this.welcomed) return this.send({ type: op, channel }).then(() => {});
+    if (!this.running) return Promise.resolve();
+    const request = this.request(op, channel);
+    this.pending.push(request);
+    this.attempts = 0;
+    this.halt();
+    this.run(); // the same transport again, with the new set and the cursor
+    return request.promise;
+  }
+
+  /** @private */
+  request(op, channel) {
+    const request = { op, channel };
+    request.promise = new Promise((resolve, reject) => {
+      request.resolve = resolve;
+      request.reject = reject;
+    });
+    return request;
+  }
+
+  /**
+   * A frame that the service answers (`subscribed`, `unsubscribed`, `ack` or `error`).
+   * @private
+   */
+  send(frame) {
+    const request = this.request(frame.type, frame.channel);
+    this.framed.push(request);
+    this.socket.send(JSON.stringify(frame));
+    return request.promise;
+  }
+
+  /**
+   * The answer to a frame: the oldest request it can answer.
+   * @private
+   */
+  answered(frame) {
+    const answers = (request) => {
+      if (frame.type === "subscribed") return request.op === "subscribe" && request.channel === frame.channel;
+      if (frame.type === "unsubscribed") return request.op === "unsubscribe" && request.channel === frame.channel;
+      if (frame.type === "ack") return request.op === "publish";
+      return frame.channel === undefined || request.channel === frame.channel; // an error
+    };
+    const index = this.framed.findIndex(answers);
+    if (index < 0) return;
+    const [request] = this.framed.splice(index, 1);
+    if (frame.type !== "error") return request.resolve(frame);
+    const status = CODE_STATUS[frame.code] ?? 400;
+    if (request.op !== "publish") this.undo(request);
+    request.reject(new ServiceError(status, frame.code, frame.message));
+  }
+
+  /** @private */
+  undo(request) {
+    if (request.op === "subscribe") this.named.delete(request.channel);
+    else this.named.add(request.channel);
+  }
+
+  /**
+   * A connection with the current channels was accepted: the changes it carries are done.
+   * @private
+   */
+  accepted() {
+    for (const request of this.pending.splice(0)) request.resolve();
+  }
+
+  /** @private */
+  settlePending() {
+    this.accepted(); // noted: the next start asks for them
+    for (const request of this.framed.splice(0)) request.reject(new Error("The feed stopped."));
+  }
+
+  /**
+   * A request with the current channels was refused (400, 403, 404 or 422): find which channels, by
+   * asking for each alone. A refused channel that a pending subscribe added rejects that subscribe;
+   * one followed so far (its access ended while no connection could say so) is reported to
+   * `onUnsubscribed`. Past the number of channels a connection may follow (422), the pending changes
+   * are undone. Resolves with whether the set changed (then reconnect at once).
+   * @private
+   */
+  async refused(response, signal) {
+    if (response.status === 422) {
+      const error = await ServiceError.from(response);
+      const undone = this.pending.splice(0).reverse();
+      for (const request of undone) {
+        this.undo(request);
+        request.reject(error);
+      }
+      return undone.length > 0;
+    }
+    let changed = false;
+    for (const channel of [...this.named]) {
+      const answer = await this.client.request(`/events?${new URLSearchParams({ channels: channel })}`, { signal });
+      if (!CHANNEL_REFUSALS.has(answer.status)) continue;
+      this.named.delete(channel);
+      changed = true;
+      const index = this.pending.findIndex((request) => request.op === "subscribe" && request.channel === channel);
+      if (index >= 0) this.pending.splice(index, 1)[0].reject(await ServiceError.from(answer));
+      else this.onUnsubscribed(channel, answer.status === 404 ? "namespace_deleted" : "access_changed");
+    }
+    return changed;
   }
 
   /** @private */
@@ -759,9 +1053,10 @@ export class EventFeed {
   }
 
   /** @private */
-  query(extra = {}) {
+  query(extra = {}, { cursor = true } = {}) {
     const params = new URLSearchParams(extra);
-    if (this.cursor) params.set("cursor", this.cursor);
+    if (this.named.size) params.set("channels", [...this.named].join(","));
+    if (cursor && this.cursor) params.set("cursor", this.cursor);
     const text = params.toString();
     return text ? `?${text}` : "";
   }
@@ -781,7 +1076,7 @@ export class EventFeed {
    */
   async ensureCursor(signal) {
     if (this.cursor) return;
-    const response = await this.client.request("/events?limit=1", { signal });
+    const response = await this.client.request(`/events${this.query({ limit: 1 })}`, { signal });
     if (response.status === 401) return;
     if (response.status === 204) {
       this.cursor = response.headers.get("Event-Cursor");
@@ -812,13 +1107,18 @@ export class EventFeed {
           signal,
         });
         if (response.status === 401) return this.sessionGone(generation);
+        if (CHANNEL_REFUSALS.has(response.status) && this.named.size && (await this.refused(response, signal))) {
+          continue; // at once, with the channels that remain
+        }
         if (!response.ok || !response.body) throw new Error(`stream answered ${response.status}`);
         if (!this.live(generation)) return;
+        this.accepted();
         this.setState("live");
         for await (const message of sseMessages(response.body, signal)) {
           if (!this.live(generation)) return;
           if (message.retry !== undefined) retryMs = message.retry;
           if (message.event === "session_ended") ended = true;
+          else if (message.event === "unsubscribed") this.revoked(JSON.parse(message.data));
           else if (message.data !== undefined) this.deliver(JSON.parse(message.data), message.id);
         }
       } catch {
@@ -842,18 +1142,26 @@ export class EventFeed {
     const socket = new WebSocket(address);
     this.socket = socket;
     socket.onmessage = (message) => {
-      const { type, cursor, ...event } = JSON.parse(message.data);
+      const frame = JSON.parse(message.data);
+      const { type, cursor, ...event } = frame;
       if (type === "welcome") {
         this.attempts = 0;
+        // Kept when there is one: the welcome's cursor stands after the history it is about to send.
         this.cursor ??= cursor;
+        this.welcomed = true;
+        this.accepted();
         this.setState("live");
       } else if (type === "event") {
         this.deliver(event, cursor);
+      } else if (type === "unsubscribed" && frame.reason) {
+        this.revoked(frame);
+      } else if (type !== "pong") {
+        this.answered(frame);
       }
     };
     socket.onclose = (close) => {
       if (!this.live(generation)) return;
-      this.socket = null;
+      this.socketGone();
       this.setState("reconnecting");
       // 1008: the token expired or the session ended; 1006: the handshake may have been refused (401).
       this.recover(generation, close.code === 1008 ? 0 : this.backoff());
@@ -861,7 +1169,18 @@ export class EventFeed {
   }
 
   /**
-   * After a WebSocket closed: check the session (refreshing if need be), then reopen, or stop.
+   * Opens the WebSocket after checking what its handshake would be refused for: with a plain request,
+   * a refusal has a status and a reason (a refused handshake is just a close).
+   * @private
+   */
+  reopenWebSocket(generation) {
+    if (this.named.size || this.pending.length) this.recover(generation, 0);
+    else this.openWebSocket(generation);
+  }
+
+  /**
+   * After a WebSocket closed: check the session (refreshing if need be) and the channels, then reopen,
+   * or stop.
    * @private
    */
   async recover(generation, delay) {
@@ -869,7 +1188,12 @@ export class EventFeed {
     if (!this.live(generation)) return;
     let response;
     try {
-      response = await this.client.request("/auth/me");
+      // Without a cursor, a poll reads nothing: it only says whether these channels may be read.
+      const check = this.named.size ? `/events${this.query({}, { cursor: false })}` : "/auth/me";
+      response = await this.client.request(check);
+      if (this.live(generation) && CHANNEL_REFUSALS.has(response.status) && this.named.size) {
+        if (await this.refused(response)) return this.recover(generation, 0);
+      }
     } catch {
       return this.recover(generation, this.backoff()); // offline: try again later
     }
@@ -896,11 +1220,18 @@ export class EventFeed {
     let target = "/events";
     while (this.live(generation)) {
       this.abort = new AbortController();
+      const { signal } = this.abort;
       let response;
       try {
         const url = target === path ? `${path}${this.query(params)}` : `${target}${this.query()}`;
         target = path;
-        response = await this.client.request(url, { signal: this.abort.signal });
+        response = await this.client.request(url, { signal });
+        if (this.live(generation) && CHANNEL_REFUSALS.has(response.status) && this.named.size) {
+          if (await this.refused(response, signal)) {
+            target = "/events";
+            continue; // at once, with the channels that remain
+          }
+        }
       } catch {
         if (!this.live(generation)) return;
         this.setState("reconnecting");
@@ -911,6 +1242,7 @@ export class EventFeed {
       if (response.status === 401) return this.sessionGone(generation);
       if (response.status === 200) {
         this.attempts = 0;
+        this.accepted();
         this.setState("live");
         const body = await response.json();
         if (!this.live(generation)) return;
@@ -920,6 +1252,7 @@ export class EventFeed {
       }
       if (response.status === 204) {
         this.attempts = 0;
+        this.accepted();
         this.setState("live");
         this.cursor = response.headers.get("Event-Cursor") || this.cursor;
         await sleep(pauseMs);

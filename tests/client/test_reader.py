@@ -4,64 +4,19 @@ connections and killed workers, ended sessions, fresh tokens, the connection cap
 from __future__ import annotations
 
 import os
-import queue
 import signal
-import threading
 import time
 
 import httpx
 import pytest
-from auth_rt_client import ApiError, Client, Event, EventReader
+from auth_rt_client import ApiError, Client, EventReader
 
+from tests.client.collector import Collector
 from tests.events.clients import SSE, Api, open_connections
 from tests.events.conftest import FAST
 from tests.servers import LiveServer, wait_until
 
 TRANSPORTS = ["sse", "long-poll"]
-
-
-class Collector:
-    """Iterates a reader on its own thread; each event arrives with the reader's cursor just after it."""
-
-    def __init__(self, reader: EventReader):
-        self.reader = reader
-        self.received: queue.Queue[tuple[Event, str | None]] = queue.Queue()
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-        wait_until(lambda: reader.cursor is not None or self.error, message="the reader to fix its position")
-
-    def _run(self) -> None:
-        try:
-            for event in self.reader:
-                self.received.put((event, self.reader.cursor))
-        except BaseException as error:  # noqa: BLE001 - handed to the test
-            self.error = error
-
-    def take(self, count: int, timeout: float = 15.0) -> list[tuple[Event, str | None]]:
-        deadline = time.monotonic() + timeout
-        taken = []
-        while len(taken) < count:
-            remaining = deadline - time.monotonic()
-            assert remaining > 0 and not self.error, f"got {len(taken)} of {count} events; error {self.error!r}"
-            try:
-                taken.append(self.received.get(timeout=min(remaining, 0.2)))
-            except queue.Empty:
-                continue
-        return taken
-
-    def events(self, count: int, timeout: float = 15.0) -> list[Event]:
-        return [event for event, _ in self.take(count, timeout)]
-
-    def stop(self) -> None:
-        self.reader.close()
-        self.thread.join(5)
-        assert not self.thread.is_alive(), "close() did not end the iteration"
-
-    def raised(self, timeout: float = 10.0) -> BaseException:
-        self.thread.join(timeout)
-        assert not self.thread.is_alive() and self.error is not None, "the reader did not raise"
-        return self.error
 
 
 def reader(server: LiveServer, token, transport: str, **options) -> EventReader:

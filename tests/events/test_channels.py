@@ -254,8 +254,12 @@ def test_a_subscribe_frame_with_a_cursor_resumes_that_channel(server, admin, ns)
     try:
         ws_json(ws)
         ws.send(json.dumps({"type": "subscribe", "channel": room, "cursor": cursor}))
-        assert ws_until(ws, lambda f: f["type"] == "subscribed")["channel"] == room
-        assert ws_until(ws, lambda f: f["type"] == "event")["id"] == missed
+        subscribed = ws_until(ws, lambda f: f["type"] == "subscribed")
+        assert subscribed["channel"] == room
+        # where the channel starts: a client that drops now and resumes from it still gets `missed`
+        assert decode_cursor(subscribed["cursor"], [room])[room] == decode_cursor(cursor, [room])[room] != missed
+        event = ws_until(ws, lambda f: f["type"] == "event")
+        assert event["id"] == missed and decode_cursor(event["cursor"], [room])[room] == missed
     finally:
         ws.close()
 

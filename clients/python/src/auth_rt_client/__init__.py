@@ -1,4 +1,5 @@
-"""auth-rt's Python client for backends: publish events, introspect tokens, read events, verify webhooks."""
+"""auth-rt's Python client for backends: publish events, introspect tokens, manage channels, read events,
+verify webhooks."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from .errors import (
     ServiceUnreachable,
     WebhookVerificationError,
 )
-from .models import BatchItem, Event, Introspection, PublishedEvent
+from .models import BatchItem, Event, Introspection, Member, Namespace, Presence, PresentUser, PublishedEvent
 from .reader import EventReader
 from .webhooks import verify_webhook
 
@@ -23,6 +24,10 @@ __all__ = [
     "Event",
     "EventReader",
     "Introspection",
+    "Member",
+    "Namespace",
+    "Presence",
+    "PresentUser",
     "ProtocolError",
     "PublishedEvent",
     "ServiceUnreachable",

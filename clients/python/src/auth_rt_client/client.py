@@ -1,16 +1,21 @@
-"""`Client`: what a backend does with an API key (publish, publish in batches, introspect tokens)."""
+"""`Client`: what a backend does with an API key (publish, publish in batches, introspect tokens, and manage
+channels: namespaces, members and presence)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
+from urllib.parse import quote
 
 import httpx
 
 from ._version import USER_AGENT
 from .errors import ApiError, ProtocolError, ServiceUnreachable
-from .models import BatchItem, Introspection, PublishedEvent
+from .models import BatchItem, Introspection, Member, Namespace, Presence, PublishedEvent
+
+SubscribeRule = Literal["members", "authenticated"]
+PublishRule = Literal["server", "subscribers"]
 
 
 class Client:
@@ -19,6 +24,9 @@ class Client:
     Every method raises `ApiError` when the service refuses (401 unknown or deleted key, 403 outside the
     key's scopes or channels, 413, 422, ...) and `ServiceUnreachable` when it cannot be reached. Nothing is
     retried by itself: a publish is not idempotent, so whether to try again is the caller's decision.
+
+    Managing channels (namespaces, members, presence) needs the `channels:manage` scope; an admin's access
+    token, given as `api_key`, may do it too.
     """
 
     def __init__(self, base_url: str, api_key: str, *, timeout: float = 10.0) -> None:
@@ -30,7 +38,11 @@ class Client:
         )
 
     def publish(self, channel: str, event: str, data: Any = None) -> PublishedEvent:
-        """Publish one event (`POST /events`) to a channel the key may publish to."""
+        """Publish one event (`POST /events`) to a channel the key may publish to.
+
+        Named channels (`<namespace>:<name>`) are covered by a key's channels exactly, by `<namespace>:*`
+        or by `*`; a namespace that does not exist is 404. The event carries no `from` (no user sent it).
+        """
         answer = self._json("POST", "/events", json={"channel": channel, "event": event, "data": data})
         if not isinstance(answer.get("id"), str) or not isinstance(answer.get("channel"), str):
             raise ProtocolError(f"unexpected publish answer: {answer!r:.200}")
@@ -57,6 +69,78 @@ class Client:
         """
         return Introspection.from_json(self._json("POST", "/auth/introspect", data={"token": access_token}))
 
+    def put_namespace(
+        self,
+        name: str,
+        *,
+        subscribe: SubscribeRule = "members",
+        publish: PublishRule = "server",
+        presence: bool = False,
+        join_leave: bool = False,
+    ) -> Namespace:
+        """Create or replace a namespace (`PUT /admin/namespaces/{name}`).
+
+        Open subscriptions to its channels follow the new rules at once. 422 for a name outside 1-32 of
+        `a-z0-9_-`, a reserved one (`user`, `broadcast`, `webhooks`, `admin`), or `join_leave` without
+        `presence`.
+        """
+        body = {"subscribe": subscribe, "publish": publish, "presence": presence, "join_leave": join_leave}
+        return Namespace.from_json(self._json("PUT", f"/admin/namespaces/{_segment(name)}", json=body))
+
+    def namespaces(self) -> list[Namespace]:
+        """Every namespace (`GET /admin/namespaces`)."""
+        answer = self._json("GET", "/admin/namespaces")
+        found = answer.get("namespaces")
+        if not isinstance(found, list):
+            raise ProtocolError(f"unexpected namespaces answer: {answer!r:.200}")
+        return [Namespace.from_json(namespace) for namespace in found]
+
+    def delete_namespace(self, name: str) -> None:
+        """Delete a namespace (`DELETE /admin/namespaces/{name}`).
+
+        Open subscriptions to its channels end as if revoked, and its channels are 404 from then on.
+        """
+        self._call("DELETE", f"/admin/namespaces/{_segment(name)}")
+
+    def grant(
+        self, channel: str, user_id: str, *, info: Mapping[str, Any] | None = None, expires_in: float | None = None
+    ) -> None:
+        """Let one user subscribe to one channel, or change its grant (`PUT /channels/{channel}/members/{user}`).
+
+        `info` (a JSON object of at most 1 KiB) shows in presence and join events; `expires_in` (seconds)
+        ends the grant by itself. 404 for an unknown user or a namespace that does not exist.
+        """
+        body: dict[str, Any] = {}
+        if info is not None:
+            body["info"] = dict(info)
+        if expires_in is not None:
+            body["expires_in"] = expires_in
+        self._call("PUT", f"{_channel_path(channel)}/members/{_segment(user_id)}", json=body)
+
+    def revoke(self, channel: str, user_id: str) -> None:
+        """End a user's grant of a channel (`DELETE /channels/{channel}/members/{user_id}`).
+
+        The user's open connections stop receiving the channel within a second. No error when there was
+        no grant.
+        """
+        self._call("DELETE", f"{_channel_path(channel)}/members/{_segment(user_id)}")
+
+    def members(self, channel: str) -> list[Member]:
+        """The users granted a channel (`GET /channels/{channel}/members`)."""
+        answer = self._json("GET", f"{_channel_path(channel)}/members")
+        found = answer.get("members")
+        if not isinstance(found, list):
+            raise ProtocolError(f"unexpected members answer: {answer!r:.200}")
+        return [Member.from_json(member) for member in found]
+
+    def presence(self, channel: str) -> Presence:
+        """Who is in a channel now (`GET /channels/{channel}/presence`).
+
+        Present are the users with at least one SSE or WebSocket connection reading it. 404 when its
+        namespace does not exist or keeps no presence.
+        """
+        return Presence.from_json(self._json("GET", f"{_channel_path(channel)}/presence"))
+
     def close(self) -> None:
         """Close the connection pool."""
         self._http.close()
@@ -69,13 +153,17 @@ class Client:
     ) -> None:
         self.close()
 
-    def _json(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+    def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         try:
             response = self._http.request(method, path, **kwargs)
         except httpx.TransportError as error:
             raise ServiceUnreachable(f"{method} {path}: {error}") from error
         if response.is_error:
             raise ApiError.from_response(response)
+        return response
+
+    def _json(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        response = self._call(method, path, **kwargs)
         try:
             answer = response.json()
         except ValueError as error:
@@ -83,3 +171,12 @@ class Client:
         if not isinstance(answer, dict):
             raise ProtocolError(f"{method} {path}: unexpected answer {answer!r:.200}")
         return answer
+
+
+def _segment(value: str) -> str:
+    """One path segment: every character outside the unreserved set escaped (`/` too)."""
+    return quote(value, safe="")
+
+
+def _channel_path(channel: str) -> str:
+    return f"/channels/{_segment(channel)}"

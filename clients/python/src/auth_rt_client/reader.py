@@ -1,4 +1,5 @@
-"""`EventReader`: follow a user's events over server-sent events or long polling, resuming by cursor."""
+"""`EventReader`: follow a user's events over server-sent events or long polling, resuming by cursor;
+named channels too, with notice of a channel whose access ended."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import contextlib
 import json
 import socket
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
 from typing import Any, Literal
 
@@ -20,6 +21,11 @@ from .sse import SSEParser, parse_lines, split_lines
 Transport = Literal["sse", "long-poll"]
 #: An access token, or a function returning a valid one; it is called before every (re)connection.
 TokenSource = str | Callable[[], str]
+#: Told of a channel the reader stopped following, and why: `revoked`, `expired`, `namespace_deleted` or
+#: `access_changed`.
+UnsubscribedCallback = Callable[[str, str], None]
+# Answers that refuse one of the named channels (after the first connection: access ended meanwhile).
+CHANNEL_REFUSALS = (403, 404)
 
 
 class EventReader:
@@ -39,6 +45,13 @@ class EventReader:
     With long polling the service returns a cursor per answer, not per event: within an answer of several
     events `cursor` moves when its last event is yielded, so resuming from a cursor persisted in the middle
     of one delivers its first events again (use `limit=1` for exactly one event per answer).
+
+    `channels` adds named channels (`<namespace>:<name>`) to the user's own; they start at the present
+    unless the cursor names them. A channel refused at the first connection raises `ApiError` (403, or 404
+    for a namespace that does not exist). Later, when the user's access to one ends, the reader stops
+    following it, tells `on_unsubscribed(channel, reason)`, and goes on with the rest: at once over SSE
+    (the service's `unsubscribed` notice), and at the next request with long polling (the channel, asked
+    for alone, is refused: reason `namespace_deleted` for a 404, `access_changed` for a 403).
     """
 
     def __init__(
@@ -53,6 +66,8 @@ class EventReader:
         idle_timeout: float = 60.0,
         timeout: float = 10.0,
         max_backoff: float = 30.0,
+        channels: Iterable[str] = (),
+        on_unsubscribed: UnsubscribedCallback | None = None,
     ) -> None:
         """Read from `base_url` as the user of `access_token`.
 
@@ -71,6 +86,9 @@ class EventReader:
         self._idle_timeout = idle_timeout
         self._timeout = timeout
         self._max_backoff = max_backoff
+        self._channels = list(dict.fromkeys(channels))
+        self._on_unsubscribed = on_unsubscribed
+        self._connected = False  # once a connection was accepted, a refused channel is dropped, not raised
         self._retry = 1.0  # seconds before reconnecting; the stream's `retry:` line replaces it
         self._failures = 0
         self._closed = threading.Event()
@@ -82,6 +100,11 @@ class EventReader:
     def cursor(self) -> str | None:
         """The position after the last event yielded (None until iteration has fixed the present)."""
         return self._cursor
+
+    @property
+    def channels(self) -> tuple[str, ...]:
+        """The named channels followed: those given, less any whose access has ended."""
+        return tuple(self._channels)
 
     @property
     def closed(self) -> bool:
@@ -152,6 +175,9 @@ class EventReader:
                     if message.event == "session_ended":
                         delay = 0.0  # reconnect at once: a fresh token goes on, an ended session is a 401
                         break
+                    if message.event == "unsubscribed":
+                        self._unsubscribed(message.data)
+                        continue
                     event = self._event(message.data)
                     if message.id:
                         self._cursor = message.id
@@ -201,10 +227,11 @@ class EventReader:
         """An open response (200 or 204), transient failures retried; None once closed."""
         asked_again = False
         while not self._closed.is_set():
+            query = {**params, "channels": ",".join(self._channels)} if self._channels else params
             request = self._http.build_request(
                 "GET",
                 path,
-                params=params,
+                params=query,
                 headers={**headers, "Authorization": f"Bearer {self._access_token()}"},
                 timeout=httpx.Timeout(self._timeout, read=read_timeout),
                 extensions={"trace": self._trace},
@@ -219,6 +246,7 @@ class EventReader:
             else:
                 if response.status_code in (200, 204):
                     self._failures = 0
+                    self._connected = True
                     return response
                 try:
                     response.read()
@@ -228,12 +256,46 @@ class EventReader:
                 if error.status == 401 and callable(self._token) and not asked_again:
                     asked_again = True  # the token function may have a fresh token: one more try with it
                     continue
+                if error.status in CHANNEL_REFUSALS and self._connected and self._channels:
+                    try:
+                        if self._drop_refused_channels():
+                            continue  # at once, with the channels that remain
+                    except httpx.TransportError:
+                        pass
                 if not error.retryable:
                     raise error
                 self._failures += 1
                 delay = max(self._backoff(), error.retry_after or 0.0)
             self._closed.wait(delay)
         return None
+
+    def _drop_refused_channels(self) -> bool:
+        """Ask for each named channel alone (a poll without a cursor reads nothing); stop following the
+        refused ones and say so. Whether any was dropped."""
+        dropped = False
+        for channel in list(self._channels):
+            answer = self._http.get(
+                "/events", params={"channels": channel}, headers={"Authorization": f"Bearer {self._access_token()}"}
+            )
+            if answer.status_code in CHANNEL_REFUSALS:
+                dropped = True
+                self._drop(channel, "namespace_deleted" if answer.status_code == 404 else "access_changed")
+        return dropped
+
+    def _unsubscribed(self, data: str) -> None:
+        try:
+            notice = json.loads(data)
+            channel, reason = notice["channel"], notice["reason"]
+        except (ValueError, KeyError, TypeError) as error:
+            raise ProtocolError(f"an unsubscribed notice that is not one: {data!r:.200}") from error
+        self._drop(channel, reason)
+
+    def _drop(self, channel: str, reason: str) -> None:
+        if channel not in self._channels:
+            return
+        self._channels.remove(channel)
+        if self._on_unsubscribed is not None:
+            self._on_unsubscribed(channel, reason)
 
     def _trace(self, name: str, info: dict[str, Any]) -> None:
         # The reader uses one connection at a time, so the newest one opened is the one in use.
