@@ -88,13 +88,14 @@ def shell(script: str, run: MakeRun, stderr: int = subprocess.STDOUT) -> subproc
     )
 
 
-def read_until(process: subprocess.Popen, wanted: str, timeout: float) -> str:
-    """What `process` prints, up to and including the line with `wanted` (fails after `timeout` seconds)."""
+def read_until(process: subprocess.Popen, wanted: str, timeout: float, *also: str) -> str:
+    """What `process` prints, up to and including the line with `wanted` and every one of `also` (fails
+    after `timeout` seconds)."""
     output = b""
     deadline = time.monotonic() + timeout
     with selectors.DefaultSelector() as selector:
         selector.register(process.stdout, selectors.EVENT_READ)
-        while wanted.encode() not in output:
+        while not all(text.encode() in output for text in (wanted, *also)):
             remaining = deadline - time.monotonic()
             assert remaining > 0, f"no {wanted!r} within {timeout} s; got:\n{output.decode(errors='replace')}"
             if selector.select(remaining):
@@ -171,7 +172,9 @@ def test_receive_a_signed_webhook(run, tmp_path):
 
     terminal = shell(localize(commands, run, **here), run)
     try:
-        output = read_until(terminal, printed, timeout=30)  # a first attempt that found no receiver is retried in 5 s
+        # A first attempt that found no receiver is retried in 5 s; the receiver may print before the
+        # command that published has printed its own line.
+        output = read_until(terminal, printed, 30, "published")
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(terminal.pid, signal.SIGTERM)  # the receiver, in the background of that shell
