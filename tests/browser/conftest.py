@@ -9,12 +9,17 @@ from pathlib import Path
 
 import pytest
 import redis
+from playwright.sync_api import expect
 
 from app.redis import Keys
 from tests.events.conftest import FAST
 from tests.servers import CLIENT_ID, CLIENT_SECRET, ROOT, LiveServer, NginxServer, OpenIdProvider, free_port
 
 ARTIFACTS = ROOT / "tests" / "artifacts"
+
+# What a page shows may wait for a poll (a second apart) on a machine busy with other tests: a page
+# assertion waits as long as a page action may (10 s), not Playwright's 5 s.
+expect.set_options(timeout=10_000)
 
 
 class Stack:
