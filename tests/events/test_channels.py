@@ -147,6 +147,9 @@ def test_the_cursor_of_a_hundred_channels_with_32_character_names_fits_in_4_kib(
     cursor = body.headers["Event-Cursor"]
     assert len(cursor) <= 4096
     assert decode_cursor(cursor, rooms)[rooms[0]] != "0-0"
+    later = admin.publish_ok({}, channel=rooms[99])
+    resumed = user.poll(cursor, channels=",".join(rooms))  # the list and the cursor in one request line
+    assert [e["id"] for e in resumed.json()["events"]] == [later]
 
 
 @pytest.mark.parametrize(
