@@ -7,10 +7,12 @@ from collections.abc import Mapping
 
 from flask import Flask
 
-from . import apidocs, apikeys, cli, errors, events, limits, logs, mail, ops, outgoing, page, webhooks
+from . import apidocs, apikeys, audit, cli, errors, events, limits, logs, mail, ops, outgoing, page, webhooks
 from . import redis as redis_ext
+from .admin import console as admin_console
 from .admin import views as admin_views
 from .apikeys import views as apikey_views
+from .audit import views as audit_views
 from .auth import account, guards, oauth, passkey_views, tokens
 from .auth import views as auth_views
 from .channels import views as channel_views
@@ -49,10 +51,11 @@ def create_app(environ: Mapping[str, str] | None = None) -> Flask:
         app.wsgi_app = TrustedProxyFix(app.wsgi_app, settings.proxy_hops, settings.forwarded_allow_ips)
     app.wsgi_app = KeepsServerResponse(app.wsgi_app)  # a stream may hand its connection over (handover.py)
 
-    # Infrastructure every feature relies on: the error shape, the request log, Redis, token keys,
-    # the CSRF/CORS guards.
+    # Infrastructure every feature relies on: the error shape, the request and audit logs, Redis, token
+    # keys, the CSRF/CORS guards.
     errors.init_app(app)
     logs.init_app(app)
+    audit.init_app(app)
     redis_ext.init_app(app)
     tokens.init_app(app)
     guards.init_app(app)
@@ -73,7 +76,9 @@ def create_app(environ: Mapping[str, str] | None = None) -> Flask:
         passkey_views.bp,
         oauth.bp,
         admin_views.bp,
+        admin_console.bp,
         apikey_views.bp,
+        audit_views.bp,
         event_views.bp,
         channel_views.bp,
         webhook_views.bp,

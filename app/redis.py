@@ -27,11 +27,13 @@ class Keys:
 
     Keys that one atomic step (a Lua script or a MULTI) touches together share a hash tag, so that on a
     Redis Cluster they live in one hash slot: everything of one user under `{<user id>}` (record,
-    sessions and their refresh families, refresh tokens, MFA and mailed tokens, passkeys, leases), a
+    sessions and their refresh families, refresh tokens, MFA and mailed tokens, passkeys, leases, and
+    the audit entries about them, which outlive them), a
     channel's history under `{<channel>}`, a webhook provider's deliveries under `{<provider>}`, an
     outgoing endpoint's keys under `{<endpoint id>}`. Global indexes (e-mail, OAuth identity, passkey
-    credential id, the list of users, the admins, API keys) are single keys changed in ordered single-slot
-    steps (see `app/auth/indexes.py`, and `app/auth/users.py` for the admins).
+    credential id, the list of users, the admins, API keys, the audit log and its indexes by actor and
+    type) are single keys changed in ordered single-slot steps (see `app/auth/indexes.py`, and
+    `app/auth/users.py` for the admins, `app/audit/store.py` for the audit log).
     """
 
     # One user: all under the user's hash tag.
@@ -323,6 +325,30 @@ class Keys:
         """A delivery process's heartbeat; its entries are claimed by others once this expires."""
         return f"outgoing:consumer:{name}"
 
+    # The audit log (app/audit/): every entry in the log, and again in the index of its subject, of its
+    # actor and of its type. The subject's index shares the user's hash tag, so a script that changes a
+    # user records the entry there in the same step; deleting the user leaves it (entries outlive users).
+
+    @staticmethod
+    def audit_log() -> str:
+        """Every audit entry (a sorted set of "<id> <entry JSON>", all scored 0, so ordered by id)."""
+        return "audit"
+
+    @staticmethod
+    def audit_subject(user_id: str) -> str:
+        """The audit entries about one user (as `audit_log`), in the user's hash slot."""
+        return f"audit:{{{user_id}}}"
+
+    @staticmethod
+    def audit_actor(actor: str) -> str:
+        """The audit entries one actor made: a user id, an API key id, `cli` or `system` (as `audit_log`)."""
+        return f"audit:actor:{actor}"
+
+    @staticmethod
+    def audit_type(entry_type: str) -> str:
+        """The audit entries of one type (as `audit_log`)."""
+        return f"audit:type:{entry_type}"
+
 
 # Ending sessions, shared by every script that ends some (reuse detection, logout, logout-all, password
 # change and reset, deleting a user). A script touches only keys passed in KEYS, so the caller reads
@@ -394,6 +420,19 @@ end
 #: The Lua helpers above, for feature scripts that end sessions as part of a larger step.
 END_SESSION_FUNCTION_LUA = SESSIONS_LUA
 
+# Recording an audit entry in the same step as the change it records (app/audit/store.py): a script that
+# calls record_audit() gets its subject's index as its last KEYS entry and, as its last three ARGV, the
+# member ("<id> <entry JSON>"), the oldest member to keep (older ones are past AUDIT_RETENTION_DAYS) and
+# the index's lifetime in milliseconds. Callers append them after everything else, listings included.
+AUDIT_LUA = """
+local function record_audit()
+  local key, n = KEYS[#KEYS], #ARGV
+  redis.call('ZADD', key, 0, ARGV[n - 2])
+  redis.call('ZREMRANGEBYLEX', key, '-', '(' .. ARGV[n - 1])
+  redis.call('PEXPIRE', key, ARGV[n])
+end
+"""
+
 # KEYS[1] user, KEYS[2] session. ARGV: user id, now, touch interval.
 # One round trip for every authenticated request: the current tokenVersion, whether the session
 # still exists and belongs to this user (touching last_used_at at most once a minute), and the
@@ -410,8 +449,9 @@ return {user[1], 1, user[2], user[3], user[4] or '', redis.call('HEXISTS', KEYS[
 
 # KEYS: 1 the presented token's record, 2 the new token's record, 3 the session, 4 its token set, 5 its
 # live-token set, 6 the user, 7 the user's session set, then (only when the presented token turns out to
-# be reused) the session's listing as in SESSIONS_LUA. ARGV: now, new expiry (epoch s), ttl (s), grace
-# (s), presented hash, new hash, session id, then the listing (0 sessions at first).
+# be reused) the session's listing as in SESSIONS_LUA, then the refresh.reuse_detected audit entry's
+# (AUDIT_LUA), recorded only then. ARGV: now, new expiry (epoch s), ttl (s), grace (s), presented hash,
+# new hash, session id, then the listing (0 sessions at first), then the entry's.
 # Returns {outcome, user_id, session_id, role, token_version}; outcome is rotated | grace | reused |
 # ended | invalid, or 'stale' when reuse was found and the session's live tokens must be listed (again).
 # A revoked token is reuse only while its session lives: ending a session (logout, logout-all, ending it
@@ -419,6 +459,7 @@ return {user[1], 1, user[2], user[3], user[4] or '', redis.call('HEXISTS', KEYS[
 # its record, so a revoked token without a session record is 'ended', with nothing left to revoke.
 ROTATE_REFRESH = (
     SESSIONS_LUA
+    + AUDIT_LUA
     + """
 local now, expires, ttl, grace = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local rec = redis.call('HMGET', KEYS[1], 'user_id', 'family_id', 'expires_at', 'revoked_at')
@@ -436,6 +477,7 @@ if revoked ~= '' then
       return {'stale'}
     end
     end_sessions(sessions, KEYS[7], ARGV[1], false)
+    record_audit()
     return {'reused', uid, sid}
   end
 end
@@ -459,15 +501,18 @@ return {outcome, uid, sid, user[1], user[2]}
 """
 )
 
-# KEYS[1] the user's session set, then the session's listing. ARGV: now, then the listing.
-# 1 when the session existed (and now is ended), 0 when it was already gone, or 'stale'.
+# KEYS[1] the user's session set, then the session's listing, then the audit entry's (AUDIT_LUA: logout or
+# session.revoked). ARGV: now, then the listing, then the entry's. 1 when the session existed (and now is
+# ended, its entry recorded), 0 when it was already gone, or 'stale'.
 END_SESSION = (
     SESSIONS_LUA
+    + AUDIT_LUA
     + """
 local sessions = listed_sessions(2, 2)
 if not still_current(sessions, nil, nil, false) then return 'stale' end
 local existed = redis.call('EXISTS', sessions[1].record)
 end_sessions(sessions, KEYS[1], ARGV[1], false)
+if existed == 1 then record_audit() end
 return existed
 """
 )
@@ -483,14 +528,17 @@ return end_sessions(sessions, KEYS[2], ARGV[1], false)
 """
 )
 
-# KEYS[1] user, KEYS[2] the user's session set, then the listing of every session. ARGV: now, listing.
-# Logout from all devices: tokenVersion + 1 and every session ended, in one step. {version, ended ids}.
+# KEYS[1] user, KEYS[2] the user's session set, then the listing of every session, then the audit entry's
+# (AUDIT_LUA: logout or session.revoked). ARGV: now, listing, the entry's. Logout from all devices:
+# tokenVersion + 1 and every session ended, recorded in one step. {version, ended ids}.
 LOGOUT_ALL = (
     SESSIONS_LUA
+    + AUDIT_LUA
     + """
 local sessions = listed_sessions(3, 2)
 if not still_current(sessions, KEYS[2], nil, false) then return 'stale' end
 local version = redis.call('HINCRBY', KEYS[1], 'token_version', 1)
+record_audit()
 return {version, end_sessions(sessions, KEYS[2], ARGV[1], false)}
 """
 )

@@ -160,6 +160,7 @@ class Settings:
     long_poll_timeout: float
     long_poll_max_timeout: float
     event_history_maxlen: int
+    audit_retention_days: float
     ws_send_queue: int
     ws_send_timeout: float
     max_channels_per_connection: int
@@ -243,6 +244,8 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         # Below the 30 s a PaaS router (Heroku's) allows a response to take before it cuts it off.
         long_poll_max_timeout=reader.number("LONG_POLL_MAX_TIMEOUT_SECONDS", 28, minimum=0.05),
         event_history_maxlen=reader.integer("EVENT_HISTORY_MAXLEN", 1000, minimum=1),
+        # How long audit entries are kept: fractions of a day allowed (tests keep them under a second).
+        audit_retention_days=reader.number("AUDIT_RETENTION_DAYS", 90, minimum=0.00001, maximum=3660),
         ws_send_queue=reader.integer("WS_SEND_QUEUE", 1000, minimum=1),
         ws_send_timeout=reader.number("WS_SEND_TIMEOUT_SECONDS", 10, minimum=0.05),
         max_channels_per_connection=reader.integer("MAX_CHANNELS_PER_CONNECTION", 100, minimum=1),

@@ -38,7 +38,10 @@ def assert_answer_is_clean(response, rdb, before) -> None:
     if response.status_code >= 400:
         error = response.get_json()["error"]
         assert set(error) == {"code", "message"} and error["code"] and error["message"]
-        assert redis_snapshot(rdb) == before
+        after = redis_snapshot(rdb)
+        if error["code"] == "invalid_credentials":  # a refused login: its login.failed entry is all it writes
+            before, after = ({k: v for k, v in kept.items() if not k.startswith("audit")} for kept in (before, after))
+        assert after == before
 
 
 def fuzz_endpoint(path: str, client, tokens: dict, rdb) -> None:

@@ -120,7 +120,7 @@ def admin_token(service, base_env) -> str:
 
 @pytest.fixture(scope="module")
 def api_key(service, base_env) -> str:
-    scopes = ["events:publish", "tokens:introspect", "webhooks:manage", "channels:manage"]
+    scopes = ["events:publish", "tokens:introspect", "webhooks:manage", "channels:manage", "audit:read"]
     return create_key(base_env, "schemathesis", scopes, ["*"])
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from flask import current_app
 
+from .. import audit
 from ..channels.namespaces import NAMESPACE_PATTERN, split_channel
 from ..errors import validation_failed
 from ..events.bus import CHANNEL_PATTERN
@@ -23,7 +24,7 @@ from ..http import plain_text, rfc3339
 from ..redis import Keys, get_redis
 
 KEY_PREFIX = "ak_"
-SCOPES = ("events:publish", "tokens:introspect", "webhooks:manage", "channels:manage")
+SCOPES = ("events:publish", "tokens:introspect", "webhooks:manage", "channels:manage", "audit:read")
 NAME_LIMIT, CHANNELS_LIMIT = 100, 100
 TOUCH_INTERVAL_SECONDS = 60  # last_used_at is written at most this often per key
 
@@ -105,6 +106,8 @@ def create_key(name: str, scopes: list[str], channels: list[str]) -> tuple[str, 
     client.sadd(Keys.api_keys(), key_id)
     client.set(Keys.api_key_hash(key_id), key_hash)
     client.hset(Keys.api_key(key_hash), mapping=record)
+    details = {"api_key_id": key_id, "name": name, "scopes": scopes, "channels": channels}
+    audit.record("api_key.created", details=details)
     return raw, public_key(record)
 
 
@@ -139,9 +142,11 @@ def delete_key(key_id: str) -> bool:
     if key_hash is None:
         return False
     # The record first: from then on the key is refused everywhere; the pointer and the list entry after.
+    name = client.hget(Keys.api_key(key_hash), "name")
     client.delete(Keys.api_key(key_hash))
     client.delete(Keys.api_key_hash(key_id))
     client.srem(Keys.api_keys(), key_id)
+    audit.record("api_key.deleted", details={"api_key_id": key_id, "name": name})
     return True
 
 

@@ -14,7 +14,8 @@ import re
 import secrets
 import time
 
-from ..redis import END_SESSION_FUNCTION_LUA, Keys, get_redis, get_script
+from .. import audit
+from ..redis import AUDIT_LUA, END_SESSION_FUNCTION_LUA, Keys, get_redis, get_script
 
 VERIFY, RESET = "verify", "reset"
 LIFETIMES = {VERIFY: 24 * 3600, RESET: 30 * 60}
@@ -68,25 +69,30 @@ def token_owner(raw: str, purpose: str) -> str | None:
     return user_id
 
 
-# KEYS[1] the user's verification token, KEYS[2] the user. ARGV: the presented hash, now. 1 or nil.
+# KEYS[1] the user's verification token, KEYS[2] the user, KEYS[3] the email.verified audit entry's
+# (AUDIT_LUA). ARGV: the presented hash, now, then the entry's. 1 (verified and recorded) or nil.
 VERIFY_EMAIL_LUA = (
     CONSUME_LUA
+    + AUDIT_LUA
     + """
 if not consume(KEYS[1], KEYS[2], ARGV[1], ARGV[2]) then return false end
 redis.call('HSET', KEYS[2], 'email_verified', '1')
+record_audit()
 return 1
 """
 )
 
 # KEYS: 1 the user's reset token, 2 the user, 3 the user's session set, then the listing of every
-# session (SESSIONS_LUA). ARGV: the presented hash, now, the new password's hash, then the listing.
-# Consumes the token, stores the password and logs out from all devices in one step: tokenVersion + 1,
-# every session ended. Whoever read the mail controls the address, so it also counts as verified, and
-# a two-factor login locked by wrong codes is unlocked.
+# session (SESSIONS_LUA), then the password.reset audit entry's (AUDIT_LUA). ARGV: the presented hash,
+# now, the new password's hash, then the listing, then the entry's.
+# Consumes the token, stores the password and logs out from all devices in one step, recorded:
+# tokenVersion + 1, every session ended. Whoever read the mail controls the address, so it also counts
+# as verified, and a two-factor login locked by wrong codes is unlocked.
 # Returns {ended session ids} (possibly empty), nil, or 'stale'.
 RESET_PASSWORD_LUA = (
     END_SESSION_FUNCTION_LUA
     + CONSUME_LUA
+    + AUDIT_LUA
     + """
 local sessions = listed_sessions(4, 4)
 if not still_current(sessions, KEYS[3], nil, false) then return 'stale' end
@@ -94,6 +100,7 @@ if not consume(KEYS[1], KEYS[2], ARGV[1], ARGV[2]) then return false end
 redis.call('HSET', KEYS[2], 'password_hash', ARGV[3], 'email_verified', '1')
 redis.call('HDEL', KEYS[2], 'mfa_failures')
 redis.call('HINCRBY', KEYS[2], 'token_version', 1)
+record_audit()
 return {1, end_sessions(sessions, KEYS[3], ARGV[2], false)}
 """
 )
@@ -104,10 +111,15 @@ def verify_email(raw: str) -> str | None:
     user_id = _user_of(raw)
     if user_id is None:
         return None
+    entry = audit.new_entry("email.verified", subject=user_id, details={"method": "mail"})
     done = get_script(VERIFY_EMAIL_LUA)(
-        keys=[Keys.user_mail_token(user_id, VERIFY), Keys.user(user_id)], args=[hash_token(raw), f"{time.time():.3f}"]
+        keys=[Keys.user_mail_token(user_id, VERIFY), Keys.user(user_id), *audit.script_keys(entry)],
+        args=[hash_token(raw), f"{time.time():.3f}", *audit.script_args(entry)],
     )
-    return user_id if done else None
+    if not done:
+        return None
+    audit.complete(entry)
+    return user_id
 
 
 def reset_password(raw: str, password_hash: str) -> tuple[str, list[str]] | None:
@@ -118,16 +130,26 @@ def reset_password(raw: str, password_hash: str) -> tuple[str, list[str]] | None
     if user_id is None:
         return None
     client = get_redis()
+    entry = audit.new_entry("password.reset", subject=user_id, details={"method": "mail"})
     script = get_script(RESET_PASSWORD_LUA)
     result = run_listed(
         lambda listing, args: script(
-            keys=[Keys.user_mail_token(user_id, RESET), Keys.user(user_id), Keys.user_sessions(user_id), *listing],
-            args=[hash_token(raw), f"{time.time():.3f}", password_hash, *args],
+            keys=[
+                Keys.user_mail_token(user_id, RESET),
+                Keys.user(user_id),
+                Keys.user_sessions(user_id),
+                *listing,
+                *audit.script_keys(entry),
+            ],
+            args=[hash_token(raw), f"{time.time():.3f}", password_hash, *args, *audit.script_args(entry)],
         ),
         user_id,
         lambda: sorted(client.smembers(Keys.user_sessions(user_id))),
     )
-    return (user_id, list(result[1])) if result else None
+    if not result:
+        return None
+    audit.complete(entry)
+    return user_id, list(result[1])
 
 
 def forget_tokens(user_id: str, purpose: str) -> None:

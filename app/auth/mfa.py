@@ -22,10 +22,10 @@ import pyotp
 import segno
 from flask import current_app
 
-from .. import mail
+from .. import audit, mail
 from ..errors import ApiError, unauthorized
 from ..mail.messages import MFA_ENABLED, MFA_LOCKED, MFA_RESET
-from ..redis import END_SESSION_FUNCTION_LUA, Keys, get_redis, get_script
+from ..redis import AUDIT_LUA, END_SESSION_FUNCTION_LUA, Keys, get_redis, get_script
 from .sessions import run_listed, sessions_ended
 
 RECOVERY_CODE_COUNT = 10
@@ -107,17 +107,22 @@ def begin_setup(user: dict) -> dict:
     return {"secret": secret, "otpauth_uri": uri, "qr_svg": qr_svg(uri)}
 
 
-# KEYS[1] user, KEYS[2] recovery codes. ARGV: pending secret, time step, then the codes' hashes.
-CONFIRM_LUA = """
+# KEYS[1] user, KEYS[2] recovery codes, then the mfa.enabled audit entry's (AUDIT_LUA). ARGV: pending
+# secret, time step, then the codes' hashes, then the entry's (three).
+CONFIRM_LUA = (
+    AUDIT_LUA
+    + """
 if redis.call('HGET', KEYS[1], 'totp_pending') ~= ARGV[1] then return 0 end
 local last = tonumber(redis.call('HGET', KEYS[1], 'totp_last_timecode') or '-1')
 if tonumber(ARGV[2]) < 0 or tonumber(ARGV[2]) <= last then return 0 end
 redis.call('HSET', KEYS[1], 'totp_secret', ARGV[1], 'totp_last_timecode', ARGV[2])
 redis.call('HDEL', KEYS[1], 'totp_pending')
 redis.call('DEL', KEYS[2])
-redis.call('SADD', KEYS[2], unpack(ARGV, 3))
+redis.call('SADD', KEYS[2], unpack(ARGV, 3, #ARGV - 3))
+record_audit()
 return 1
 """
+)
 
 
 def confirm_setup(user: dict, code: str) -> list[str]:
@@ -128,12 +133,14 @@ def confirm_setup(user: dict, code: str) -> list[str]:
     if not pending:
         raise ApiError(409, "conflict", "Start the setup first (POST /auth/mfa/totp/setup).")
     codes = [_new_recovery_code() for _ in range(RECOVERY_CODE_COUNT)]
+    entry = audit.new_entry("mfa.enabled", subject=user["id"], details={"method": "totp"})
     confirmed = get_script(CONFIRM_LUA)(
-        keys=[Keys.user(user["id"]), Keys.user_recovery_codes(user["id"])],
-        args=[pending, _timecode(pending, code), *(_recovery_hash(c) for c in codes)],
+        keys=[Keys.user(user["id"]), Keys.user_recovery_codes(user["id"]), *audit.script_keys(entry)],
+        args=[pending, _timecode(pending, code), *(_recovery_hash(c) for c in codes), *audit.script_args(entry)],
     )
     if not confirmed:
         raise invalid_code()
+    audit.complete(entry)
     mail.queue_mail(MFA_ENABLED, user_id=user["id"])  # so an owner whose token was stolen learns of it
     return codes
 
@@ -194,10 +201,12 @@ return accepted or 'invalid_code'
 """
 )
 
-# KEYS[1] user, KEYS[2] recovery codes. ARGV: method, value, extra.
-# Accepts the factor and turns MFA off in the same step: 'ok', 'used' or false.
+# KEYS[1] user, KEYS[2] recovery codes, then the mfa.disabled audit entry's (AUDIT_LUA). ARGV: method,
+# value, extra, then the entry's. Accepts the factor and turns MFA off, recorded, in the same step:
+# 'ok', 'used' or false.
 DISABLE_LUA = (
     _ACCEPT_LUA
+    + AUDIT_LUA
     + """
 local accepted = accept(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3])
 if accepted ~= 'ok' then return accepted end
@@ -205,15 +214,18 @@ redis.call('HDEL', KEYS[1], """
     + MFA_FIELDS_LUA
     + """)
 redis.call('DEL', KEYS[2])
+record_audit()
 return 'ok'
 """
 )
 
 # KEYS: 1 user, 2 recovery codes, 3 the user's session set, then the listing of every session
-# (SESSIONS_LUA). ARGV: now, then the listing. An administrator's reset: the TOTP secret, the recovery
-# codes and the lock go, tokenVersion + 1 and every session ends, in one step. {ended ids}, nil or 'stale'.
+# (SESSIONS_LUA), then the mfa.reset audit entry's (AUDIT_LUA). ARGV: now, then the listing, then the
+# entry's. An administrator's reset: the TOTP secret, the recovery codes and the lock go, tokenVersion + 1
+# and every session ends, recorded, in one step. {ended ids}, nil or 'stale'.
 RESET_LUA = (
     END_SESSION_FUNCTION_LUA
+    + AUDIT_LUA
     + """
 if redis.call('EXISTS', KEYS[1]) == 0 then return false end
 local sessions = listed_sessions(4, 2)
@@ -223,6 +235,7 @@ redis.call('HDEL', KEYS[1], """
     + """)
 redis.call('DEL', KEYS[2])
 redis.call('HINCRBY', KEYS[1], 'token_version', 1)
+record_audit()
 return {1, end_sessions(sessions, KEYS[3], ARGV[1], false)}
 """
 )
@@ -236,8 +249,9 @@ def _factor(user: dict, code: str | None, recovery_code: str | None) -> list:
     return ["recovery", _recovery_hash(recovery_code or ""), _hash(_normalise_recovery_code(recovery_code or ""))]
 
 
-def start_login(user: dict, device: str | None) -> str:
-    """After the right password: the mfa_token that the second step must present.
+def start_login(user: dict, device: str | None, method: str = "password") -> str:
+    """After the right password (or provider login, `method` "oauth"): the mfa_token that the second step
+    must present.
 
     `<user id>.<256 random bits>`: the id says where the pending login is kept (beside the user's
     record, so accepting a code is one step on a Redis Cluster too).
@@ -247,7 +261,13 @@ def start_login(user: dict, device: str | None) -> str:
     pipe = get_redis().pipeline(transaction=True)
     pipe.hset(
         key,
-        mapping={"user_id": user["id"], "token_version": user["token_version"], "device": device or "", "failures": 0},
+        mapping={
+            "user_id": user["id"],
+            "token_version": user["token_version"],
+            "device": device or "",
+            "method": method,
+            "failures": 0,
+        },
     )
     pipe.expire(key, MFA_TOKEN_SECONDS)
     pipe.execute()
@@ -265,12 +285,14 @@ def login_user_id(mfa_token: str) -> str | None:
     return get_redis().hget(Keys.mfa_login(user_id, _hash(mfa_token)), "user_id") if user_id else None
 
 
-def finish_login(mfa_token: str, code: str | None, recovery_code: str | None) -> tuple[str, str | None]:
-    """Check the second factor against a pending login; (user id, device name) when it is accepted.
+def finish_login(mfa_token: str, code: str | None, recovery_code: str | None) -> tuple[str, str | None, dict]:
+    """Check the second factor against a pending login; (user id, device name, how they logged in) when it
+    is accepted.
 
     400 invalid_token for an unknown, used, expired or exhausted mfa_token (and when the account's
-    sessions were ended meanwhile); 401 invalid_mfa_code for a wrong, reused or malformed code; 429
-    mfa_locked once the account has had too many wrong codes in a row (its owner is mailed then).
+    sessions were ended meanwhile); 401 invalid_mfa_code for a wrong, reused or malformed code (a failed
+    login, recorded); 429 mfa_locked once the account has had too many wrong codes in a row (its owner is
+    mailed then).
     """
     user_id = _user_of(mfa_token)
     if user_id is None:
@@ -284,31 +306,38 @@ def finish_login(mfa_token: str, code: str | None, recovery_code: str | None) ->
         keys=[key, Keys.user(record["user_id"]), Keys.user_recovery_codes(record["user_id"])],
         args=[*_factor(user, code, recovery_code), MAX_FAILURES, current_app.config["SETTINGS"].mfa_max_failures],
     )
+    second_factor = "totp" if code is not None else "recovery_code"
+    login = {"method": record.get("method") or "password", "second_factor": second_factor}
     if outcome == "invalid_token":
         raise invalid_mfa_token()
     if outcome == "locked":
         raise mfa_locked()
+    if outcome != "ok":  # a wrong or reused code: counted against the account, and recorded
+        audit.record("login.failed", subject=record["user_id"], actor=audit.SYSTEM, details=login)
     if outcome == "locked_now":
         mail.queue_mail(MFA_LOCKED, user_id=record["user_id"])
     if outcome == "used":
         raise code_already_used()
     if outcome != "ok":
         raise invalid_code()
-    return record["user_id"], record.get("device") or None
+    return record["user_id"], record.get("device") or None, login
 
 
 def disable(user: dict, code: str | None, recovery_code: str | None) -> None:
     """Turn MFA off after a TOTP or recovery code (the caller has checked the password)."""
     if not is_enabled(user):
         raise ApiError(409, "conflict", "Two-factor authentication is not on.")
+    factor = "totp" if code is not None else "recovery_code"
+    entry = audit.new_entry("mfa.disabled", subject=user["id"], details={"method": "totp", "factor": factor})
     outcome = get_script(DISABLE_LUA)(
-        keys=[Keys.user(user["id"]), Keys.user_recovery_codes(user["id"])],
-        args=_factor(user, code, recovery_code),
+        keys=[Keys.user(user["id"]), Keys.user_recovery_codes(user["id"]), *audit.script_keys(entry)],
+        args=[*_factor(user, code, recovery_code), *audit.script_args(entry)],
     )
     if outcome == "used":
         raise code_already_used()
     if outcome != "ok":
         raise invalid_code()
+    audit.complete(entry)
 
 
 def reset(user_id: str) -> list[str] | None:
@@ -318,17 +347,26 @@ def reset(user_id: str) -> list[str] | None:
     after logging in.
     """
     client = get_redis()
+    was_enabled = client.hexists(Keys.user(user_id), "totp_secret")
+    entry = audit.new_entry("mfa.reset", subject=user_id, details={"was_enabled": bool(was_enabled)})
     script = get_script(RESET_LUA)
     result = run_listed(
         lambda listing, args: script(
-            keys=[Keys.user(user_id), Keys.user_recovery_codes(user_id), Keys.user_sessions(user_id), *listing],
-            args=[f"{time.time():.3f}", *args],
+            keys=[
+                Keys.user(user_id),
+                Keys.user_recovery_codes(user_id),
+                Keys.user_sessions(user_id),
+                *listing,
+                *audit.script_keys(entry),
+            ],
+            args=[f"{time.time():.3f}", *args, *audit.script_args(entry)],
         ),
         user_id,
         lambda: sorted(client.smembers(Keys.user_sessions(user_id))),
     )
     if not result:
         return None
+    audit.complete(entry)
     ended = list(result[1])
     sessions_ended.send(current_app._get_current_object(), user_id=user_id, session_ids=ended, whole_user=True)
     mail.queue_mail(MFA_RESET, user_id=user_id)

@@ -20,10 +20,11 @@ from authlib.integrations.flask_client import OAuth
 from flask import Blueprint, Flask, Response, current_app, redirect, request, session, url_for
 from flask.sessions import SecureCookieSessionInterface
 
+from .. import audit
 from ..errors import ApiError, bad_request, not_found, validation_failed
 from ..http import validated_query
 from ..openapi import operation
-from ..redis import END_SESSION_FUNCTION_LUA, Keys, get_redis, get_script
+from ..redis import AUDIT_LUA, END_SESSION_FUNCTION_LUA, Keys, get_redis, get_script
 from ..settings import OAuthProvider
 from . import account, cookies, indexes, mailtokens, mfa, sessions, tokens, users
 from .schemas import NextPage, OAuthProviderPath, ProviderReturn
@@ -184,9 +185,10 @@ def _complete_login(provider: str, client, state_data: dict):
     if mfa.is_enabled(user):
         # The provider vouched for the first factor only: the page asks for the code. The token
         # travels in the fragment, so it is not sent to any server or logged.
-        token = mfa.start_login(user, request.user_agent.string or f"{provider} login")
+        token = mfa.start_login(user, request.user_agent.string or f"{provider} login", "oauth")
         return redirect(f"/login-mfa#mfa_token={token}", 302)
-    issued = sessions.start_session(user["id"], request.user_agent.string or f"{provider} login", request.remote_addr)
+    device, login = request.user_agent.string or f"{provider} login", {"method": "oauth", "provider": provider}
+    issued = sessions.start_session(user["id"], device, request.remote_addr, login)
     access_token = tokens.issue_access_token(user["id"], user["role"], int(user["token_version"]), issued.session_id)
     # A Strict cookie set during a cross-site redirect chain is not sent within that chain, so land
     # through a page of our own that moves on to `next` as a fresh, same-site navigation.
@@ -249,7 +251,13 @@ def find_or_create_user(provider: str, identity: Identity) -> dict:
     if user_id and (user := users.get_user(user_id)):
         same_address = users.normalise_email(identity.email or "") == user["email"]
         if identity.email_verified and same_address and user.get("email_verified") != "1":
-            client.hset(Keys.user(user_id), "email_verified", "1")
+            details = {"method": "oauth", "provider": provider}
+            entry = audit.new_entry("email.verified", subject=user_id, details=details)
+            pipe = client.pipeline(transaction=True)
+            pipe.hset(Keys.user(user_id), "email_verified", "1")
+            audit.add_to_transaction(pipe, entry)
+            pipe.execute()
+            audit.complete(entry)
             user["email_verified"] = "1"
         return user
     if not identity.email:
@@ -263,13 +271,13 @@ def find_or_create_user(provider: str, identity: Identity) -> dict:
                 "An account with this e-mail exists, and the provider has not verified the address, so it cannot "
                 "be linked. Log in with your password.",
             )
-        _link(identity_key, existing_id)
+        _link(identity_key, existing_id, provider)
         return users.get_user(existing_id)
     # The account's address counts as verified only when the provider says it verified it.
     return users.create_user(identity.email, None, identities=(identity_key,), email_verified=identity.email_verified)
 
 
-def _link(identity_key: str, user_id: str) -> None:
+def _link(identity_key: str, user_id: str, provider: str | None = None) -> None:
     """Link a provider identity that vouches for the address to an existing account, and verify it.
 
     Claim the index, then one step on the account (`take_over`), then commit the claim; 409 when
@@ -279,7 +287,7 @@ def _link(identity_key: str, user_id: str) -> None:
         # Another account holds this identity (it was linked meanwhile): logging in to this one without
         # linking it, or taking it over, would leave whoever registered it first their way in.
         raise ApiError(409, "conflict", "This provider account is linked to another account; try logging in again.")
-    released = take_over(user_id, identity_key)
+    released = take_over(user_id, identity_key, provider)
     for key in released:
         indexes.release(key, user_id)
     indexes.commit(identity_key, user_id)
@@ -287,16 +295,17 @@ def _link(identity_key: str, user_id: str) -> None:
 
 # KEYS: 1 user, 2 the user's session set, 3 its identities, 4 its passkeys, then ARGV[3] further keys of
 # the user to delete (recovery codes, mailed tokens, a passkey registration under way), then the listing
-# of every session (SESSIONS_LUA). ARGV: now, the identity key, that count, the listing. Links the
-# identity and marks the address verified. When the address was not verified before, whoever registered
-# the account never proved it, so every way in they may hold goes in the same step: password, TOTP,
-# recovery codes, passkeys (and the user handle they were made for), mailed tokens, other identities,
-# every session with its refresh-token records, and tokenVersion + 1 (old access tokens, pending MFA
-# logins, device credentials).
+# of every session (SESSIONS_LUA), then the email.verified audit entry's (AUDIT_LUA). ARGV: now, the
+# identity key, that count, the listing, the entry's. Links the identity and marks the address verified.
+# When the address was not verified before, whoever registered the account never proved it, so every way
+# in they may hold goes in the same step, recorded: password, TOTP, recovery codes, passkeys (and the
+# user handle they were made for), mailed tokens, other identities, every session with its refresh-token
+# records, and tokenVersion + 1 (old access tokens, pending MFA logins, device credentials).
 # {taken over (0|1), {released identity keys}, {ended session ids}, {deleted passkeys' credential ids}},
 # nil for an unknown user, or 'stale'.
 TAKE_OVER_LUA = (
     END_SESSION_FUNCTION_LUA
+    + AUDIT_LUA
     + """
 if redis.call('EXISTS', KEYS[1]) == 0 then return false end
 if redis.call('HGET', KEYS[1], 'email_verified') == '1' then
@@ -320,15 +329,18 @@ redis.call('HDEL', KEYS[1], """
     + mfa.MFA_FIELDS_LUA
     + """, 'passkey_handle')
 redis.call('HINCRBY', KEYS[1], 'token_version', 1)
+record_audit()
 return {1, released, end_sessions(sessions, KEYS[2], ARGV[1], true), passkeys}
 """
 )
 
 
-def take_over(user_id: str, identity_key: str) -> list[str]:
+def take_over(user_id: str, identity_key: str, provider: str | None = None) -> list[str]:
     """Link `identity_key` to the account and verify its address, taking the account over when the
     address was unverified; the index keys (identities, passkeys) the account no longer holds (to release)."""
     client = get_redis()
+    details = {"method": "oauth", "provider": provider, "account_taken_over": True}
+    entry = audit.new_entry("email.verified", subject=user_id, details=details)
     extra = [
         Keys.user_recovery_codes(user_id),
         Keys.passkey_registration(user_id),
@@ -344,8 +356,9 @@ def take_over(user_id: str, identity_key: str) -> list[str]:
                 Keys.user_passkeys(user_id),
                 *extra,
                 *listing,
+                *audit.script_keys(entry),
             ],
-            args=[f"{time.time():.3f}", identity_key, len(extra), *args],
+            args=[f"{time.time():.3f}", identity_key, len(extra), *args, *audit.script_args(entry)],
         ),
         user_id,
         lambda: sorted(client.smembers(Keys.user_sessions(user_id))),
@@ -353,6 +366,7 @@ def take_over(user_id: str, identity_key: str) -> list[str]:
     )
     if not result or not result[0]:
         return []
+    audit.complete(entry)
     _, released, ended, passkeys = result
     sessions.sessions_ended.send(
         current_app._get_current_object(), user_id=user_id, session_ids=list(ended), whole_user=True

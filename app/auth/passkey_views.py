@@ -30,7 +30,7 @@ from .schemas import (
     Passkeys,
     Tokens,
 )
-from .views import TOKEN_COOKIES, _device_name, _logged_in, _no_content
+from .views import TOKEN_COOKIES, _device_name, _logged_in, _no_content, record_failed_login
 
 bp = Blueprint("passkeys", __name__, url_prefix="/auth/passkeys")
 USER = ("bearer", "cookie")
@@ -137,21 +137,24 @@ def login():
     """Verify the passkey's answer to the options of `login_id` and start a session; no TOTP is asked."""
     challenge = passkeys.take_login_challenge(json_body().get("login_id"))  # every answer uses it up
     asked = validated(PasskeyLogin)
-    with _counting_refusals():
+    with _counting_refusals(asked.credential):
         assertion = passkeys.verify_login(challenge, asked.credential)
     account.require_verified_email(assertion.user)
-    with _counting_refusals():
+    with _counting_refusals(asked.credential):
         passkeys.use(assertion)
     LOGINS.labels("success").inc()
-    return _logged_in(assertion.user, _device_name(asked.device), asked.transport, asked.device_token)
+    device = _device_name(asked.device)
+    return _logged_in(assertion.user, device, asked.transport, asked.device_token, {"method": "passkey"})
 
 
 @contextlib.contextmanager
-def _counting_refusals():
-    """A refused passkey (401) counts as a failed login, as a wrong password does."""
+def _counting_refusals(credential: dict):
+    """A refused passkey (401) counts as a failed login, as a wrong password does, and is recorded as one
+    about the account whose passkey it names (if it names one)."""
     try:
         yield
     except ApiError as refusal:
         if refusal.status == 401:
             LOGINS.labels("failure").inc()
+            record_failed_login(passkeys.find_owner(credential.get("id")), {"method": "passkey"})
         raise

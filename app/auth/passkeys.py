@@ -62,11 +62,11 @@ from webauthn.helpers.structs import (
     UserVerificationRequirement,
 )
 
-from .. import mail
+from .. import audit, mail
 from ..errors import ApiError, bad_request, unauthorized, validation_failed
 from ..http import has_control_characters, json_body, rfc3339
 from ..mail.messages import PASSKEY_ADDED
-from ..redis import Keys, get_redis, get_script
+from ..redis import AUDIT_LUA, Keys, get_redis, get_script
 from ..settings import is_rp_id
 from . import indexes, users
 from .guards import own_origin
@@ -240,18 +240,23 @@ def validate_name(name: str) -> str:
     return name
 
 
-# KEYS: 1 user, 2 the user's passkeys, 3 the caller's session. ARGV: credential id, record, most passkeys
-# allowed, the caller's tokenVersion. ok | exists | full | gone (the session ended or the account was
-# taken over or logged out everywhere since the request was authenticated: nothing is written).
-ADD_LUA = """
+# KEYS: 1 user, 2 the user's passkeys, 3 the caller's session, 4 the passkey.added audit entry's
+# (AUDIT_LUA). ARGV: credential id, record, most passkeys allowed, the caller's tokenVersion, then the
+# entry's. ok (added and recorded) | exists | full | gone (the session ended or the account was taken
+# over or logged out everywhere since the request was authenticated: nothing is written).
+ADD_LUA = (
+    AUDIT_LUA
+    + """
 if redis.call('EXISTS', KEYS[3]) == 0 or redis.call('HGET', KEYS[1], 'token_version') ~= ARGV[4] then
   return 'gone'
 end
 if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then return 'exists' end
 if redis.call('HLEN', KEYS[2]) >= tonumber(ARGV[3]) then return 'full' end
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+record_audit()
 return 'ok'
 """
+)
 
 
 # KEYS[1] the registration challenge. ARGV: the answering session. The challenge, taken (so used up), when
@@ -324,9 +329,16 @@ def _store(caller, record: dict) -> None:
     index = Keys.user_by_passkey(credential_id)
     if indexes.claim(index, user_id) is not None:
         raise _conflict()
+    details = {"passkey_id": credential_id, "name": record["name"]}
+    entry = audit.new_entry("passkey.added", subject=user_id, details=details)
     outcome = get_script(ADD_LUA)(
-        keys=[Keys.user(user_id), Keys.user_passkeys(user_id), Keys.session(user_id, caller.session_id)],
-        args=[credential_id, json.dumps(record), MAX_PASSKEYS, caller.token_version],
+        keys=[
+            Keys.user(user_id),
+            Keys.user_passkeys(user_id),
+            Keys.session(user_id, caller.session_id),
+            *audit.script_keys(entry),
+        ],
+        args=[credential_id, json.dumps(record), MAX_PASSKEYS, caller.token_version, *audit.script_args(entry)],
     )
     if outcome == "exists":
         raise _conflict()  # the caller's own passkey: the index is that passkey's, and stays
@@ -338,6 +350,7 @@ def _store(caller, record: dict) -> None:
     if not indexes.commit(index, user_id):  # taken over, which happens only once this account is gone
         get_redis().hdel(Keys.user_passkeys(user_id), credential_id)
         raise _conflict()
+    audit.complete(entry)
 
 
 # KEYS[1] the user's passkeys. ARGV: credential id, new name. The record as JSON, or nil when unknown.
@@ -360,10 +373,29 @@ def rename(user_id: str, credential_id: str, name: str) -> dict | None:
     return public_passkey(json.loads(raw)) if raw else None
 
 
+# KEYS[1] the user's passkeys, KEYS[2] the passkey.removed audit entry's (AUDIT_LUA). ARGV: credential id,
+# then the entry's. 1 when the passkey was there (now deleted, and recorded), else 0.
+REMOVE_LUA = (
+    AUDIT_LUA
+    + """
+if redis.call('HDEL', KEYS[1], ARGV[1]) == 0 then return 0 end
+record_audit()
+return 1
+"""
+)
+
+
 def remove(user_id: str, credential_id: str) -> bool:
     """Delete one of the user's passkeys and release its credential id; False when it has no such passkey."""
-    if not is_credential_id(credential_id) or not get_redis().hdel(Keys.user_passkeys(user_id), credential_id):
+    if not is_credential_id(credential_id):
         return False
+    entry = audit.new_entry("passkey.removed", subject=user_id, details={"passkey_id": credential_id})
+    removed = get_script(REMOVE_LUA)(
+        keys=[Keys.user_passkeys(user_id), *audit.script_keys(entry)], args=[credential_id, *audit.script_args(entry)]
+    )
+    if not removed:
+        return False
+    audit.complete(entry)
     indexes.release(Keys.user_by_passkey(credential_id), user_id)
     return True
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from blinker import Namespace
 from flask import current_app
 
+from .. import audit
 from ..errors import ApiError
 from ..http import rfc3339
 from ..redis import Keys, get_redis, get_script, get_scripts
@@ -136,13 +137,17 @@ def _all_sessions(user_id: str):
     return lambda: sorted(get_redis().smembers(Keys.user_sessions(user_id)))
 
 
-def start_session(user_id: str, device: str | None, ip: str | None) -> IssuedSession:
-    """A new session (device) with the first refresh token of its family, written in one transaction."""
+def start_session(user_id: str, device: str | None, ip: str | None, login: dict | None = None) -> IssuedSession:
+    """A new session (device) with the first refresh token of its family, written in one transaction with
+    its login.succeeded audit entry; `login` says how the user logged in (the entry's details)."""
     session_id = uuid.uuid4().hex
     raw, token_hash = _new_refresh_token(user_id, session_id)
     now, ttl = time.time(), _ttl()
     expires_at = f"{now + ttl:.3f}"
     stamp = f"{now:.3f}"
+    device = (device or "unknown device")[:DEVICE_MAX]
+    details = {"method": "password", **(login or {}), "session_id": session_id, "device": device}
+    entry = audit.new_entry("login.succeeded", subject=user_id, details=details)
     pipe = get_redis().pipeline(transaction=True)
     record = Keys.refresh_token(user_id, token_hash)
     pipe.hset(
@@ -164,7 +169,7 @@ def start_session(user_id: str, device: str | None, ip: str | None) -> IssuedSes
         mapping={
             "id": session_id,
             "user_id": user_id,
-            "device": (device or "unknown device")[:DEVICE_MAX],
+            "device": device,
             "ip": ip or "",
             "created_at": stamp,
             "last_used_at": stamp,
@@ -176,7 +181,9 @@ def start_session(user_id: str, device: str | None, ip: str | None) -> IssuedSes
     )
     pipe.expire(Keys.session(user_id, session_id), ttl)
     pipe.sadd(Keys.user_sessions(user_id), session_id)
+    audit.add_to_transaction(pipe, entry)
     pipe.execute()
+    audit.complete(entry)
     return IssuedSession(session_id, raw, ttl)
 
 
@@ -204,9 +211,15 @@ def rotate_refresh_token(raw: str) -> Rotation:
         Keys.user_sessions(user_id),
     ]
     fixed_args = [f"{now:.3f}", f"{now + ttl:.3f}", ttl, settings.refresh_reuse_grace, old_hash, new_hash, session_id]
+    # Recorded only when the token turns out to be reused; the actor is the service, which ends the session.
+    entry = audit.new_entry(
+        "refresh.reuse_detected", subject=user_id, actor=audit.SYSTEM, details={"session_id": session_id}
+    )
     rotate = get_scripts().rotate_refresh
     result = run_listed(
-        lambda keys, args: rotate(keys=fixed_keys + keys, args=fixed_args + args),
+        lambda keys, args: rotate(
+            keys=fixed_keys + keys + audit.script_keys(entry), args=fixed_args + args + audit.script_args(entry)
+        ),
         user_id,
         lambda: [session_id],
         listed=False,
@@ -217,6 +230,7 @@ def rotate_refresh_token(raw: str) -> Rotation:
     if outcome == "ended":
         return Rotation("ended", result[1], result[2])
     if outcome == "reused":
+        audit.complete(entry)
         sessions_ended.send(current_app._get_current_object(), user_id=result[1], session_ids=[result[2]])
         return Rotation("reused", result[1], result[2])
     return Rotation(outcome, result[1], result[2], result[3] or "user", int(result[4] or 0), new_raw)
@@ -253,15 +267,21 @@ def session_is_valid(user_id: str, session_id: str, token_version: int, scripts=
     return verify_session(user_id, session_id, token_version, scripts) is not None
 
 
-def end_session(user_id: str, session_id: str) -> bool:
-    """End one of the user's sessions: revoke its family, delete its record. False if it was gone already."""
+def end_session(user_id: str, session_id: str, entry_type: str = "session.revoked") -> bool:
+    """End one of the user's sessions: revoke its family, delete its record, and record it (`logout` when the
+    session ends itself, `session.revoked` otherwise) in the same step. False if it was gone already."""
+    entry = audit.new_entry(entry_type, subject=user_id, details={"session_id": session_id})
     script = get_scripts().end_session
     existed = run_listed(
-        lambda keys, args: script(keys=[Keys.user_sessions(user_id), *keys], args=[_now(), *args]),
+        lambda keys, args: script(
+            keys=[Keys.user_sessions(user_id), *keys, *audit.script_keys(entry)],
+            args=[_now(), *args, *audit.script_args(entry)],
+        ),
         user_id,
         lambda: [session_id],
     )
     if existed:
+        audit.complete(entry)
         sessions_ended.send(current_app._get_current_object(), user_id=user_id, session_ids=[session_id])
     return bool(existed)
 
@@ -281,14 +301,21 @@ def end_other_sessions(user_id: str, keep_session_id: str) -> list[str]:
     return list(ended)
 
 
-def logout_all(user_id: str) -> int:
-    """tokenVersion + 1, every refresh token revoked, every session deleted; returns the new version."""
+def logout_all(user_id: str, entry_type: str = "session.revoked") -> int:
+    """tokenVersion + 1, every refresh token revoked, every session deleted, and recorded in the same step
+    (`logout` when the user logs out everywhere, `session.revoked` when an administrator or the CLI ends
+    their sessions); returns the new version."""
+    entry = audit.new_entry(entry_type, subject=user_id, details={"all_sessions": True})
     script = get_scripts().logout_all
     version, ended = run_listed(
-        lambda keys, args: script(keys=[Keys.user(user_id), Keys.user_sessions(user_id), *keys], args=[_now(), *args]),
+        lambda keys, args: script(
+            keys=[Keys.user(user_id), Keys.user_sessions(user_id), *keys, *audit.script_keys(entry)],
+            args=[_now(), *args, *audit.script_args(entry)],
+        ),
         user_id,
         _all_sessions(user_id),
     )
+    audit.complete(entry)
     sessions_ended.send(current_app._get_current_object(), user_id=user_id, session_ids=list(ended), whole_user=True)
     return int(version)
 

@@ -11,10 +11,11 @@ import gevent
 import redis
 from flask import current_app
 
+from .. import audit
 from ..channels.grants import forget_user as forget_user_grants
 from ..errors import ApiError, validation_failed
 from ..http import has_control_characters, rfc3339
-from ..redis import END_SESSION_FUNCTION_LUA, Keys, get_redis, get_script
+from ..redis import AUDIT_LUA, END_SESSION_FUNCTION_LUA, Keys, get_redis, get_script
 from . import indexes, passwords
 from .sessions import run_listed, sessions_ended
 
@@ -69,6 +70,9 @@ def create_user(
     _store_new_user(user, [Keys.user_by_email(email), *identities], identities)
     if role == "admin":
         _index_admin(user["id"])
+    # After the last index is committed (an account exists only from then on): a step of its own.
+    method = "oauth" if identities else "password"
+    audit.record("user.registered", subject=user["id"], details={"method": method, "role": role})
     return user
 
 
@@ -160,14 +164,19 @@ def list_users(email: str | None = None, limit: int = 100, offset: int = 0) -> l
     return [record for record in pipe.execute() if record]  # an entry left by a crashed creation: no record
 
 
-# KEYS[1] user. ARGV: role. 1 when the user exists (and now has the role), 0 otherwise.
-SET_ROLE_LUA = """
+# KEYS[1] user, then the role.changed audit entry's (AUDIT_LUA). ARGV: role, then the entry's. 1 when the
+# user exists and had the role already, 2 when the role changed (and the entry is recorded), 0 otherwise.
+SET_ROLE_LUA = (
+    AUDIT_LUA
+    + """
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 local before = redis.call('HGET', KEYS[1], 'role')
 redis.call('HSET', KEYS[1], 'role', ARGV[1])
 if before == ARGV[1] then return 1 end
+record_audit()
 return 2
 """
+)
 
 # The admins index (Keys.admins): `*` marks it built. Building reads every record, so it happens once.
 # KEYS[1] the index. ARGV: user id. 'ok' once the id is out of the index, 'last' when that would leave
@@ -259,25 +268,32 @@ def set_role(user_id: str, role: str) -> dict | None:
     if role not in ROLES:
         raise validation_failed(f"The role must be one of {', '.join(ROLES)}.")
     client = get_redis()
-    if role != "admin" and client.hget(Keys.user(user_id), "role") == "admin":
+    before = client.hget(Keys.user(user_id), "role")
+    if role != "admin" and before == "admin":
         _release_admin(user_id)
-    changed = get_script(SET_ROLE_LUA)(keys=[Keys.user(user_id)], args=[role])
+    entry = audit.new_entry("role.changed", subject=user_id, details={"role": role, "previous_role": before})
+    changed = get_script(SET_ROLE_LUA)(
+        keys=[Keys.user(user_id), *audit.script_keys(entry)], args=[role, *audit.script_args(entry)]
+    )
     if not changed:
         return None
     if role == "admin":
         _index_admin(user_id)
     if changed == 2:
+        audit.complete(entry)
         # No session ends; the hub's message closes the user's connections and clients resume by cursor.
         sessions_ended.send(current_app._get_current_object(), user_id=user_id, session_ids=[], whole_user=True)
     return get_user(user_id)
 
 
 # KEYS: 1 user, 2 the user's session set, then ARGV[2] further keys of the user to delete, then the
-# listing of every session with every token (SESSIONS_LUA, purge). ARGV: now, that count, the listing.
-# Ends every session (deleting its refresh-token records too), deletes the keys and the user.
+# listing of every session with every token (SESSIONS_LUA, purge), then the user.deleted audit entry's
+# (AUDIT_LUA). ARGV: now, that count, the listing, the entry's. Ends every session (deleting its
+# refresh-token records too), deletes the keys and the user, and records the entry, which outlives them.
 # {1, {ended session ids}}, nil for an unknown user, or 'stale'.
 DELETE_USER_LUA = (
     END_SESSION_FUNCTION_LUA
+    + AUDIT_LUA
     + """
 if redis.call('EXISTS', KEYS[1]) == 0 then return false end
 local n = tonumber(ARGV[2])
@@ -286,6 +302,7 @@ if not still_current(sessions, KEYS[2], nil, true) then return 'stale' end
 local ended = end_sessions(sessions, KEYS[2], ARGV[1], true)
 for i = 3, 2 + n do redis.call('DEL', KEYS[i]) end
 redis.call('DEL', KEYS[1], KEYS[2])
+record_audit()
 return {1, ended}
 """
 )
@@ -320,11 +337,12 @@ def delete_user(user_id: str) -> bool:
         Keys.passkey_registration(user_id),
         *(Keys.user_mail_token(user_id, purpose) for purpose in (mailtokens.VERIFY, mailtokens.RESET)),
     ]
+    entry = audit.new_entry("user.deleted", subject=user_id, details={"role": user.get("role")})
     script = get_script(DELETE_USER_LUA)
     result = run_listed(
         lambda listing, args: script(
-            keys=[Keys.user(user_id), Keys.user_sessions(user_id), *keys, *listing],
-            args=[f"{time.time():.3f}", len(keys), *args],
+            keys=[Keys.user(user_id), Keys.user_sessions(user_id), *keys, *listing, *audit.script_keys(entry)],
+            args=[f"{time.time():.3f}", len(keys), *args, *audit.script_args(entry)],
         ),
         user_id,
         lambda: sorted(client.smembers(Keys.user_sessions(user_id))),
@@ -332,6 +350,7 @@ def delete_user(user_id: str) -> bool:
     )
     if not result:
         return False
+    audit.complete(entry)
     forget_user_grants(client, user_id)  # after the record is gone: no grant can be indexed again
     for index in [Keys.user_by_email(user["email"]), *identities, *passkeys]:
         indexes.release(index, user_id)
@@ -346,6 +365,16 @@ def delete_user(user_id: str) -> bool:
 def store_password_hash(user_id: str, password_hash: str) -> None:
     """Replace the user's stored password hash."""
     get_redis().hset(Keys.user(user_id), "password_hash", password_hash)
+
+
+def change_password_hash(user_id: str, password_hash: str) -> None:
+    """The user's new password (as its hash), stored in one transaction with its password.changed entry."""
+    entry = audit.new_entry("password.changed", subject=user_id)
+    pipe = get_redis().pipeline(transaction=True)
+    pipe.hset(Keys.user(user_id), "password_hash", password_hash)
+    audit.add_to_transaction(pipe, entry)
+    pipe.execute()
+    audit.complete(entry)
 
 
 def password_matches(user: dict | None, password: str) -> bool:

@@ -7,7 +7,7 @@ import re
 
 from flask import Blueprint, current_app, jsonify, make_response, request
 
-from .. import mail
+from .. import audit, mail
 from ..errors import ApiError, bad_request, error_response, not_found, unauthorized
 from ..http import has_control_characters, validated, validated_form
 from ..limits import rate_limited
@@ -131,6 +131,7 @@ def login():
     user = users.get_user(user_id) if user_id else None
     if not users.password_matches(user, credentials.password):
         LOGINS.labels("failure").inc()
+        record_failed_login(user["id"] if user else None, {"method": "password"})
         raise unauthorized("Wrong e-mail or password.", "invalid_credentials")
     account.require_verified_email(user)
     if mfa.is_enabled(user):
@@ -139,13 +140,19 @@ def login():
     return _logged_in(user, device, transport, credentials.device_token)
 
 
-def _logged_in(user: dict, device: str | None, transport: str, device_token: str | None):
+def record_failed_login(user_id: str | None, details: dict) -> None:
+    """A refused login, recorded by the service (actor `system`), about the account when one was named."""
+    audit.record("login.failed", subject=user_id, actor=audit.SYSTEM, details=details)
+
+
+def _logged_in(user: dict, device: str | None, transport: str, device_token: str | None, login: dict | None = None):
     """Start a session for a user who has proved every factor; `T` in the chosen transport.
 
     The client becomes a known device of the account (see devices.py): a device cookie, or with the body
     transport a `device_token` in `T` (the one it presented, while that is still good for the account).
+    `login` says how they logged in, for the audit entry (by default with a password).
     """
-    issued = sessions.start_session(user["id"], device, request.remote_addr)
+    issued = sessions.start_session(user["id"], device, request.remote_addr, login)
     known = devices.device_token(user, device_token) if transport == "body" else None
     response = _token_response(
         user, issued.session_id, user["role"], int(user["token_version"]), issued.refresh_token, transport, known
@@ -180,13 +187,13 @@ def login_mfa():
     second = validated(MfaLogin)
     if second.code is None and second.recovery_code is None:
         raise bad_request("Field 'code' (or 'recovery_code') is required.")
-    user_id, first_device = mfa.finish_login(second.mfa_token, second.code, second.recovery_code)
+    user_id, first_device, login = mfa.finish_login(second.mfa_token, second.code, second.recovery_code)
     user = users.get_user(user_id)
     if user is None:
         raise mfa.invalid_mfa_token()
     LOGINS.labels("success").inc()
     device = second.device or first_device or _device_name(None)
-    return _logged_in(user, device, second.transport, second.device_token)
+    return _logged_in(user, device, second.transport, second.device_token, login)
 
 
 @bp.post("/refresh")
@@ -255,7 +262,7 @@ def logout():
         user_id, session_id = _session_to_end()
     except ApiError as error:
         return _refused(error, "cookie")
-    sessions.end_session(user_id, session_id)
+    sessions.end_session(user_id, session_id, "logout")
     return _no_content(clear_cookies=True)
 
 
@@ -264,7 +271,7 @@ def logout():
 @login_required
 def logout_all():
     """Log out of every device: tokenVersion + 1, every session ended, live connections closed."""
-    sessions.logout_all(current_caller().user_id)
+    sessions.logout_all(current_caller().user_id, "logout")
     return _no_content(clear_cookies=True)
 
 
@@ -323,8 +330,9 @@ def end_session(session_id: str):
     caller = current_caller()
     if not SESSION_ID.fullmatch(session_id) or not sessions.session_exists(caller.user_id, session_id):
         raise not_found("No such session.")
-    sessions.end_session(caller.user_id, session_id)
-    return _no_content(clear_cookies=session_id == caller.session_id)
+    ending_itself = session_id == caller.session_id
+    sessions.end_session(caller.user_id, session_id, "logout" if ending_itself else "session.revoked")
+    return _no_content(clear_cookies=ending_itself)
 
 
 @bp.post("/password")
@@ -348,7 +356,7 @@ def change_password():
         raise unauthorized()
     if not users.password_matches(user, current):
         raise unauthorized("The current password is wrong.", "invalid_credentials")
-    users.store_password_hash(user["id"], passwords.hash_password(new))
+    users.change_password_hash(user["id"], passwords.hash_password(new))
     mailtokens.forget_tokens(user["id"], mailtokens.RESET)  # a reset link asked for earlier is moot now
     sessions.end_other_sessions(user["id"], caller.session_id)
     return _no_content()

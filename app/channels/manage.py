@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from flask import current_app
 
+from .. import audit
 from ..auth.users import USER_ID, get_user
 from ..errors import not_found
 from ..redis import get_redis
@@ -33,6 +34,8 @@ def define_namespace(namespace: Namespace) -> Namespace:
     client = get_redis()
     before = namespaces.get_namespace(client, namespace.name)
     namespaces.put_namespace(client, namespace)
+    rules = {name: value for name, value in namespace.as_json().items() if name != "name"}
+    audit.record("namespace.put", details={"namespace": namespace.name, **rules, "created": before is None})
     if before is not None and before != namespace:
         _announce("access_changed", namespace=namespace.name)
     return namespace
@@ -42,6 +45,7 @@ def remove_namespace(name: str) -> None:
     """Delete a namespace (404 if there is none); its channels' open subscriptions end."""
     if not namespaces.delete_namespace(get_redis(), name):
         raise not_found(f"No namespace {name[:100]!r}.")
+    audit.record("namespace.deleted", details={"namespace": name})
     _announce("namespace_deleted", namespace=name)
 
 
@@ -53,6 +57,8 @@ def grant_member(channel: str, user_id: str, info: dict | None, expires_in: floa
         raise not_found("No such user.")
     if not grants.grant(get_redis(), channel, user_id, info, expires_in):
         raise not_found("No such user.")
+    # Not its info: whatever an application keeps there is its own business.
+    audit.record("channel.member_added", subject=user_id, details={"channel": channel, "expires_in": expires_in})
     _announce("access_changed", channel=channel, user_id=user_id)
 
 
@@ -62,5 +68,6 @@ def revoke_member(channel: str, user_id: str) -> None:
     namespace_of(channel)
     if not USER_ID.fullmatch(user_id):
         raise not_found("No such user.")
-    grants.revoke(get_redis(), channel, user_id)
+    if grants.revoke(get_redis(), channel, user_id):
+        audit.record("channel.member_removed", subject=user_id, details={"channel": channel})
     _announce("revoked", channel=channel, user_id=user_id)

@@ -7,6 +7,7 @@ from datetime import datetime
 import gevent
 from flask import Blueprint, current_app, jsonify, render_template
 
+from .. import audit
 from ..auth.guards import current_api_key, current_caller, login_required, user_or_api_key
 from ..errors import ApiError, bad_request, forbidden, not_found, validation_failed
 from ..events.cursor import decode_positions
@@ -84,7 +85,13 @@ def create():
     endpoint, secret = _store().create_endpoint(
         url, sorted(set(asked.channels)), _patterns(asked.events), asked.description
     )
+    _record("webhook_endpoint.created", endpoint["id"], channels=endpoint["channels"], events=endpoint["events"])
     return jsonify({**endpoint, "secret": secret}), 201
+
+
+def _record(entry_type: str, endpoint_id: str, **details) -> None:
+    """An endpoint change's audit entry: never its URL (which may carry a credential) nor a secret."""
+    audit.record(entry_type, details={"endpoint_id": endpoint_id, **details})
 
 
 @bp.get("")
@@ -129,6 +136,8 @@ def update(id: str):
     record = _store().update_endpoint(id, changes)
     if record is None:
         raise not_found("No such webhook endpoint.")
+    if changes:
+        _record("webhook_endpoint.updated", id, changed=sorted(changes))
     return jsonify(public_endpoint(record))
 
 
@@ -144,6 +153,7 @@ def delete(id: str):
     """Delete an endpoint, its queue and its scheduled retries."""
     if _store().endpoint_record(id) is None or not _store().delete_endpoint(id):
         raise not_found("No such webhook endpoint.")
+    _record("webhook_endpoint.deleted", id)
     return "", 204
 
 
@@ -161,6 +171,7 @@ def rotate_secret(id: str):
     secret = _store().rotate_secret(id)
     if secret is None:
         raise not_found("No such webhook endpoint.")
+    _record("webhook_endpoint.updated", id, changed=["secret"])
     return jsonify({"secret": secret})
 
 

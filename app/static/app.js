@@ -1,4 +1,5 @@
-// The test page: log in, devices, live events, rooms. All server calls go through the reference client.
+// The test page: log in, devices, recent activity, live events, rooms. All server calls go through the
+// reference client.
 import { Client, EventFeed, ServiceError, conditionalMediationAvailable, passkeysSupported } from "./client.js";
 
 const $ = (id) => document.getElementById(id);
@@ -6,6 +7,9 @@ const SESSIONS_REFRESH_MS = 3000;
 // Join and leave events keep a room's list of people current; a periodic look also catches the rooms
 // whose namespace sends none, and people whose server went away (their presence runs out).
 const ROOM_PRESENCE_REFRESH_MS = 10_000;
+const ACTIVITY_PAGE = 20;
+// The one page a visitor may be sent here to come back to once signed in (GET /admin without a session).
+const RETURN_PATHS = new Set(["/admin"]);
 
 const TRANSPORT_NAMES = {
   sse: "server-sent events",
@@ -33,6 +37,7 @@ const feed = new EventFeed(client, {
 let me = null;
 let sessionsTimer = null;
 let hasPasskeys = false;
+let returnTo = null; // where an administrator goes once signed in (the console sent them here)
 
 // For debugging from the console (and for the browser tests): the client objects, never a token.
 window.authRt = { client, feed };
@@ -67,7 +72,7 @@ function showSignedOut(message) {
   clearInterval(sessionsTimer);
   $("signed-in").hidden = true;
   $("signed-out").hidden = false;
-  $("status").textContent = message;
+  $("status").textContent = returnTo ? "Log in as an administrator to open the admin console." : message;
   showForm("login-form");
 }
 
@@ -131,15 +136,20 @@ function passkeyErrorText(error) {
 }
 
 async function showSignedIn(user) {
+  if (returnTo && user.role === "admin") return location.assign(returnTo); // the session is open: go back
   me = user;
   client.loggedIn();
   stopConditionalPasskey();
   hideNotice();
+  if (returnTo) showNotice("The admin console is for administrators only.", "failure");
+  returnTo = null;
+  $("admin-link").hidden = user.role !== "admin";
   $("signed-out").hidden = true;
   $("signed-in").hidden = false;
   $("status").textContent = `Logged in as ${user.email}`;
   showAccount(user);
   loadPasskeys();
+  loadActivity();
   await loadSessions();
   clearInterval(sessionsTimer);
   sessionsTimer = setInterval(loadSessions, SESSIONS_REFRESH_MS);
@@ -179,7 +189,73 @@ async function loadSessions() {
 async function endSession(session) {
   const response = await client.request(`/auth/sessions/${encodeURIComponent(session.id)}`, { method: "DELETE" });
   if (response.ok && session.current) showSignedOut("You ended this device's session.");
-  else loadSessions();
+  else {
+    loadSessions();
+    loadActivity();
+  }
+}
+
+// Recent activity: the user's own audit entries (GET /auth/activity), newest first, a page at a time.
+let activityNext = null;
+
+const ACTIVITY_TEXTS = {
+  "user.registered": () => "Account created",
+  "login.succeeded": (details) =>
+    `Logged in on ${details.device ?? "a device"}${details.method && details.method !== "password" ? ` (${details.method})` : ""}`,
+  "login.failed": () => "A login with your address failed",
+  logout: () => "Logged out",
+  "session.revoked": (details) => (details.all_sessions ? "Logged out everywhere" : "A device's session was ended"),
+  "refresh.reuse_detected": () => "A reused session token was refused, and its session ended",
+  "password.changed": () => "Password changed",
+  "password.reset": () => "Password reset by a mailed link",
+  "email.verified": () => "E-mail address verified",
+  "mfa.enabled": () => "Two-factor authentication turned on",
+  "mfa.disabled": () => "Two-factor authentication turned off",
+  "mfa.reset": () => "Two-factor authentication reset",
+  "passkey.added": (details) => `Passkey “${details.name ?? "unnamed"}” added`,
+  "passkey.removed": () => "A passkey was removed",
+  "role.changed": (details) => `Role changed to ${details.role}`,
+};
+// Entries that may mean someone else is trying: marked for the eye.
+const ACTIVITY_WARNINGS = new Set(["login.failed", "refresh.reuse_detected", "mfa.reset"]);
+
+function activityText(entry) {
+  const text = ACTIVITY_TEXTS[entry.type]?.(entry.details ?? {}) ?? entry.type;
+  const { kind, id } = entry.actor;
+  if (kind === "user" && id && id !== me?.id) return `${text} by an administrator`;
+  if (kind === "cli") return `${text} from the command line`;
+  if (kind === "api_key") return `${text} by an API key`;
+  return text;
+}
+
+function activityItem(entry) {
+  const item = document.createElement("li");
+  item.dataset.entryId = entry.id;
+  item.dataset.type = entry.type;
+  if (ACTIVITY_WARNINGS.has(entry.type)) item.dataset.kind = "warning";
+  const when = part("time", "when", new Date(entry.at).toLocaleString());
+  when.dateTime = entry.at;
+  item.append(when, part("span", "what", activityText(entry)));
+  if (entry.ip) item.append(" ", part("span", "where", `from ${entry.ip}`));
+  return item;
+}
+
+async function loadActivity(more = false) {
+  if (!me) return;
+  $("activity-error").textContent = "";
+  let page;
+  try {
+    page = await client.activity({ before: more ? activityNext : undefined, limit: ACTIVITY_PAGE });
+  } catch (error) {
+    $("activity-error").textContent = error.message;
+    return;
+  }
+  const items = page.entries.map(activityItem);
+  if (more) $("activity-list").append(...items);
+  else $("activity-list").replaceChildren(...items);
+  activityNext = page.next;
+  $("activity-more-button").hidden = !page.next;
+  $("activity-empty").hidden = $("activity-list").children.length > 0;
 }
 
 function part(tag, className, text) {
@@ -480,6 +556,7 @@ async function addPasskey(event) {
     $("passkey-name").value = "";
     $("passkey-message").textContent = `Passkey “${passkey.name}” added: you can log in with it from now on.`;
     await loadPasskeys();
+    loadActivity();
   } catch (error) {
     if (error.code === "reauthentication_required") askForPassword(addPasskey);
     else $("passkey-error").textContent = passkeyErrorText(error);
@@ -494,6 +571,7 @@ async function removePasskey(passkey) {
     $("passkey-message").textContent =
       `Passkey “${passkey.name}” removed. Your device may still offer it: delete it there too.`;
     await loadPasskeys();
+    loadActivity();
   } catch (error) {
     $("passkey-error").textContent = error.message;
   }
@@ -515,6 +593,7 @@ async function confirmMfaSetup(event) {
     $("recovery").hidden = false;
     me = { ...me, mfa_enabled: true };
     showAccount(me);
+    loadActivity();
   } catch (error) {
     $("mfa-setup-error").textContent = error.message;
   }
@@ -533,6 +612,7 @@ async function disableMfa(event) {
     $("recovery").hidden = true;
     me = { ...me, mfa_enabled: false };
     showAccount(me);
+    loadActivity();
   } catch (error) {
     $("mfa-disable-error").textContent = error.message;
   }
@@ -568,6 +648,14 @@ async function followLink() {
     return token ? { mfaToken: token } : {};
   }
   return {};
+}
+
+// `/?next=/admin`: the console sent a visitor without a session here; an administrator goes back once signed in.
+function takeReturnTo() {
+  const next = new URLSearchParams(location.search).get("next");
+  if (location.pathname !== "/" || next === null) return null;
+  history.replaceState(null, "", `/${location.hash}`);
+  return RETURN_PATHS.has(next) ? next : null; // only our own pages: never an open redirect
 }
 
 // After the session is known: what the verification link did, and what the visitor can do next.
@@ -810,9 +898,12 @@ async function start() {
   $("room-message-form").addEventListener("submit", sendMessage);
   $("logout-button").addEventListener("click", () => logOut(false));
   $("logout-all-button").addEventListener("click", () => logOut(true));
+  $("activity-more-button").addEventListener("click", () => loadActivity(true));
+  $("activity-refresh-button").addEventListener("click", () => loadActivity());
   $("transports").addEventListener("change", () => me && feed.start(selectedTransport()));
   addEventListener("online", () => me && feed.state === "offline" && feed.start(selectedTransport()));
 
+  returnTo = takeReturnTo();
   const link = await followLink();
   if (link.reset) {
     showSignedOut("Choose a new password for your account.");

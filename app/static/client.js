@@ -26,6 +26,10 @@
  * credentials travel in WebAuthn Level 3's JSON forms, converted by the browser where it can
  * (`PublicKeyCredential.parse*OptionsFromJSON`, `toJSON()`) and by a small base64url fallback here.
  *
+ * Activity and administration: {@link Client#activity} pages through the user's own audit entries;
+ * {@link Admin} wraps the administrators' endpoints (users, API keys, webhook endpoints, namespaces and
+ * members, the audit log), on which the admin console is built.
+ *
  * @module client
  */
 
@@ -109,6 +113,25 @@ const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
  * @property {string | null} session_id the session's id, with `user`
  * @property {boolean} can_refresh a refresh cookie came: without `user`, {@link Client#refresh} may
  *   open the session again (it can still fail when that session has ended)
+ */
+
+/**
+ * One audit entry: a security-relevant change, who made it, about whom, from where.
+ * @typedef {object} AuditEntry
+ * @property {string} id its id; ids order by time
+ * @property {string} at when (RFC 3339, UTC)
+ * @property {string} type e.g. `login.succeeded`, `mfa.reset`, `api_key.created`
+ * @property {{kind: "user" | "api_key" | "cli" | "system", id: string | null}} actor who made the change
+ * @property {string} [subject] the id of the user the entry is about
+ * @property {string} [ip] the client's address (absent for the command line and the service itself)
+ * @property {object} details what changed (never a secret)
+ */
+
+/**
+ * A page of audit entries, newest first.
+ * @typedef {object} AuditPage
+ * @property {AuditEntry[]} entries
+ * @property {string | null} next pass it as `before` for the next (older) page; null when nothing older matches
  */
 
 /**
@@ -516,6 +539,16 @@ export class Client {
   }
 
   /**
+   * A page of the user's own activity (GET /auth/activity): the audit entries about them, newest first:
+   * logins (and refused ones), sessions ended, password, MFA and passkey changes.
+   * @param {{before?: string, limit?: number}} [page] `before`: the `next` of the page before
+   * @returns {Promise<AuditPage>}
+   */
+  activity({ before, limit } = {}) {
+    return this.json(`/auth/activity${queryString({ before, limit })}`);
+  }
+
+  /**
    * Refreshes the session's tokens, one refresh at a time across every tab of the browser.
    * @returns {Promise<boolean>} true when the session is valid again
    */
@@ -547,6 +580,314 @@ export class Client {
       this.onLoggedOut();
     }
   }
+}
+
+/**
+ * A user as administrators see one: {@link User} and when the account was made.
+ * @typedef {User & {created_at: string | null}} AdminUser
+ */
+
+/**
+ * A logged-in device of a user.
+ * @typedef {object} Session
+ * @property {string} id
+ * @property {string | null} device the name the login gave it
+ * @property {string | null} created_at
+ * @property {string | null} last_used_at
+ * @property {string | null} ip
+ * @property {boolean} current whether it is the caller's own session (never, for another user's)
+ */
+
+/**
+ * An API key as the service lists it (never the key itself).
+ * @typedef {object} ApiKey
+ * @property {string} id
+ * @property {string} name
+ * @property {string[]} scopes `events:publish`, `tokens:introspect`, `webhooks:manage`, `channels:manage`, `audit:read`
+ * @property {string[]} channels where `events:publish` may publish
+ * @property {string} created_at
+ * @property {string | null} last_used_at
+ */
+
+/**
+ * An outgoing webhook endpoint (its secret only when made or rotated).
+ * @typedef {object} WebhookEndpoint
+ * @property {string} id
+ * @property {string} url
+ * @property {string[]} channels
+ * @property {string[] | null} events name patterns (`order.*`); null: every event
+ * @property {string | null} description
+ * @property {boolean} disabled
+ * @property {string} created_at
+ */
+
+/**
+ * One event on its way to one endpoint; `id` is the `webhook-id` it is sent with.
+ * @typedef {object} WebhookMessage
+ * @property {string} id
+ * @property {string} event_id
+ * @property {string} channel
+ * @property {string} event
+ * @property {"pending" | "delivered" | "failed"} status
+ * @property {Array<{at: string, status_code: number | null, duration_ms: number, error: string | null}>} attempts
+ * @property {string | null} next_attempt_at
+ */
+
+/**
+ * A namespace's rules.
+ * @typedef {object} Namespace
+ * @property {string} name
+ * @property {"members" | "authenticated"} subscribe
+ * @property {"server" | "subscribers"} publish
+ * @property {boolean} presence
+ * @property {boolean} join_leave
+ */
+
+/**
+ * The administration API (admin endpoints of the service) for a {@link Client} signed in as an
+ * administrator: users, API keys, outgoing webhook endpoints, namespaces and channel members, the audit
+ * log. The admin console (`/admin`) is built on it. Every method rejects with a {@link ServiceError}
+ * (403 `forbidden` for a caller who is not an administrator, 404 `not_found`, 409 `conflict` when the
+ * last administrator would be demoted or deleted, 422 `validation_failed`).
+ */
+export class Admin {
+  /** @param {Client} client */
+  constructor(client) {
+    this.client = client;
+  }
+
+  /**
+   * Users newest first, or the one with an e-mail address.
+   * @param {{email?: string, limit?: number, offset?: number}} [query]
+   * @returns {Promise<AdminUser[]>}
+   */
+  async users({ email, limit, offset } = {}) {
+    return (await this.client.json(`/admin/users${queryString({ email, limit, offset })}`)).users;
+  }
+
+  /**
+   * One user by id, with their live sessions and their passkeys.
+   * @param {string} id
+   * @returns {Promise<{user: AdminUser, sessions: Session[], passkeys: Passkey[]}>}
+   */
+  user(id) {
+    return this.client.json(`/admin/users/${encodeURIComponent(id)}`);
+  }
+
+  /**
+   * Changes a user's role; it applies on their next request.
+   * @param {string} id
+   * @param {"user" | "admin"} role
+   * @returns {Promise<AdminUser>}
+   */
+  async setRole(id, role) {
+    return (await this.client.json(`/admin/users/${encodeURIComponent(id)}`, { method: "PATCH", body: { role } })).user;
+  }
+
+  /**
+   * Logs a user out on every device (their live connections close).
+   * @param {string} id
+   * @returns {Promise<void>}
+   */
+  async endSessions(id) {
+    await this.client.json(`/admin/users/${encodeURIComponent(id)}/sessions`, { method: "DELETE" });
+  }
+
+  /**
+   * Turns a user's two-factor authentication off (secret and recovery codes gone, every session ended,
+   * the owner mailed): for an owner who lost their phone.
+   * @param {string} id
+   * @returns {Promise<void>}
+   */
+  async resetMfa(id) {
+    await this.client.json(`/admin/users/${encodeURIComponent(id)}/mfa/reset`, { method: "POST" });
+  }
+
+  /**
+   * Deletes a user and every record of theirs; their sessions end at once.
+   * @param {string} id
+   * @returns {Promise<void>}
+   */
+  async deleteUser(id) {
+    await this.client.json(`/admin/users/${encodeURIComponent(id)}`, { method: "DELETE" });
+  }
+
+  /** @returns {Promise<ApiKey[]>} every API key */
+  async apiKeys() {
+    return (await this.client.json("/admin/api-keys")).api_keys;
+  }
+
+  /**
+   * Creates an API key; the answer's `key` is the only time the key itself is shown.
+   * @param {{name: string, scopes: string[], channels?: string[]}} key
+   * @returns {Promise<ApiKey & {key: string}>}
+   */
+  createApiKey({ name, scopes, channels = [] }) {
+    return this.client.json("/admin/api-keys", { method: "POST", body: { name, scopes, channels } });
+  }
+
+  /**
+   * Deletes an API key: it stops working at once, everywhere.
+   * @param {string} id
+   * @returns {Promise<void>}
+   */
+  async deleteApiKey(id) {
+    await this.client.json(`/admin/api-keys/${encodeURIComponent(id)}`, { method: "DELETE" });
+  }
+
+  /** @returns {Promise<WebhookEndpoint[]>} every outgoing webhook endpoint, oldest first */
+  async webhookEndpoints() {
+    return (await this.client.json("/admin/webhook-endpoints")).endpoints;
+  }
+
+  /**
+   * Creates an outgoing webhook endpoint; the answer's `secret` is shown this once.
+   * @param {{url: string, channels: string[], events?: string[], description?: string}} endpoint
+   * @returns {Promise<WebhookEndpoint & {secret: string}>}
+   */
+  createWebhookEndpoint(endpoint) {
+    return this.client.json("/admin/webhook-endpoints", { method: "POST", body: endpoint });
+  }
+
+  /**
+   * Changes any of an endpoint's `url`, `channels`, `events`, `description`, `disabled`.
+   * @param {string} id
+   * @param {object} changes
+   * @returns {Promise<WebhookEndpoint>}
+   */
+  updateWebhookEndpoint(id, changes) {
+    return this.client.json(`/admin/webhook-endpoints/${encodeURIComponent(id)}`, { method: "PATCH", body: changes });
+  }
+
+  /**
+   * Deletes an endpoint: nothing more is sent to it.
+   * @param {string} id
+   * @returns {Promise<void>}
+   */
+  async deleteWebhookEndpoint(id) {
+    await this.client.json(`/admin/webhook-endpoints/${encodeURIComponent(id)}`, { method: "DELETE" });
+  }
+
+  /**
+   * Gives an endpoint a new secret (shown this once); the old one also signs for a while.
+   * @param {string} id
+   * @returns {Promise<string>}
+   */
+  async rotateWebhookSecret(id) {
+    const path = `/admin/webhook-endpoints/${encodeURIComponent(id)}/rotate-secret`;
+    return (await this.client.json(path, { method: "POST" })).secret;
+  }
+
+  /**
+   * An endpoint's messages, newest first (`pending`: the backlog, oldest first).
+   * @param {string} id
+   * @param {{status?: "pending" | "delivered" | "failed", limit?: number}} [query]
+   * @returns {Promise<WebhookMessage[]>}
+   */
+  async webhookMessages(id, { status, limit } = {}) {
+    const path = `/admin/webhook-endpoints/${encodeURIComponent(id)}/messages${queryString({ status, limit })}`;
+    return (await this.client.json(path)).messages;
+  }
+
+  /**
+   * Sends one message again now (same `webhook-id`, a fresh retry schedule).
+   * @param {string} id the endpoint's
+   * @param {string} messageId
+   * @returns {Promise<void>} rejects with 409 `conflict` for a disabled endpoint
+   */
+  async retryWebhookMessage(id, messageId) {
+    const path = `/admin/webhook-endpoints/${encodeURIComponent(id)}/messages/${encodeURIComponent(messageId)}/retry`;
+    await this.client.json(path, { method: "POST" });
+  }
+
+  /**
+   * Sends every matching event since a cursor or a time again.
+   * @param {string} id
+   * @param {{cursor: string} | {since: string}} from `since`: an RFC 3339 time
+   * @returns {Promise<number>} how many messages were queued
+   */
+  async replayWebhooks(id, from) {
+    const path = `/admin/webhook-endpoints/${encodeURIComponent(id)}/replay`;
+    return (await this.client.json(path, { method: "POST", body: from })).messages;
+  }
+
+  /** @returns {Promise<Namespace[]>} every namespace, by name */
+  async namespaces() {
+    return (await this.client.json("/admin/namespaces")).namespaces;
+  }
+
+  /**
+   * Creates a namespace or replaces its rules.
+   * @param {string} name 1-32 of `a-z0-9_-`
+   * @param {{subscribe: string, publish: string, presence?: boolean, join_leave?: boolean}} rules
+   * @returns {Promise<Namespace>}
+   */
+  putNamespace(name, rules) {
+    return this.client.json(`/admin/namespaces/${encodeURIComponent(name)}`, { method: "PUT", body: rules });
+  }
+
+  /**
+   * Deletes a namespace; its channels' open subscriptions end.
+   * @param {string} name
+   * @returns {Promise<void>}
+   */
+  async deleteNamespace(name) {
+    await this.client.json(`/admin/namespaces/${encodeURIComponent(name)}`, { method: "DELETE" });
+  }
+
+  /**
+   * A channel's granted members.
+   * @param {string} channel `<namespace>:<name>`
+   * @returns {Promise<Array<{user_id: string, info: *, expires_at: string | null}>>}
+   */
+  async members(channel) {
+    return (await this.client.json(`/channels/${encodeURIComponent(channel)}/members`)).members;
+  }
+
+  /**
+   * Grants one user one channel.
+   * @param {string} channel
+   * @param {string} userId
+   * @param {{info?: object, expiresIn?: number}} [grant] `info` shows in presence (at most 1 KiB);
+   *   `expiresIn`: seconds
+   * @returns {Promise<void>}
+   */
+  async grant(channel, userId, { info, expiresIn } = {}) {
+    const body = { ...(info !== undefined ? { info } : {}), ...(expiresIn !== undefined ? { expires_in: expiresIn } : {}) };
+    await this.client.json(`/channels/${encodeURIComponent(channel)}/members/${encodeURIComponent(userId)}`, {
+      method: "PUT",
+      body,
+    });
+  }
+
+  /**
+   * Revokes a user's grant of a channel: their open subscriptions to it end within a second.
+   * @param {string} channel
+   * @param {string} userId
+   * @returns {Promise<void>}
+   */
+  async revoke(channel, userId) {
+    const path = `/channels/${encodeURIComponent(channel)}/members/${encodeURIComponent(userId)}`;
+    await this.client.json(path, { method: "DELETE" });
+  }
+
+  /**
+   * A page of the audit log, newest first.
+   * @param {{subject?: string, type?: string, actor?: string, before?: string, limit?: number}} [query]
+   *   `subject`: a user id; `actor`: a user id, an API key id, `cli` or `system`; `before`: the `next`
+   *   of the page before
+   * @returns {Promise<AuditPage>}
+   */
+  audit({ subject, type, actor, before, limit } = {}) {
+    return this.client.json(`/admin/audit${queryString({ subject, type, actor, before, limit })}`);
+  }
+}
+
+/** `?a=1&b=2` of the parameters that are given (none: the empty string). */
+function queryString(params) {
+  const given = Object.entries(params).filter(([, value]) => value !== undefined && value !== null && value !== "");
+  const text = new URLSearchParams(given.map(([name, value]) => [name, String(value)])).toString();
+  return text ? `?${text}` : "";
 }
 
 // Without Web Locks (older browsers): one refresh at a time within the tab, and between tabs a claim
