@@ -25,7 +25,7 @@ from pathlib import Path
 
 import requests
 
-from bench import capacity_model, publish_credentials, pubsub_traffic, single_client, webhooks_out
+from bench import capacity_model, publish_credentials, pubsub_traffic, rooms, single_client, webhooks_out
 from bench.common import PASSWORD, machine, publisher_key, summary_ms
 from bench.streams import StreamFleet, single_latency, tag
 from bench.targets import FlaskSse, Nchan, Service, fd_count, rss_bytes, shared_redis
@@ -462,6 +462,9 @@ def tables(results: dict) -> str:
     if "pubsub_traffic" in results:
         lines += ["", "Redis output per published event, one reader on one instance:", ""]
         lines.append(pubsub_traffic.table(results["pubsub_traffic"]).rstrip("\n"))
+    if "rooms" in results:
+        lines += ["", "Channels: many small rooms, a join storm, subscriptions (`bench/rooms.py`):", ""]
+        lines.append(rooms.table(results["rooms"], heading=False).rstrip("\n"))
     return "\n".join(lines) + "\n"
 
 
@@ -647,6 +650,8 @@ def main() -> None:
     results["outgoing_webhooks"] = webhooks_out.run()  # its own Redis, service and delivery process
     quick_model = {"users": 40, "events": 400, "idle": 5} if args.quick else {}
     results["capacity_model"] = capacity_model.run(**quick_model)  # its own Redis, then a local cluster
+    # Channels beside nchan (its own Redis); also writes bench/results/rooms.json and rooms.md.
+    results["rooms"] = rooms.run(["rooms", "storm", "subscriptions"], quick=args.quick, command=results["command"])
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "latest.json").write_text(json.dumps(results, indent=2))
     (RESULTS / "latest.md").write_text(tables(results))

@@ -212,6 +212,8 @@ class Link:
                         elif message is not None:
                             self.hub.deliver_all(events)
                             events = []
+                            if self.pubsub is not pubsub:  # lost while the fan-out yielded: the answer is stale
+                                break
                             if self._handle(message):  # every channel subscribed again
                                 if delay > BACKOFF_START:
                                     log.warning(
@@ -248,7 +250,9 @@ class Link:
         when it completes a batch of subscriptions (after a loss)."""
         kind, name = message["type"], message["channel"]
         if kind in ("subscribe", "ssubscribe"):
-            queue = self.unconfirmed[name]
+            queue = self.unconfirmed.get(name)
+            if not queue:  # asked on a connection given up since: its waiters were told already
+                return False
             confirmation = queue.popleft()
             if not queue:
                 del self.unconfirmed[name]

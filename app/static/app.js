@@ -712,6 +712,7 @@ async function joinRoom(event) {
   $("room-messages").replaceChildren();
   $("room-messages-empty").hidden = false;
   $("room-message-error").textContent = "";
+  $("room-send-button").disabled = true; // until the service follows the room: nothing said before is lost
   $("room").hidden = false;
   try {
     await feed.subscribe(channel);
@@ -721,6 +722,7 @@ async function joinRoom(event) {
     return;
   }
   if (room !== joining) return;
+  $("room-send-button").disabled = false;
   $("room-message").focus();
   await loadPresence(joining);
   if (room === joining && !joining.withoutPresence) {

@@ -71,6 +71,7 @@ def join(page, channel: str) -> None:
     page.get_by_label("Room", exact=True).fill(channel)
     page.get_by_role("button", name="Join", exact=True).click()
     expect(page.locator("#room-title")).to_have_text(f"In {channel}")
+    expect(page.get_by_role("button", name="Send", exact=True)).to_be_enabled()  # the service follows it now
 
 
 def person(page, someone: str):
