@@ -45,8 +45,7 @@ import requests
 from bench.common import machine, percentile
 from bench.streams import Target, open_stream, raise_fd_limit
 from bench.targets import Nchan, Service, rss_bytes, shared_redis
-from scripts.nginx_config import MAIN, render_site
-from tests.servers import NginxServer, wait_until
+from tests.servers import wait_until
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -145,24 +144,15 @@ class RoomsNchan(Nchan):
     """nginx+nchan with a channel per path: /sub/<id> (EventSource), /pub/<id>, and /multi?channels=a,b
     (one subscriber multiplexing several channels)."""
 
-    def __enter__(self) -> RoomsNchan:
-        raise_fd_limit()
-        site = (
-            "server {\n    listen ${NGINX_PORT};\n    keepalive_requests 1000000;\n"
-            "    location ~ ^/sub/([A-Za-z0-9_]+)$ { nchan_subscriber eventsource; nchan_channel_id $1; }\n"
-            '    location = /multi { nchan_subscriber eventsource; nchan_channel_id_split_delimiter ",";'
-            " nchan_channel_id $arg_channels; }\n"
-            "    location ~ ^/pub/([A-Za-z0-9_]+)$ { nchan_publisher; nchan_channel_id $1;"
-            " nchan_message_buffer_length 10; }\n"
-            "    location = /healthz { return 200 'ok'; }\n}\n"
-        )
-        nginx = NginxServer(self.directory, ["127.0.0.1:1"], site=render_site(self.port, ["127.0.0.1:1"], site))
-        nginx.port = self.port
-        main = MAIN.format(dir=self.directory.resolve(), workers=2, connections=20000)
-        nginx.config.write_text(f"load_module {NCHAN_MODULE};\nworker_rlimit_nofile 20000;\n" + main)
-        nginx.start()
-        self.nginx = nginx
-        return self
+    SITE = (
+        "server {\n    listen ${NGINX_PORT};\n    keepalive_requests 1000000;\n"
+        "    location ~ ^/sub/([A-Za-z0-9_]+)$ { nchan_subscriber eventsource; nchan_channel_id $1; }\n"
+        '    location = /multi { nchan_subscriber eventsource; nchan_channel_id_split_delimiter ",";'
+        " nchan_channel_id $arg_channels; }\n"
+        "    location ~ ^/pub/([A-Za-z0-9_]+)$ { nchan_publisher; nchan_channel_id $1;"
+        " nchan_message_buffer_length 10; }\n"
+        "    location = /healthz { return 200 'ok'; }\n}\n"
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -220,15 +220,16 @@ class Nchan:
         self.directory = Path(tempfile.mkdtemp(prefix="bench-nchan-"))
         self.port = free_port()
 
+    SITE = (
+        "server {\n    listen ${NGINX_PORT};\n"
+        "    location = /sub { nchan_subscriber eventsource; nchan_channel_id broadcast; }\n"
+        "    location = /pub { nchan_publisher; nchan_channel_id broadcast; nchan_message_buffer_length 10; }\n"
+        "    location = /healthz { return 200 'ok'; }\n}\n"
+    )
+
     def __enter__(self) -> Nchan:
         raise_fd_limit()
-        site = (
-            "server {\n    listen ${NGINX_PORT};\n"
-            "    location = /sub { nchan_subscriber eventsource; nchan_channel_id broadcast; }\n"
-            "    location = /pub { nchan_publisher; nchan_channel_id broadcast; nchan_message_buffer_length 10; }\n"
-            "    location = /healthz { return 200 'ok'; }\n}\n"
-        )
-        nginx = NginxServer(self.directory, ["127.0.0.1:1"], site=render_site(self.port, ["127.0.0.1:1"], site))
+        nginx = NginxServer(self.directory, ["127.0.0.1:1"], site=render_site(self.port, ["127.0.0.1:1"], self.SITE))
         nginx.port = self.port
         main = MAIN.format(dir=self.directory.resolve(), workers=2, connections=20000)
         nginx.config.write_text(f"load_module {NCHAN_MODULE};\nworker_rlimit_nofile 20000;\n" + main)
