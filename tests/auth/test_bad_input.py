@@ -9,6 +9,10 @@ import pytest
 
 from tests.utils import DEFAULT_PASSWORD, bearer, random_email, redis_snapshot
 
+pytestmark = pytest.mark.not_on_cluster(
+    "parsing and validation come before any Redis call: the same code whatever the Redis"
+)
+
 JSON = "application/json"
 
 

@@ -14,6 +14,10 @@ from tests.client.conftest import create_key
 from tests.events.clients import Api
 from tests.servers import LiveServer, wait_until
 
+pytestmark = pytest.mark.not_on_cluster(
+    "the client speaks HTTP; the service's cluster paths are tested in tests/events and tests/channels"
+)
+
 TRANSPORTS = ["sse", "long-poll"]
 
 

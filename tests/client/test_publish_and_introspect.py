@@ -9,6 +9,10 @@ from auth_rt_client import ApiError, Client, Introspection, PublishedEvent, Serv
 from tests.events.clients import Api
 from tests.servers import free_port
 
+pytestmark = pytest.mark.not_on_cluster(
+    "the client speaks HTTP; the service's cluster paths are tested in tests/events"
+)
+
 
 def read_all(user: Api, cursor: str) -> list[dict]:
     """Every event after `cursor`, read with a plain HTTP poll (independently of the client)."""

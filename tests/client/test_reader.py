@@ -16,6 +16,10 @@ from tests.events.clients import SSE, Api, open_connections
 from tests.events.conftest import FAST
 from tests.servers import LiveServer, wait_until
 
+pytestmark = pytest.mark.not_on_cluster(
+    "the client speaks HTTP; the service's cluster paths are tested in tests/events"
+)
+
 TRANSPORTS = ["sse", "long-poll"]
 
 

@@ -19,6 +19,7 @@ from tests.events.clients import SSE, Api, open_connections, open_ws, ws_json
 from tests.servers import wait_until
 from tests.utils import DEFAULT_PASSWORD, random_email
 
+MODE_FREE = pytest.mark.not_on_cluster("request parsing, cursors and rules: the same code whatever the Redis")
 REVOKED_WITHIN = 1.0  # the promise: a revoked reader stops receiving the channel within a second
 MARGIN = 2.0  # what a loaded test machine adds to it
 
@@ -83,6 +84,7 @@ def ws_until(ws, predicate, timeout: float = 10.0) -> dict:
 # Subscribing
 
 
+@MODE_FREE
 def test_polling_and_long_polling_read_named_channels_beside_their_own(server, admin, ns):
     user = Api(server.url)
     room = f"{ns}:lobby"
@@ -119,6 +121,7 @@ def test_sse_and_websocket_read_named_channels_live(server, admin, ns):
         ws.close()
 
 
+@MODE_FREE
 def test_a_resumed_reader_gets_what_it_missed_and_a_channel_its_cursor_lacks_starts_at_the_present(server, admin, ns):
     user = Api(server.url)
     first, second = f"{ns}:first", f"{ns}:second"
@@ -134,6 +137,7 @@ def test_a_resumed_reader_gets_what_it_missed_and_a_channel_its_cursor_lacks_sta
         stream.close()
 
 
+@MODE_FREE
 def test_the_cursor_of_a_hundred_channels_with_32_character_names_fits_in_4_kib(server, admin):
     user = Api(server.url)
     namespace = f"c{secrets.token_hex(3)}"
@@ -152,6 +156,7 @@ def test_the_cursor_of_a_hundred_channels_with_32_character_names_fits_in_4_kib(
     assert [e["id"] for e in resumed.json()["events"]] == [later]
 
 
+@MODE_FREE
 @pytest.mark.parametrize(
     ("channels", "status", "code"),
     [
@@ -174,6 +179,7 @@ def test_a_request_for_channels_it_may_not_read_is_refused_before_anything_is_he
     assert refused.value.status_code == status
 
 
+@MODE_FREE
 def test_more_named_channels_than_the_limit_is_422(server, admin, ns):
     user = Api(server.url)
     rooms = ",".join(f"{ns}:r{n}" for n in range(101))
@@ -186,6 +192,7 @@ def test_more_named_channels_than_the_limit_is_422(server, admin, ns):
 # Publishing
 
 
+@MODE_FREE
 def test_from_is_the_publishing_user_set_by_the_service_and_absent_for_api_keys(server, admin, ns, app):
     from app.apikeys.store import create_key
 
@@ -204,6 +211,7 @@ def test_from_is_the_publishing_user_set_by_the_service_and_absent_for_api_keys(
     assert "from" not in events[1]
 
 
+@MODE_FREE
 def test_who_may_publish_follows_the_namespace(server, admin, members_ns, ns):
     user = Api(server.url)
     granted = f"{members_ns}:staff"
@@ -248,6 +256,7 @@ def test_websocket_frames_subscribe_publish_and_unsubscribe(server, admin, ns, m
         ws.close()
 
 
+@MODE_FREE
 def test_a_subscribe_frame_with_a_cursor_resumes_that_channel(server, admin, ns):
     user = Api(server.url)
     room = f"{ns}:resume"
@@ -371,6 +380,7 @@ def test_a_namespace_deleted_or_closed_to_members_takes_its_channels(server, adm
         close()
 
 
+@MODE_FREE
 def test_the_cursor_after_a_revocation_no_longer_names_the_channel(server, admin, members_ns):
     user = Api(server.url)
     room = f"{members_ns}:gone"
@@ -438,6 +448,7 @@ def test_join_and_leave_come_once_per_user_however_many_connections_it_holds(ser
         watcher.close()
 
 
+@MODE_FREE
 def test_a_user_reads_the_presence_of_a_channel_it_may_read_only(server, admin):
     name = f"q{secrets.token_hex(4)}"
     admin.put_namespace(name, subscribe="members", presence=True)

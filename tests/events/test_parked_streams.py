@@ -12,11 +12,16 @@ import socket
 import time
 from urllib.parse import urlparse
 
+import pytest
 import requests
 
 from bench.streams import Chunked, Plain
 from tests.events.clients import SSE, Api, open_connections, open_ws, ws_json
 from tests.servers import wait_until
+
+pytestmark = pytest.mark.not_on_cluster(
+    "parking is the worker's own socket handling: the Redis behind the hub does not enter it"
+)
 
 
 class RawSSE:
