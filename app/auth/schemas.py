@@ -28,15 +28,20 @@ class Registration(Body):
     password: NewPassword
 
 
-class Login(Body):
-    """Credentials, where the tokens should go, and a name for this device."""
+class TokensFor(Body):
+    """Where a login's tokens should go, and a name for this device (every way of logging in takes them)."""
 
-    email: Email
-    password: GivenPassword
     transport: Transport = Field("cookie", description="cookie: HttpOnly cookies; body: tokens in the answer.")
     device: Annotated[PlainText, Field(max_length=200)] | None = Field(
         None, description="A name for this device (defaults to the User-Agent)."
     )
+
+
+class Login(TokensFor):
+    """Credentials, where the tokens should go, and a name for this device."""
+
+    email: Email
+    password: GivenPassword
     device_token: DeviceToken | None = Field(
         None, description="The device_token of this account's last body-transport login on this device, if any."
     )
@@ -344,15 +349,11 @@ class PasskeyLoginStart(Body):
     email: Email | None = None
 
 
-class PasskeyLogin(Body):
+class PasskeyLogin(TokensFor):
     """A passkey's answer to the login options of `login_id`, where the tokens should go, and a device name."""
 
     login_id: LoginId
     credential: AuthenticationResponse
-    transport: Transport = Field("cookie", description="cookie: HttpOnly cookies; body: tokens in the answer.")
-    device: Annotated[PlainText, Field(max_length=200)] | None = Field(
-        None, description="A name for this device (defaults to the User-Agent)."
-    )
     device_token: DeviceToken | None = Field(
         None, description="As at POST /auth/login: kept in the answer while it is still good for this account."
     )
