@@ -29,7 +29,9 @@ bind = f"0.0.0.0:{os.environ.get('PORT', '8000')}"
 
 # gevent: one greenlet per connection, so thousands of idle SSE streams and WebSockets cost
 # memory, not threads. The worker monkey-patches the standard library before the app is imported.
-worker_class = "gevent"
+# gunicorn's gevent worker plus one turn of the event loop between two requests of a keep-alive
+# connection: without it one busy connection kept the worker's others waiting (gevent_worker.py).
+worker_class = "gevent_worker.FairGeventWorker"
 
 
 def usable_cpus(cpu_max: str = "/sys/fs/cgroup/cpu.max") -> int:
@@ -73,6 +75,12 @@ def connections_within_descriptor_limit(cap: int = 20000) -> int:
 # Open connections per worker. Streams are long-lived, so this is sized for thousands each:
 # 20,000 by default, fewer when the descriptor limit (ulimit -n) would not hold them.
 worker_connections = int(os.environ.get("WORKER_CONNECTIONS") or connections_within_descriptor_limit())
+
+# Connections the kernel holds for the workers before they accept them. After a deploy or a network blip
+# every client reconnects at once: 10,000 within 2 s outrun what two workers accept, and beyond gunicorn's
+# default of 2,048 the queue overflowed. The kernel caps it at net.core.somaxconn, which must be as large
+# as the clients that may come back at once (`make run` raises it; docs/operations.md, Reconnect storms).
+backlog = int(os.environ.get("BACKLOG", "65535"))
 
 # Seconds a worker may go without notifying the arbiter. With gevent that only happens when the
 # hub is blocked (CPU work on the hub, an un-patched call): kept to catch exactly that bug.

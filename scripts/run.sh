@@ -146,6 +146,19 @@ umask 077
 mv "$DATA_DIR/.env.tmp" "$DATA_DIR/.env"
 umask 022
 
+# Room in the kernel's listen queues for every client reconnecting at once (gunicorn's and nginx's backlogs are
+# 65,535, and the kernel caps both at net.core.somaxconn): raised when this runs as root, else said once.
+for setting in net.core.somaxconn net.ipv4.tcp_max_syn_backlog; do
+  file="/proc/sys/${setting//.//}"
+  [ -r "$file" ] && [ "$(cat "$file")" -lt "${BACKLOG:-65535}" ] || continue
+  if [ -w "$file" ]; then
+    echo "${BACKLOG:-65535}" >"$file" && echo "kernel:  $setting raised to ${BACKLOG:-65535} (room for reconnect storms)"
+  else
+    echo "kernel:  $setting is $(cat "$file"); a burst of reconnecting clients beyond it may be refused" \
+      "(docs/operations.md, Reconnect storms)"
+  fi
+done
+
 # Loopback only: nginx in front is the way in (and the only place forwarded headers are trusted from).
 start gunicorn .venv/bin/gunicorn -c gunicorn.conf.py --bind "127.0.0.1:${PORT}" wsgi:app
 gunicorn_pid=$!
