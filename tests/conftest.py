@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from flask import Flask
 from flask.testing import FlaskClient
 from playwright.sync_api import sync_playwright
 
@@ -156,6 +159,42 @@ def make_app(base_env, rdb):
 @pytest.fixture
 def app(make_app):
     return make_app()
+
+
+Cli = Callable[..., subprocess.CompletedProcess]
+
+
+def run_cli(app: Flask, *args: str) -> subprocess.CompletedProcess:
+    """`flask --app wsgi ARGS...` run in this process on `app`: its status, stdout and stderr, as a subprocess's.
+
+    A command that raises (anything but SystemExit, which is how click reports a refusal) fails the test with
+    its own traceback, where a subprocess would only have printed one.
+    """
+    with app.app_context():  # what `flask --app wsgi` pushes around every command
+        done = app.test_cli_runner().invoke(args=list(args))
+    if done.exception is not None and not isinstance(done.exception, SystemExit):
+        done.exception.add_note(f"flask {' '.join(args)}\nstdout: {done.stdout}\nstderr: {done.stderr}")
+        raise done.exception
+    return subprocess.CompletedProcess(["flask", "--app", "wsgi", *args], done.exit_code, done.stdout, done.stderr)
+
+
+@pytest.fixture
+def cli(app) -> Cli:
+    """Run an operator command in process: `cli("users", "list")` is `flask --app wsgi users list`.
+
+    For tests of what a command does (its effect, output and exit status): the command's code is the same, and
+    it saves the 1.5-2 s a new interpreter takes to import and build the app. What only the real process shows
+    (wsgi.py and envfiles.py loading settings, configuration errors, log lines on its stderr) keeps its
+    subprocess tests, in tests/test_settings_and_cli.py and tests/ops/.
+    """
+    return lambda *args: run_cli(app, *args)
+
+
+@pytest.fixture(scope="module")
+def module_cli(base_env) -> Cli:
+    """`cli` for module-scoped fixtures: an app of its own on the session's Redis (no `rdb`: nothing flushed)."""
+    own = create_app(dict(base_env))
+    return lambda *args: run_cli(own, *args)
 
 
 class HttpsClient(FlaskClient):

@@ -9,7 +9,6 @@ import pytest
 
 from app.auth import passwords
 from app.redis import Keys
-from tests.test_settings_and_cli import flask_cli
 from tests.utils import DEFAULT_PASSWORD, bearer, random_email
 
 pytestmark = pytest.mark.not_on_cluster("old databases were written to one Redis; the migration runs there")
@@ -45,10 +44,10 @@ def write_old_database(rdb) -> dict:
     return {"id": user_id, "email": email}
 
 
-def test_an_old_database_keeps_its_accounts_and_records(base_env, rdb, client, auth):
+def test_an_old_database_keeps_its_accounts_and_records(cli, rdb, client, auth):
     old = write_old_database(rdb)
     assert auth.login(old["email"]).status_code == 401  # before: the account is not found under the new names
-    result = flask_cli(base_env, "redis", "migrate-keys")
+    result = cli("redis", "migrate-keys")
     assert result.returncode == 0, result.stderr
     assert "moved" in result.stdout
     tokens = auth.login_body(old["email"])
@@ -65,6 +64,6 @@ def test_an_old_database_keeps_its_accounts_and_records(base_env, rdb, client, a
     assert rdb.zscore(Keys.webhook_pending("acme"), "acme\nd-1")
     leftovers = [k for k in rdb.scan_iter() if k.startswith(("session:", "refresh:", "mail:job", "webhook:acme:"))]
     assert leftovers == [] and not rdb.exists(f"user:{old['id']}", f"user:{old['id']}:sessions", "mail:queue")
-    again = flask_cli(base_env, "redis", "migrate-keys")  # a second run finds nothing to move
+    again = cli("redis", "migrate-keys")  # a second run finds nothing to move
     assert again.returncode == 0 and "moved 0 keys" in again.stdout
     assert auth.login(old["email"]).status_code == 200

@@ -7,7 +7,6 @@ Bounded and derandomised: the same examples on every run, a fixed number per ope
 from __future__ import annotations
 
 import copy
-import subprocess
 
 import pytest
 import requests
@@ -27,7 +26,7 @@ from schemathesis.specs.openapi.checks import (
 from app import create_app
 from app.openapi import build_document
 from tests.client.conftest import create_key
-from tests.servers import ROOT, VENV_BIN, LiveServer, process_env
+from tests.servers import LiveServer
 from tests.utils import DEFAULT_PASSWORD, random_email
 
 pytestmark = pytest.mark.not_on_cluster(
@@ -91,19 +90,6 @@ def document(service) -> dict:
     return requests.get(service.url + "/openapi.json", timeout=10).json()
 
 
-def _flask(env: dict, *arguments: str) -> str:
-    done = subprocess.run(
-        [str(VENV_BIN / "flask"), "--app", "wsgi", *arguments],
-        cwd=ROOT,
-        env=process_env(env),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 0, done.stderr
-    return done.stdout
-
-
 def _login(service, email: str) -> str:
     body = {"email": email, "password": DEFAULT_PASSWORD, "transport": "body"}
     response = requests.post(service.url + "/auth/login", json=body, timeout=10)
@@ -112,16 +98,17 @@ def _login(service, email: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def admin_token(service, base_env) -> str:
+def admin_token(service, module_cli) -> str:
     email = random_email()
-    _flask(base_env, "users", "create", "--email", email, "--password", DEFAULT_PASSWORD, "--role", "admin")
+    done = module_cli("users", "create", "--email", email, "--password", DEFAULT_PASSWORD, "--role", "admin")
+    assert done.returncode == 0, done.stderr
     return _login(service, email)
 
 
 @pytest.fixture(scope="module")
-def api_key(service, base_env) -> str:
+def api_key(service, module_cli) -> str:
     scopes = ["events:publish", "tokens:introspect", "webhooks:manage", "channels:manage", "audit:read"]
-    return create_key(base_env, "schemathesis", scopes, ["*"])
+    return create_key(module_cli, "schemathesis", scopes, ["*"])
 
 
 def _own_user_token(service) -> str:

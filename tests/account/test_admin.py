@@ -11,7 +11,6 @@ import pytest
 from app.auth.users import create_user, set_role
 from app.redis import Keys
 from tests.account.test_mfa import code_at, first_step, queued_mails
-from tests.test_settings_and_cli import flask_cli
 from tests.utils import DEFAULT_PASSWORD, bearer, random_email, redis_snapshot
 
 
@@ -112,24 +111,24 @@ def test_deleting_a_user_removes_every_record_and_ends_sessions(client, auth, ad
     )
 
 
-def test_the_cli_lists_changes_roles_revokes_and_deletes(base_env, rdb, auth, client, admin):
+def test_the_cli_lists_changes_roles_revokes_and_deletes(cli, auth, client, admin):
     user = auth.new_user_tokens()
-    listed = flask_cli(base_env, "users", "list")
+    listed = cli("users", "list")
     assert listed.returncode == 0 and user["email"] in listed.stdout and "unverified" in listed.stdout
-    found = flask_cli(base_env, "users", "list", "--email", user["email"])
+    found = cli("users", "list", "--email", user["email"])
     assert found.stdout.count("\n") == 1
 
-    assert flask_cli(base_env, "users", "set-role", user["email"], "admin").returncode == 0
+    assert cli("users", "set-role", user["email"], "admin").returncode == 0
     assert client.get("/admin/users", headers=bearer(user["access_token"])).status_code == 200
-    assert flask_cli(base_env, "users", "set-role", "nobody@example.com", "admin").returncode != 0
+    assert cli("users", "set-role", "nobody@example.com", "admin").returncode != 0
 
-    assert flask_cli(base_env, "users", "revoke-sessions", user["user"]["id"]).returncode == 0
+    assert cli("users", "revoke-sessions", user["user"]["id"]).returncode == 0
     assert client.get("/auth/me", headers=bearer(user["access_token"])).status_code == 401
 
-    deleted = flask_cli(base_env, "users", "delete", user["email"], "--yes")
+    deleted = cli("users", "delete", user["email"], "--yes")
     assert deleted.returncode == 0, deleted.stderr
     assert auth.login(user["email"]).status_code == 401
-    missing = flask_cli(base_env, "users", "delete", user["email"], "--yes")
+    missing = cli("users", "delete", user["email"], "--yes")
     assert missing.returncode != 0 and "no user" in missing.stderr and "Traceback" not in missing.stderr
 
 
@@ -162,32 +161,32 @@ def test_an_admin_resets_a_users_mfa_and_the_owner_is_mailed(client, auth, admin
     assert client.post(path, headers=bearer(admin["access_token"])).status_code == 204
 
 
-def test_the_cli_resets_mfa(base_env, client, auth, rdb, mfa_user):
+def test_the_cli_resets_mfa(cli, client, auth, rdb, mfa_user):
     token = first_step(client, mfa_user["email"])
-    done = flask_cli(base_env, "users", "reset-mfa", mfa_user["email"])
+    done = cli("users", "reset-mfa", mfa_user["email"])
     assert done.returncode == 0, done.stderr
     assert "two-factor authentication is off" in done.stdout
     assert client.get("/auth/me", headers=bearer(mfa_user["access_token"])).status_code == 401
     stale = client.post("/auth/login/mfa", json={"mfa_token": token, "code": code_at(mfa_user["secret"], +1)})
     assert stale.status_code == 400  # a login waiting for its code is gone too
     assert auth.login(mfa_user["email"]).status_code == 200
-    missing = flask_cli(base_env, "users", "reset-mfa", "nobody@example.com")
+    missing = cli("users", "reset-mfa", "nobody@example.com")
     assert missing.returncode != 0 and "no user" in missing.stderr
 
 
-def test_the_last_admin_can_be_neither_demoted_nor_deleted(base_env, client, auth, admin, rdb):
+def test_the_last_admin_can_be_neither_demoted_nor_deleted(cli, client, auth, admin, rdb):
     for command in (("set-role", admin["email"], "user"), ("delete", admin["email"], "--yes")):
-        refused = flask_cli(base_env, "users", *command)
+        refused = cli("users", *command)
         assert refused.returncode != 0 and "last administrator" in refused.stderr, refused.stderr
         assert rdb.hget(Keys.user(admin["user"]["id"]), "role") == "admin"
     second = auth.new_user_tokens()
-    assert flask_cli(base_env, "users", "set-role", second["email"], "admin").returncode == 0
+    assert cli("users", "set-role", second["email"], "admin").returncode == 0
     # With two, one may go; then the other is the last again, over HTTP too.
     demote = client.patch(
         f"/admin/users/{admin['user']['id']}", json={"role": "user"}, headers=bearer(second["access_token"])
     )
     assert demote.status_code == 200
-    assert flask_cli(base_env, "users", "delete", second["email"], "--yes").returncode != 0
+    assert cli("users", "delete", second["email"], "--yes").returncode != 0
     promoted = client.patch(
         f"/admin/users/{admin['user']['id']}", json={"role": "admin"}, headers=bearer(second["access_token"])
     )
@@ -228,15 +227,15 @@ def test_two_admins_demoting_each_other_at_once_leave_one(app, client, auth, adm
         assert answers in ([200, 403], [200, 409]), answers
 
 
-def test_an_index_entry_whose_record_is_no_admin_does_not_count(base_env, auth, admin, rdb):
+def test_an_index_entry_whose_record_is_no_admin_does_not_count(cli, auth, admin, rdb):
     """What a promotion and a demotion of one user at the same moment can leave in the admins index: an id
     whose record says user. Counting it would let the last real administrator go."""
     bystander = auth.register()
-    assert flask_cli(base_env, "users", "set-role", bystander["email"], "admin").returncode == 0
-    assert flask_cli(base_env, "users", "set-role", bystander["email"], "user").returncode == 0
+    assert cli("users", "set-role", bystander["email"], "admin").returncode == 0
+    assert cli("users", "set-role", bystander["email"], "user").returncode == 0
     assert rdb.sismember(Keys.admins(), admin["user"]["id"])  # the index is built and holds the admin
     rdb.sadd(Keys.admins(), bystander["id"])  # the race's leftover
-    refused = flask_cli(base_env, "users", "set-role", admin["email"], "user")
+    refused = cli("users", "set-role", admin["email"], "user")
     assert refused.returncode != 0 and "last administrator" in refused.stderr
     assert rdb.hget(Keys.user(admin["user"]["id"]), "role") == "admin"
     assert not rdb.sismember(Keys.admins(), bystander["id"])

@@ -14,7 +14,6 @@ from app.redis import Keys
 from tests.account.conftest import MAIL_FROM, PUBLIC_BASE_URL
 from tests.events.clients import SSE, Api
 from tests.servers import wait_until
-from tests.test_settings_and_cli import flask_cli
 from tests.utils import DEFAULT_PASSWORD, random_email, redis_snapshot
 
 NEW_PASSWORD = "a brand new passphrase"
@@ -216,11 +215,9 @@ def test_bad_reset_requests_change_nothing(mail_server, smtp):
     assert reset(base, mail.token()).status_code == 204
 
 
-def test_deleting_or_changing_the_role_of_a_user_closes_their_live_connections(mail_server, base_env):
+def test_deleting_or_changing_the_role_of_a_user_closes_their_live_connections(mail_server, module_cli):
     admin_email = random_email()
-    created = flask_cli(
-        base_env, "users", "create", "--email", admin_email, "--password", DEFAULT_PASSWORD, "--role", "admin"
-    )
+    created = module_cli("users", "create", "--email", admin_email, "--password", DEFAULT_PASSWORD, "--role", "admin")
     assert created.returncode == 0, created.stderr
     admin = Api(mail_server.url, email=admin_email)
     user = Api(mail_server.url)

@@ -7,7 +7,6 @@ from app.redis import Keys
 from tests.account.test_mfa import code_at, first_step, second_step, set_up_mfa, settle
 from tests.audit.conftest import CLIENT_ADDRESS
 from tests.auth.test_passkeys import add_passkey, authenticator, passkey_login
-from tests.test_settings_and_cli import flask_cli
 from tests.utils import DEFAULT_PASSWORD, bearer, random_email
 
 NEW_PASSWORD = "a new and longer password"
@@ -232,31 +231,31 @@ def test_an_api_keys_changes_name_the_key(client, auth, make_key, recorder):
     )
 
 
-def test_the_command_lines_changes_name_the_cli(base_env, client, auth, recorder, rdb):
+def test_the_command_lines_changes_name_the_cli(cli, client, auth, recorder, rdb):
     email = random_email()
 
-    def cli(*args: str) -> str:
-        done = flask_cli(base_env, *args)
+    def run(*args: str) -> str:
+        done = cli(*args)
         assert done.returncode == 0, done.stderr
         return done.stdout
 
-    cli("users", "create", "--email", email, "--password", DEFAULT_PASSWORD)
+    run("users", "create", "--email", email, "--password", DEFAULT_PASSWORD)
     uid = rdb.get(Keys.user_by_email(email))
     auth.login_body(email)
-    cli("users", "set-role", email, "admin")
-    cli("users", "revoke-sessions", email)
-    cli("users", "reset-mfa", email)
-    cli("api-keys", "create", "--name", "ops", "--scope", "audit:read")
-    cli("channels", "namespace-put", "ops")
-    cli("channels", "grant", "ops:desk", email)
-    cli("channels", "revoke", "ops:desk", email)
-    cli("channels", "namespace-delete", "ops")
-    cli("users", "set-role", email, "user")
-    cli("users", "delete", email, "--yes")
+    run("users", "set-role", email, "admin")
+    run("users", "revoke-sessions", email)
+    run("users", "reset-mfa", email)
+    run("api-keys", "create", "--name", "ops", "--scope", "audit:read")
+    run("channels", "namespace-put", "ops")
+    run("channels", "grant", "ops:desk", email)
+    run("channels", "revoke", "ops:desk", email)
+    run("channels", "namespace-delete", "ops")
+    run("users", "set-role", email, "user")
+    run("users", "delete", email, "--yes")
     entries = recorder.new()
     created = next(entry for entry in entries if entry["type"] == "api_key.created")
     key_id = created["details"]["api_key_id"]
-    cli("api-keys", "delete", key_id)
+    run("api-keys", "delete", key_id)
     check(
         entries + recorder.new(),
         ("user.registered", CLI, uid, {"method": "password"}),

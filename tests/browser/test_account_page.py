@@ -3,7 +3,6 @@ link lands on, e-mail verification, MFA setup with its QR code and recovery code
 
 from __future__ import annotations
 
-import subprocess
 import time
 
 import pyotp
@@ -13,8 +12,9 @@ from playwright.sync_api import expect
 
 from tests.account.conftest import mail_env
 from tests.browser.conftest import ARTIFACTS, Stack, age_the_login
+from tests.conftest import Cli
 from tests.mailserver import SmtpServer
-from tests.servers import ROOT, VENV_BIN, make_certificate, process_env
+from tests.servers import make_certificate
 from tests.utils import DEFAULT_PASSWORD, random_email
 
 pytestmark = pytest.mark.not_on_cluster("the browser page: a UI test, no Redis logic of its own")
@@ -157,14 +157,10 @@ def test_mfa_setup_recovery_codes_and_the_second_login_step(mail_stack, new_cont
     assert errors == []
 
 
-def create_user_from_cli(base_env: dict, email: str) -> None:
-    """`flask --app wsgi users create`, as an operator would: it mails nothing."""
-    names = ("REDIS_URL", "SECRET_KEY", "JWT_SECRET", "APP_ENV", "DATA_DIR")
-    env = process_env({name: base_env[name] for name in names})
-    command = [str(VENV_BIN / "flask"), "--app", "wsgi", "users", "create", "--email", email]
-    done = subprocess.run(
-        [*command, "--password", DEFAULT_PASSWORD], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
-    )
+def create_user_from_cli(cli: Cli, email: str) -> None:
+    """`flask --app wsgi users create`, as an operator would (in process, on the live server's Redis): it mails
+    nothing."""
+    done = cli("users", "create", "--email", email, "--password", DEFAULT_PASSWORD)
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -182,11 +178,11 @@ def expect_notice(page, outcome: str, *parts: str) -> None:
 
 
 def test_an_account_made_on_the_command_line_is_not_told_of_a_mail_it_never_got(
-    mail_stack, smtp, base_env, new_context
+    mail_stack, smtp, module_cli, new_context
 ):
     base = mail_stack.url
     email = random_email()
-    create_user_from_cli(base_env, email)
+    create_user_from_cli(module_cli, email)
     page = new_context().new_page()
     fill_login(page, base, email)
     logged_in(page, email)

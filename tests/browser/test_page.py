@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import http.server
 import json
-import subprocess
 import threading
 import time
 import uuid
@@ -17,8 +16,9 @@ from playwright.sync_api import expect
 
 from tests.browser.conftest import Stack
 from tests.chromium import INSECURE_HOST
+from tests.conftest import Cli
 from tests.events.clients import Api
-from tests.servers import ROOT, VENV_BIN, free_port, process_env
+from tests.servers import free_port
 from tests.utils import DEFAULT_PASSWORD, random_email
 
 pytestmark = pytest.mark.not_on_cluster("the browser page: a UI test, no Redis logic of its own")
@@ -280,13 +280,9 @@ def test_the_oauth_button_completes_the_flow_and_lands_logged_in(stack, new_cont
     expect(page.locator("#sessions li.current")).to_have_count(1)
 
 
-def publish_from_cli(base_env: dict, event: str, data) -> None:
-    """`flask --app wsgi events publish`, in the live server's environment, as an operator would."""
-    names = ("REDIS_URL", "SECRET_KEY", "JWT_SECRET", "APP_ENV", "DATA_DIR")
-    env = process_env({name: base_env[name] for name in names})
-    command = [str(VENV_BIN / "flask"), "--app", "wsgi", "events", "publish", "--channel", "broadcast"]
-    command += ["--event", event, "--data", json.dumps(data)]
-    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+def publish_from_cli(cli: Cli, event: str, data) -> None:
+    """`flask --app wsgi events publish`, as an operator would (in process, on the live server's Redis)."""
+    done = cli("events", "publish", "--channel", "broadcast", "--event", event, "--data", json.dumps(data))
     assert done.returncode == 0, done.stdout + done.stderr
     assert "published" in done.stdout
 
@@ -385,7 +381,9 @@ def test_the_page_says_what_it_is_and_shows_each_events_time_channel_and_name(st
     assert problems == []
 
 
-def test_an_event_named_as_never_before_published_from_the_cli_appears_on_every_transport(stack, base_env, new_context):
+def test_an_event_named_as_never_before_published_from_the_cli_appears_on_every_transport(
+    stack, module_cli, new_context
+):
     page = new_context().new_page()
     email = register(stack.url)
     log_in(page, stack.url, email)
@@ -393,7 +391,7 @@ def test_an_event_named_as_never_before_published_from_the_cli_appears_on_every_
     for transport in TRANSPORTS:
         choose_transport(page, transport)
         names[transport] = f"order.paid.{transport}.{uuid.uuid4().hex[:8]}"  # a name no code has seen
-        publish_from_cli(base_env, names[transport], {"via": transport})
+        publish_from_cli(module_cli, names[transport], {"via": transport})
         expect_newest_event(page, names[transport], json.dumps({"via": transport}, separators=(",", ":")))
         expect(page.locator("#event-log li .channel").first).to_have_text("broadcast")
     assert events_in(page)[::-1] == [f'{names[t]}: {{"via":"{t}"}}' for t in TRANSPORTS]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from app.channels import grants
 from app.redis import Keys
-from tests.test_settings_and_cli import flask_cli
 
 
 def grant_two(client, admin, user_id: str) -> None:
@@ -26,11 +25,11 @@ def test_deleting_a_user_through_the_api_purges_their_grants(client, admin, new_
     assert sorted(rdb.hkeys(Keys.user_grants(kept["id"]))) == ["chat:1", "chat:2"]
 
 
-def test_deleting_a_user_on_the_command_line_purges_their_grants(base_env, client, admin, new_user, namespace, rdb):
+def test_deleting_a_user_on_the_command_line_purges_their_grants(cli, client, admin, new_user, namespace, rdb):
     namespace("chat")
     gone = new_user()
     grant_two(client, admin, gone["id"])
-    done = flask_cli(base_env, "users", "delete", gone["email"], "--yes")
+    done = cli("users", "delete", gone["email"], "--yes")
     assert done.returncode == 0, done.stderr
     assert not rdb.exists(Keys.channel_members("chat:1")) and not rdb.exists(Keys.channel_members("chat:2"))
     assert not rdb.exists(Keys.user_grants(gone["id"]))

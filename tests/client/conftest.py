@@ -3,13 +3,12 @@ made with the operator's CLI, as a deployment would make them."""
 
 from __future__ import annotations
 
-import subprocess
 from dataclasses import dataclass
 
 import pytest
 
+from tests.conftest import Cli
 from tests.events.conftest import server  # noqa: F401 - the same two-worker live server as the events tests
-from tests.servers import ROOT, VENV_BIN, process_env
 
 
 @dataclass(frozen=True)
@@ -21,18 +20,11 @@ class Keys:
     publish_only: str  # events:publish to user:*, no introspection
 
 
-def create_key(env: dict, name: str, scopes: list[str], channels: list[str]) -> str:
+def create_key(cli: Cli, name: str, scopes: list[str], channels: list[str]) -> str:
     """A new API key from the CLI, which prints it on its first line."""
     arguments = ["api-keys", "create", "--name", name]
     arguments += [f"--scope={scope}" for scope in scopes] + [f"--channel={channel}" for channel in channels]
-    done = subprocess.run(
-        [str(VENV_BIN / "flask"), "--app", "wsgi", *arguments],
-        cwd=ROOT,
-        env=process_env(env),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = cli(*arguments)
     assert done.returncode == 0, done.stderr
     key = done.stdout.splitlines()[0]
     assert key.startswith("ak_"), done.stdout
@@ -40,9 +32,10 @@ def create_key(env: dict, name: str, scopes: list[str], channels: list[str]) -> 
 
 
 @pytest.fixture(scope="module")
-def keys(server, base_env) -> Keys:  # noqa: F811 - pytest passes the imported fixture
+def keys(server, module_cli) -> Keys:  # noqa: F811 - pytest passes the imported fixture
+    """Made in process (`module_cli`), in the Redis the live server uses: base_env's, never flushed here."""
     return Keys(
-        publisher=create_key(base_env, "billing", ["events:publish", "tokens:introspect"], ["user:*"]),
-        introspect_only=create_key(base_env, "gateway", ["tokens:introspect"], []),
-        publish_only=create_key(base_env, "mailer", ["events:publish"], ["user:*"]),
+        publisher=create_key(module_cli, "billing", ["events:publish", "tokens:introspect"], ["user:*"]),
+        introspect_only=create_key(module_cli, "gateway", ["tokens:introspect"], []),
+        publish_only=create_key(module_cli, "mailer", ["events:publish"], ["user:*"]),
     )

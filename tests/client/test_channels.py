@@ -32,10 +32,10 @@ def spaces(server) -> dict[str, str]:  # noqa: ARG001 - the namespaces live in t
 
 
 @pytest.fixture(scope="module")
-def manager(server, base_env, spaces) -> str:
+def manager(server, module_cli, spaces) -> str:
     """An API key that manages channels and publishes to this module's namespaces, which it defines."""
     key = create_key(
-        base_env, "rooms", ["channels:manage", "events:publish"], [f"{spaces['members']}:*", f"{spaces['open']}:*"]
+        module_cli, "rooms", ["channels:manage", "events:publish"], [f"{spaces['members']}:*", f"{spaces['open']}:*"]
     )
     with Client(server.url, key) as client:
         client.put_namespace(spaces["members"], presence=True, join_leave=True)

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from tests.events.clients import SSE, Api, open_ws, ws_close_code, ws_json
-from tests.servers import RedisServer, process_env, wait_until
+from tests.servers import RedisServer, wait_until
 from tests.utils import DEFAULT_PASSWORD
 
 
@@ -167,21 +167,10 @@ def test_a_cursor_cannot_widen_access(server):
     assert all(e["channel"] != alice.channel for e in events)
 
 
-def test_admin_broadcast_reaches_every_user(server, base_env):
+def test_admin_broadcast_reaches_every_user(server, module_cli):
     admin_email = f"admin-{os.getpid()}-{time.monotonic_ns()}@example.com"
-    import subprocess
-    import sys
-
-    from tests.servers import ROOT
-
-    subprocess.run(
-        [sys.executable, "-m", "flask", "--app", "wsgi", "users", "create", "--email", admin_email]
-        + ["--password", DEFAULT_PASSWORD, "--role", "admin"],
-        cwd=ROOT,
-        env=process_env(base_env),
-        check=True,
-        capture_output=True,
-    )
+    created = module_cli("users", "create", "--email", admin_email, "--password", DEFAULT_PASSWORD, "--role", "admin")
+    assert created.returncode == 0, created.stderr
     admin, alice, bob = Api(server.url, email=admin_email), Api(server.url), Api(server.url)
     streams = [SSE(server.url, u.auth) for u in (alice, bob)]
     try:
