@@ -652,6 +652,11 @@ def main() -> None:
     results["capacity_model"] = capacity_model.run(**quick_model)  # its own Redis, then a local cluster
     # Channels beside nchan (its own Redis); also writes bench/results/rooms.json and rooms.md.
     results["rooms"] = rooms.run(["rooms", "storm", "subscriptions"], quick=args.quick, command=results["command"])
+    # A whole machine's connections, reconnect storms, fair latency and reloads beside nchan (its own Redis);
+    # also writes bench/results/scale.json and scale.md. Imported here: bench.scale imports this module.
+    from bench import scale
+
+    results["scale"] = scale.run(list(scale.PARTS), quick=args.quick, command=results["command"])
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "latest.json").write_text(json.dumps(results, indent=2))
     (RESULTS / "latest.md").write_text(tables(results))

@@ -75,7 +75,9 @@ def publishing_session() -> requests.Session:
 class Service:
     """The service with WEB_CONCURRENCY workers, and nginx in front of it."""
 
-    def __init__(self, redis_server: RedisServer, workers: int = 2, extra_env: dict | None = None):
+    def __init__(
+        self, redis_server: RedisServer, workers: int = 2, extra_env: dict | None = None, nginx_workers: int = 2
+    ):
         self.redis = redis_server
         self.directory = Path(tempfile.mkdtemp(prefix="bench-service-"))
         env = {
@@ -92,7 +94,7 @@ class Service:
         self.app = LiveServer(env, workers=workers, log_path=self.directory / "app.log")
         self.spare: LiveServer | None = None
         self.nginx = NginxServer(self.directory / "nginx", [f"127.0.0.1:{self.app.port}"])
-        main = MAIN.format(dir=(self.directory / "nginx").resolve(), workers=2, connections=20000)
+        main = MAIN.format(dir=(self.directory / "nginx").resolve(), workers=nginx_workers, connections=20000)
         self.nginx.config.write_text("worker_rlimit_nofile 20000;\n" + main)
 
     def __enter__(self) -> Service:
@@ -216,22 +218,28 @@ class Nchan:
 
     name = "nchan"
 
-    def __init__(self):
+    def __init__(self, workers: int = 2, buffer: int = 10, reuseport: bool = False):
+        """`buffer`: messages kept for subscribers that resume with Last-Event-ID. `reuseport`: each of the
+        `workers` takes its own share of new connections, so that none runs out of its 20,000."""
         self.directory = Path(tempfile.mkdtemp(prefix="bench-nchan-"))
         self.port = free_port()
+        self.workers, self.buffer, self.reuseport = workers, buffer, reuseport
 
     SITE = (
-        "server {\n    listen ${NGINX_PORT};\n"
+        "server {\n    listen ${NGINX_PORT} backlog=65535;\n"
         "    location = /sub { nchan_subscriber eventsource; nchan_channel_id broadcast; }\n"
-        "    location = /pub { nchan_publisher; nchan_channel_id broadcast; nchan_message_buffer_length 10; }\n"
+        "    location = /pub { nchan_publisher; nchan_channel_id broadcast; nchan_message_buffer_length BUFFER; }\n"
         "    location = /healthz { return 200 'ok'; }\n}\n"
     )
 
     def __enter__(self) -> Nchan:
         raise_fd_limit()
-        nginx = NginxServer(self.directory, ["127.0.0.1:1"], site=render_site(self.port, ["127.0.0.1:1"], self.SITE))
+        site = render_site(self.port, ["127.0.0.1:1"], self.SITE.replace("BUFFER", str(self.buffer)))
+        if self.reuseport:
+            site = site.replace(" backlog=", " reuseport backlog=", 1)
+        nginx = NginxServer(self.directory, ["127.0.0.1:1"], site=site)
         nginx.port = self.port
-        main = MAIN.format(dir=self.directory.resolve(), workers=2, connections=20000)
+        main = MAIN.format(dir=self.directory.resolve(), workers=self.workers, connections=20000)
         nginx.config.write_text(f"load_module {NCHAN_MODULE};\nworker_rlimit_nofile 20000;\n" + main)
         nginx.start()
         self.nginx = nginx

@@ -1,0 +1,396 @@
+"""A whole machine's worth of connections, reconnect storms, fair latency under load and restarts at
+scale: the service beside nginx+nchan in the same run, on one redis-server.
+
+- density: as many workers as the descriptor limit needs hold N SSE streams (79,000 on four workers of
+  19,900); one broadcast to all; memory per stream.
+- storm: N clients with a cursor connect within 2 s (as after a deploy or a network blip) while events
+  are published; every connection accepted, each streaming within 10 s, every event once. Directly and
+  through nginx.
+- fair: `wrk -c64` on GET /auth/me and GET /healthz (p99 against p50); then /auth/me while one event a
+  second is broadcast to 10,000 streams.
+- reload: N streams open, events published throughout, gunicorn reloaded with SIGHUP (nginx for nchan);
+  every client back, caught up by its cursor, nothing lost or read twice.
+
+Run: .venv/bin/python -m bench.scale [--parts density,storm,fair,reload] [--quick]
+Writes bench/results/scale.json and bench/results/scale.md; `make bench` runs it too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import resource
+import signal
+import statistics
+import threading
+import time
+import uuid
+from pathlib import Path
+
+from bench.common import machine, percentile, summary_ms
+from bench.resume import Client, Plan, ResumingFleet, exactness, read_events
+from bench.run import capacity, wrk
+from bench.streams import StreamFleet, open_stream, tag
+from bench.targets import Nchan, Service, shared_redis
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+KERNEL = {"somaxconn": "/proc/sys/net/core/somaxconn", "tcp_max_syn_backlog": "/proc/sys/net/ipv4/tcp_max_syn_backlog"}
+BACKLOG = 65535  # gunicorn.conf.py's default and nginx's `listen ... backlog=`; the kernel caps both at somaxconn
+
+
+def kernel_backlogs(at_least: int = BACKLOG) -> dict:
+    """Raise the kernel's listen and SYN queue limits to `at_least` where this process may; what is in force."""
+    values = {}
+    for name, path in KERNEL.items():
+        with contextlib.suppress(OSError, ValueError):
+            if int(Path(path).read_text()) < at_least:
+                Path(path).write_text(str(at_least))
+        values[name] = int(Path(path).read_text())
+    return values
+
+
+def workers_for(streams: int) -> int:
+    """Workers whose descriptor limits (each the limit less gunicorn.conf.py's margin of 100) hold `streams`."""
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return max(2, math.ceil(streams / (hard - 100)))
+
+
+def first_cursor(system, target, token: str) -> str:
+    """The `id:` of event 0 of a run, read on a stream of `target`: where the run's clients resume from."""
+
+    async def read_first() -> str:
+        stream = await open_stream(target)
+        await asyncio.get_running_loop().run_in_executor(None, system.publish, tag(token, 0))
+        cursor, _ = await asyncio.wait_for(read_events(stream, token.encode(), Client(), {0}), 30)
+        stream.writer.close()
+        return cursor
+
+    return asyncio.run(read_first())
+
+
+class Publisher(threading.Thread):
+    """Publishes events `first`.. at `rate` per second from `start_at` until `stop` is set or `last`; notes when."""
+
+    def __init__(self, system, token: str, start_at: float, rate: float, first: int = 1, last: int | None = None):
+        super().__init__(daemon=True)
+        self.system, self.token, self.start_at, self.rate = system, token, start_at, rate
+        self.first, self.last = first, last
+        self.stop = threading.Event()
+        self.published: dict[int, float] = {}  # event number -> when its publish request was sent
+
+    def run(self) -> None:
+        n = self.first
+        while not self.stop.is_set() and (self.last is None or n <= self.last):
+            delay = self.start_at + (n - self.first) / self.rate - time.time()
+            if delay > 0 and self.stop.wait(delay):
+                break
+            self.published[n] = time.time()
+            self.system.publish(tag(self.token, n))
+            n += 1
+
+    def numbers(self) -> list[int]:
+        return sorted(self.published)
+
+
+def density(redis_server, count: int) -> list[dict]:
+    """`count` idle SSE streams on as many workers as the descriptor limit needs, then one broadcast."""
+    rows = []
+    workers = workers_for(count)
+    with Service(redis_server, workers=workers, nginx_workers=2) as service:
+        service.spare_publisher()  # full workers accept no publish request
+        row = capacity(service, service.target(), count, service.server_pids)
+        rows.append(row | {"workers": workers})
+    # nginx spreads connections over its workers by a hash (reuseport), not by who has room: with one
+    # worker more than the descriptor limits need, none runs out of its 20,000 (four held 75,093 of 79,000).
+    with Nchan(workers=workers + 1, reuseport=True) as peer:
+        row = capacity(peer, peer.target(), count, peer.server_pids)
+        rows.append(row | {"workers": workers + 1})
+    return rows
+
+
+def storm(system, target, name: str, count: int, spread: float = 2.0, events: int = 40, rate: float = 10.0) -> dict:
+    """`count` clients with a cursor connect within `spread` seconds while `events` events are published."""
+    token = f"storm-{uuid.uuid4().hex}"
+    cursor = first_cursor(system, target, token)
+    start_at = time.time() + 3.0  # the client processes are up by then
+    expected = list(range(1, events + 1))
+    plan = Plan(target, count, cursor, token.encode(), expected, start_at, spread, stop_at=start_at + 90)
+    fleet = ResumingFleet(plan, processes=4)
+    fleet.start()
+    publisher = Publisher(system, token, start_at, rate, first=1, last=events)
+    publisher.start()
+    clients = fleet.collect(timeout=150)
+    publisher.join(60)
+    first_open = [c.opened[0] - c.attempts[0] for c in clients if c.outcomes and c.outcomes[0] == "open"]
+    failures: dict[str, int] = {}
+    for client in clients:
+        for outcome in client.outcomes:
+            if outcome != "open":
+                failures[outcome] = failures.get(outcome, 0) + 1
+    attempted = [c.attempts[0] for c in clients if c.attempts]
+    result = {
+        "system": name,
+        "clients": count,
+        "attempted_within_s": round(max(attempted) - min(attempted), 2),
+        "accepted_first_try": sum(1 for c in clients if c.outcomes and c.outcomes[0] == "open"),
+        "failed_attempts": failures,
+        "streaming_after_s": summary_ms(first_open) if first_open else None,
+        "last_streaming_after_storm_start_s": round(
+            max((c.opened[0] for c in clients if c.opened), default=0) - start_at, 2
+        ),
+        "events": events,
+        **exactness(clients, expected),
+    }
+    print(json.dumps(result), flush=True)
+    return result
+
+
+def storms(redis_server, count: int) -> list[dict]:
+    rows = []
+    with Service(redis_server, workers=2) as service:
+        rows.append(storm(service, service.target(), "service sse", count))
+    with Service(redis_server, workers=2) as service:
+        rows.append(storm(service, service.target(through_nginx=True), "service sse via nginx", count))
+    with Nchan(workers=2, buffer=100) as peer:
+        rows.append(storm(peer, peer.target(), "nchan", count))
+    return rows
+
+
+def api_during_broadcasts(system, target, name: str, url: str, headers: dict, streams: int, seconds: int = 8) -> dict:
+    """wrk -c64 on `url` while one event a second is broadcast to `streams` open streams."""
+    token = f"fair-{uuid.uuid4().hex}"
+    fleet = StreamFleet(target, streams, token, expected=seconds, processes=max(2, math.ceil(streams / 8000)))
+    fleet.open()
+    time.sleep(1.0)
+    publisher = Publisher(system, token, time.time() + 0.5, 1.0, first=0, last=seconds - 1)
+    publisher.start()
+    api = wrk(url, headers, seconds=seconds + 1)
+    publisher.join(30)
+    arrivals, _ = fleet.collect()
+    latencies = [
+        arrival - publisher.published[n]
+        for per_stream in arrivals
+        for n, arrival in enumerate(per_stream)
+        if n in publisher.published
+    ]
+    result = {
+        "system": name,
+        "streams": streams,
+        "broadcasts": len(publisher.published),
+        "api": api,
+        "broadcast": summary_ms(latencies) if latencies else None,
+        "missing": streams * len(publisher.published) - len(latencies),
+    }
+    print(json.dumps(result), flush=True)
+    return result
+
+
+def fair(redis_server, streams: int) -> dict:
+    rows, during = [], []
+    with Service(redis_server, workers=2) as service:
+        bearer = {"Authorization": f"Bearer {service.token}"}
+        for base, via in ((service.app.url, "direct"), (service.nginx.url, "nginx")):
+            for path, headers in (("/auth/me", bearer), ("/healthz", {})):
+                row = {"system": "service", "via": via, "path": path, **wrk(f"{base}{path}", headers)}
+                print(json.dumps(row), flush=True)
+                rows.append(row)
+    with Service(redis_server, workers=2) as service:
+        bearer = {"Authorization": f"Bearer {service.token}"}
+        during.append(
+            api_during_broadcasts(
+                service, service.target(), "service sse", f"{service.app.url}/auth/me", bearer, streams
+            )
+        )
+    with Nchan(workers=2) as peer:
+        row = {
+            "system": "nchan",
+            "via": "direct",
+            "path": "/healthz",
+            **wrk(f"http://127.0.0.1:{peer.port}/healthz", {}),
+        }
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    with Nchan(workers=2) as peer:
+        url = f"http://127.0.0.1:{peer.port}/healthz"
+        during.append(api_during_broadcasts(peer, peer.target(), "nchan", url, {}, streams))
+    return {"wrk": rows, "during_broadcasts": during}
+
+
+def reload(system, target, name: str, count: int, send_reload, rate: float = 4.0) -> dict:
+    """`count` resuming streams, events at `rate`/s throughout, a reload once all are open; who is back when."""
+    token = f"reload-{uuid.uuid4().hex}"
+    cursor = first_cursor(system, target, token)
+    spread = count / 1500  # about what the service opens per second
+    start_at = time.time() + 3.0
+    reload_at = start_at + spread + 10.0
+    stop_publishing = reload_at + 20.0
+    events = int((stop_publishing - start_at) * rate)
+    expected = list(range(1, events + 1))
+    plan = Plan(target, count, cursor, token.encode(), expected, start_at, spread, stop_at=stop_publishing + 60)
+    fleet = ResumingFleet(plan, processes=max(4, math.ceil(count / 5000)))
+    fleet.start()
+    publisher = Publisher(system, token, start_at, rate, first=1, last=events)
+    publisher.start()
+    time.sleep(max(0.0, reload_at - time.time()))
+    reloaded = time.time()
+    send_reload()
+    clients = fleet.collect(timeout=stop_publishing + 120 - time.time())
+    publisher.join(60)
+    back, caught_up, not_back = [], [], 0
+    for client in clients:
+        after = [t for t in client.opened if t > reloaded]
+        if not after:
+            not_back += 1
+            continue
+        reopened = after[0]
+        back.append(reopened - reloaded)
+        missed = [
+            a
+            for n, a in zip(client.seen, client.arrivals, strict=True)
+            if publisher.published.get(n, math.inf) < reopened
+        ]
+        caught_up.append(max([reopened, *missed]) - reloaded)
+    result = {
+        "system": name,
+        "streams": count,
+        "events": events,
+        "opened_before_reload": sum(1 for c in clients if c.opened and c.opened[0] < reloaded),
+        "not_back": not_back,
+        "back_after_s": round(max(back), 2) if back else None,
+        "caught_up_after_s": {
+            "p50": round(statistics.median(caught_up), 2),
+            "p99": round(percentile(caught_up, 0.99), 2),
+            "last": round(max(caught_up), 2),
+        }
+        if caught_up
+        else None,
+        "connections_per_client": round(sum(len(c.opened) for c in clients) / max(1, len(clients)), 2),
+        **exactness(clients, expected),
+    }
+    print(json.dumps(result), flush=True)
+    return result
+
+
+def reloads(redis_server, count: int) -> list[dict]:
+    rows = []
+    with Service(redis_server, workers=2) as service:
+        rows.append(reload(service, service.target(), "service sse", count, lambda: service.app.signal(signal.SIGHUP)))
+    with Nchan(workers=2, buffer=1000) as peer:
+        rows.append(reload(peer, peer.target(), "nchan", count, lambda: peer.nginx.process.send_signal(signal.SIGHUP)))
+    return rows
+
+
+def table(header: list[str], rows: list[list]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return lines + ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows] + [""]
+
+
+def exact(r: dict) -> str:
+    return f"{r['missing']} / {r['duplicates']} / {r['out_of_order']} / {r['unexpected']}"
+
+
+def seconds(summary: dict | None) -> str:
+    summary = summary or {}
+    return " / ".join(f"{summary.get(key, 0) / 1000:.2f}" for key in ("p50_ms", "p99_ms", "max_ms")) + " s"
+
+
+def tables(results: dict) -> str:
+    lines = [f"Machine: {results['machine']}. Run: {results['started']} (`{results['command']}`).", ""]
+    lines += [f"Kernel backlogs in force: {results['kernel']}.", ""]
+    if results.get("density"):
+        header = ["density", "workers", "streams", "open time", "RSS/stream", "server fds"]
+        header += ["broadcast p50 / p99 / last", "missing"]
+        rows = []
+        for r in results["density"]:
+            b = r["broadcast"]
+            latency = f"{b['p50_ms']:.0f} / {b['p99_ms']:.0f} / {b['last_client_ms']:.0f} ms"
+            rows.append(
+                [r["system"], r["workers"], f"{r['streams']:,}", f"{r['open_seconds']} s"]
+                + [f"{r['rss_per_connection_kb']} KB", f"{r['server_fds']:,}", latency, b["missing"]]
+            )
+        lines += table(header, rows)
+    if results.get("storm"):
+        header = ["reconnect storm", "clients", "within", "accepted first try", "failed attempts"]
+        header += ["streaming after p50 / p99 / max", "last streaming (from storm start)"]
+        header += ["missing / twice / out of order / unexpected"]
+        rows = [
+            [r["system"], f"{r['clients']:,}", f"{r['attempted_within_s']} s", f"{r['accepted_first_try']:,}"]
+            + [r["failed_attempts"] or 0, seconds(r["streaming_after_s"])]
+            + [f"{r['last_streaming_after_storm_start_s']} s", exact(r)]
+            for r in results["storm"]
+        ]
+        lines += table(header, rows)
+    if results.get("fair"):
+        rows = [
+            [f"{r['system']} GET {r['path']}", r["via"], f"{r['requests_per_second']:,.0f}", f"{r['p50_ms']} ms"]
+            + [f"{r['p99_ms']} ms", f"{r['p99_ms'] / max(r['p50_ms'], 0.001):.1f}"]
+            for r in results["fair"]["wrk"]
+        ]
+        lines += table(["wrk -t2 -c64 -d8s", "via", "requests/s", "p50", "p99", "p99 / p50"], rows)
+        header = ["API during broadcasts (1/s)", "streams", "API requests/s", "API p50 / p99"]
+        header += ["broadcast p50 / p99", "missing"]
+        rows = []
+        for r in results["fair"]["during_broadcasts"]:
+            b, api = r["broadcast"] or {}, r["api"]
+            rows.append(
+                [r["system"], f"{r['streams']:,}", f"{api['requests_per_second']:,.0f}"]
+                + [f"{api['p50_ms']} / {api['p99_ms']} ms", f"{b.get('p50_ms')} / {b.get('p99_ms')} ms", r["missing"]]
+            )
+        lines += table(header, rows)
+    if results.get("reload"):
+        header = ["reload", "streams", "opened before", "not back", "all back after", "caught up p50 / p99 / last"]
+        header += ["connections per client", "missing / twice / out of order / unexpected"]
+        rows = []
+        for r in results["reload"]:
+            c = r["caught_up_after_s"] or {}
+            rows.append(
+                [r["system"], f"{r['streams']:,}", f"{r['opened_before_reload']:,}", r["not_back"]]
+                + [f"{r['back_after_s']} s", f"{c.get('p50')} / {c.get('p99')} / {c.get('last')} s"]
+                + [r["connections_per_client"], exact(r)]
+            )
+        lines += table(header, rows)
+    return "\n".join(lines)
+
+
+PARTS = ("density", "storm", "fair", "reload")
+
+
+def run(parts: list[str], quick: bool = False, command: str = "python -m bench.scale") -> dict:
+    results = {
+        "machine": machine(),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "command": command,
+        "kernel": kernel_backlogs(),
+    }
+    with shared_redis() as redis_server:
+        if "density" in parts:
+            results["density"] = density(redis_server, 2000 if quick else 79000)
+        if "storm" in parts:
+            results["storm"] = storms(redis_server, 500 if quick else 10000)
+        if "fair" in parts:
+            results["fair"] = fair(redis_server, 500 if quick else 10000)
+        if "reload" in parts:
+            results["reload"] = reloads(redis_server, 1000 if quick else 20000)
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "scale.json").write_text(json.dumps(results, indent=2))
+    (RESULTS / "scale.md").write_text(tables(results))
+    print(tables(results))
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of {', '.join(PARTS)}")
+    parser.add_argument("--quick", action="store_true", help="small counts, for a smoke run")
+    args = parser.parse_args()
+    parts = [p for p in args.parts.split(",") if p]
+    command = "python -m bench.scale" + (f" --parts {args.parts}" if args.parts != ",".join(PARTS) else "")
+    run(parts, quick=args.quick, command=command + (" --quick" if args.quick else ""))
+
+
+if __name__ == "__main__":
+    main()
