@@ -7,19 +7,28 @@ to workers that deliver it. On one Redis that is one connection (SUBSCRIBE); on 
 connection per primary that serves a channel read here (SSUBSCRIBE), see links.py.
 
 No gap: `subscribe` returns only once Redis has confirmed, on the current connection of each channel's
-link, the SUBSCRIBE of every channel the reader needs; the reader reads history after that, so each event
-is either in what it reads or arrives live. Commands are written under one lock in the order the hub
-decides them, and Redis answers each connection in that order: the n-th confirmation of a channel answers
-the n-th SUBSCRIBE sent for it. So a reader who arrives while an UNSUBSCRIBE of its channel is still in
-flight waits for its own SUBSCRIBE.
+link, the SUBSCRIBE of every channel the reader needs (all of them at once: checked together after the
+last wait); the reader reads history after that, so each event is either in what it reads or arrives
+live. The channels a reader still lacks go out in one SUBSCRIBE per link, and readers of a channel
+already asked for wait for that same confirmation. Commands are written under one lock in the order the
+hub decides them, and Redis answers each connection in that order: the n-th confirmation of a channel
+answers the n-th SUBSCRIBE sent for it. So a reader who arrives while an UNSUBSCRIBE of its channel is
+still in flight waits for its own SUBSCRIBE.
 
 After a link loses its connection it reconnects with capped back-off, subscribes again to its channels
 and, once Redis has confirmed them all, tells their local readers to resynchronise from the streams, so
-nothing published while it was away is lost. On a cluster, each loss first refreshes the slot map:
-channels whose slot another node serves now (a replica took over, a slot moved) move to that node's link
-and their readers resynchronise once they are confirmed there; so do channels Redis drops unasked (an
-`sunsubscribe` it pushes when their slot leaves the node). Every wait is bounded: a subscription that is
-not confirmed in time is a `redis.exceptions.TimeoutError` (503), and the connection is replaced.
+nothing published while it was away is lost. Only readers confirmed before that SUBSCRIBE was sent
+resynchronise: one still waiting for its confirmation reads its history after it anyway, so the readers
+of a link's first connection (a fresh worker) read history once, not twice. On a cluster, each loss
+first refreshes the slot map: channels whose slot another node serves now (a replica took over, a slot
+moved) move to that node's link and their readers resynchronise once they are confirmed there; so do
+channels Redis drops unasked (an `sunsubscribe` it pushes when their slot leaves the node).
+
+Every wait is bounded. A link busy with what Redis sent (a long fan-out, thousands of confirmations in a
+storm of new readers) is not a silent Redis: a reader waits for its confirmation while the link shows
+life, up to CONFIRM_LIMIT. Only when the link's connection has been quiet for CONFIRM_TIMEOUT (nothing
+received while a confirmation is due) is Redis taken for silent: the connection is replaced and the
+reader gets a `redis.exceptions.TimeoutError` (503), as it does past the limit or without a connection.
 """
 
 from __future__ import annotations
@@ -42,7 +51,13 @@ from .links import Cluster, Link, OneServer
 log = logging.getLogger(__name__)
 
 RESYNC = "resync"
-CONFIRM_TIMEOUT = 5.0  # seconds a reader waits for Redis to confirm its channels
+# Seconds a reader waits for Redis to confirm its channels, and the silence (a link's connection quiet
+# while a confirmation is due) that makes the hub take Redis for gone and replace the connection.
+CONFIRM_TIMEOUT = 5.0
+# Seconds a reader waits at most while its link is busy (alive, but its confirmation queued behind a
+# long fan-out or thousands of others): a storm of readers on a fresh worker must not look like a
+# silent Redis, whose replacement would resynchronise every reader of the link and add to the storm.
+CONFIRM_LIMIT = 30.0
 # Deliveries (events times readers) between two yields of the fan-out, a few milliseconds of CPU. A
 # broadcast to 10,000 readers, or a backlog of 100 events to 1,000, takes the CPU for a good part of a
 # second; in slices, a request (a publish, a login) waits for one slice, not for all of it.
@@ -78,6 +93,7 @@ class Subscription:
         "outlet",
         "parked",
         "expiries",
+        "confirmed_in",
         "__weakref__",
     )
 
@@ -93,6 +109,7 @@ class Subscription:
         self.outlet = None
         self.parked = None
         self.expiries: dict | None = None  # channel -> the timer of its grant's end (members channels only)
+        self.confirmed_in: int | None = None  # the hub's epoch when Redis had confirmed all its channels
 
     def wake(self) -> None:
         """Wake the reader: its waiting greenlet, or a greenlet for its parked stream."""
@@ -161,12 +178,22 @@ class Subscription:
 class Hub:
     """This worker's pub/sub links (one per Redis node it reads from), handing events to local connections."""
 
-    def __init__(self, topology: OneServer | Cluster, confirm_timeout: float = CONFIRM_TIMEOUT, access=None):
+    def __init__(
+        self,
+        topology: OneServer | Cluster,
+        confirm_timeout: float = CONFIRM_TIMEOUT,
+        access=None,
+        confirm_limit: float = CONFIRM_LIMIT,
+    ):
         """`topology` says which node carries a channel and makes each link's connection; `access(user_id,
         is_admin, channels)` answers each channel's Access now (app/channels/access.py), for re-checks."""
         self.topology = topology
         self.access = access
         self.confirm_timeout = confirm_timeout
+        self.confirm_limit = max(confirm_limit, confirm_timeout)
+        # Counts SUBSCRIBE batches after which readers resynchronise. A reader confirmed at epoch e was
+        # confirmed before batch e was sent (and needs its resynchronisation), not before later ones.
+        self.epoch = 0
         self.by_channel: dict[str, set[Subscription]] = defaultdict(set)
         self.by_user: dict[str, set[Subscription]] = defaultdict(set)
         self.by_session: dict[str, set[Subscription]] = defaultdict(set)
@@ -184,7 +211,7 @@ class Hub:
     ) -> Subscription:
         """Register locally, then wait until Redis confirms every channel: the caller reads history after this.
 
-        Raises redis.exceptions.TimeoutError if Redis does not confirm within the time-out.
+        Raises redis.exceptions.TimeoutError if Redis does not confirm in time (see `_wait_confirmed`).
         """
         subscription = Subscription(channels, user_id, session_id, maxsize, is_admin)
         for channel in channels:
@@ -195,7 +222,7 @@ class Hub:
             subscription.end("shutdown")
             return subscription
         try:
-            self._wait_confirmed([CONTROL_CHANNEL] + [wake_channel(channel) for channel in channels])
+            self._wait_confirmed([CONTROL_CHANNEL] + [wake_channel(channel) for channel in channels], subscription)
         except BaseException:
             self.unsubscribe(subscription)
             raise
@@ -321,22 +348,68 @@ class Hub:
             del index[key]
         return not members
 
-    def _wait_confirmed(self, names: list[str]) -> None:
-        deadline = time.monotonic() + self.confirm_timeout
-        for name in names:
-            while True:
-                with self.lock:
-                    link = self._link_for(name)
-                    confirmation = link.subscribed(name)
-                    changed = self._changed
-                if confirmation is not None and confirmation.live:
-                    break
-                # Without a connection, wait for any link to connect or channels to move, then look again.
-                waited_for = confirmation.done if confirmation is not None else changed
-                if not waited_for.wait(max(0.0, deadline - time.monotonic())):
-                    if confirmation is not None:  # Redis went silent: replace the connection
-                        link.lost(link.pubsub, "no confirmation in time")
+    def next_epoch(self) -> int:
+        """A batch of SUBSCRIBEs whose readers resynchronise is sent now (lock held): its epoch."""
+        epoch, self.epoch = self.epoch, self.epoch + 1
+        return epoch
+
+    def _wait_confirmed(self, names: list[str], subscription: Subscription | None = None) -> None:
+        """Wait until every one of `names` is confirmed on its link's current connection, all at once.
+
+        Each pass subscribes (in one command per link) what is not asked for yet and waits for one
+        confirmation still due; after the last wait all are checked again, so a channel confirmed on a
+        connection lost meanwhile is asked for again. A `subscription` confirmed so is marked with the
+        epoch, so resynchronisations sent before it (it reads its history after this) skip it.
+
+        Past CONFIRM_TIMEOUT the wait goes on while the link shows life (`Link.silent_for`), up to
+        CONFIRM_LIMIT: a busy link is not a silent Redis. A connection quiet for CONFIRM_TIMEOUT with a
+        confirmation due is replaced.
+        """
+        started = time.monotonic()
+        deadline, limit = started + self.confirm_timeout, started + self.confirm_limit
+        while True:
+            with self.lock:
+                link, pubsub, confirmation = self._first_unconfirmed(names)
+                if link is None:
+                    if subscription is not None and subscription.confirmed_in is None:
+                        subscription.confirmed_in = self.epoch
+                    return
+                changed = self._changed
+            # Without a connection, wait for any link to connect or channels to move, then look again.
+            waited_for = confirmation.done if confirmation is not None else changed
+            while not waited_for.wait(max(0.0, deadline - time.monotonic())):
+                now = time.monotonic()
+                if confirmation is None or now >= limit:
                     raise redis.exceptions.TimeoutError("The event hub could not subscribe in time.")
+                if link.pubsub is not pubsub:  # another connection now: look again
+                    break
+                quiet = link.silent_for()
+                if quiet >= self.confirm_timeout:  # Redis went silent: replace the connection
+                    link.lost(pubsub, f"no answer for {quiet:.1f} s")
+                    raise redis.exceptions.TimeoutError("The event hub could not subscribe in time.")
+                deadline = min(limit, now + self.confirm_timeout - quiet)  # busy, not silent: wait on
+
+    def _first_unconfirmed(self, names: list[str]) -> tuple[Link | None, object, object]:
+        """(link, its connection, confirmation) of the first of `names` not confirmed on its link's current
+        connection, (link, None, None) when that link has no connection, (None, None, None) when all are;
+        what no connection has asked for yet goes out first, in one SUBSCRIBE per link (lock held)."""
+        missing: dict[Link, list[str]] = {}
+        for name in names:
+            link = self._link_for(name)
+            if link.pubsub is not None and name not in link.live:
+                missing.setdefault(link, []).append(name)
+        for link, batch in missing.items():
+            link.send_subscribe(batch)
+        for name in names:
+            link = self._link_for(name)
+            if link.pubsub is None:
+                return link, None, None
+            confirmation = link.live.get(name)
+            if confirmation is None:  # the write failed (the connection was lost): the caller waits for the next
+                return link, None, None
+            if not confirmation.live:
+                return link, link.pubsub, confirmation
+        return None, None, None
 
     def _link_for(self, name: str) -> Link:
         """The link that carries `name` (lock held), placing the channel and starting the link if need be."""
@@ -464,14 +537,19 @@ class Hub:
                     offered = 0
                     gevent.sleep(0)
 
-    def resync(self, names: list[str]) -> None:
-        """Readers of these Redis channels may have missed messages: they read again from the streams."""
+    def resync(self, names: list[str], epoch: int | None = None) -> None:
+        """Readers of these Redis channels may have missed messages: they read again from the streams.
+
+        With an `epoch` (the SUBSCRIBE batch that confirmed `names` again), only readers confirmed before
+        that batch was sent: one that was still waiting reads its history after its confirmation anyway,
+        and would otherwise read it twice (every reader of a fresh worker's first connection)."""
         if CONTROL_CHANNEL in names:  # a session_ended may be lost: every reader checks its session
             targets = {s for subscriptions in self.by_session.values() for s in subscriptions}
         else:
             targets = {s for name in names for s in self.by_channel.get(channel_of_wake(name), ())}
         for subscription in targets:
-            subscription.offer(RESYNC)
+            if epoch is None or (subscription.confirmed_in is not None and subscription.confirmed_in <= epoch):
+                subscription.offer(RESYNC)
 
     def _control(self, message: dict) -> None:
         if "access" in message:

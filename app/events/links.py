@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import select
+import time
 from collections import Counter, defaultdict, deque
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit, urlunsplit
 
 import gevent
 import gevent.event
+import gevent.monkey
 import redis
 
 from ..redis import connect_pubsub
@@ -31,6 +34,7 @@ CONNECTION_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutE
 # A link is also replaced on an error reply: a MOVED answer to SSUBSCRIBE means the slot moved before
 # the topology caught up, and the replacement asks for the topology again.
 LINK_ERRORS = (*CONNECTION_ERRORS, redis.exceptions.ResponseError)
+_real_poll = gevent.monkey.get_original("select", "poll")
 
 
 class OneServer:
@@ -123,29 +127,29 @@ class Link:
         self.live: dict[str, Confirmation] = {}  # Redis channel -> its latest SUBSCRIBE on this connection
         self.unconfirmed: dict[str, deque[Confirmation]] = defaultdict(deque)  # sent, not yet answered, in order
         self.unsubscribing: Counter[str] = Counter()  # UNSUBSCRIBEs sent, not yet answered
-        self.resync_after: dict[Confirmation, list[str]] = {}  # last SUBSCRIBE of a batch -> the batch
+        # last SUBSCRIBE of a batch -> the batch, and the hub's epoch when it was sent (hub.resync)
+        self.resync_after: dict[Confirmation, tuple[list[str], int]] = {}
+        # Since when the listener waits for Redis with nothing left to handle; None while it handles what
+        # Redis sent (or before it has a connection). A busy link is not a silent Redis: see silent_for.
+        self.idle_since: float | None = None
         self.greenlet = gevent.spawn(self._run)
 
     # Called with hub.lock held.
 
-    def subscribed(self, name: str) -> Confirmation | None:
-        """This connection's SUBSCRIBE of `name` (sent now if there is none); None without a connection."""
-        if self.pubsub is None:
-            return None
-        if name not in self.live:
-            self.send_subscribe([name])
-        return self.live.get(name)
-
     def send_subscribe(self, names: list[str], resync: bool = False) -> None:
-        """SUBSCRIBE; with `resync`, the readers of `names` resynchronise once Redis confirmed them all."""
+        """SUBSCRIBE (all of `names` in one command); with `resync`, the readers of `names` that were
+        confirmed before this resynchronise once Redis confirmed them all (hub.resync).
+
+        A reader still waiting for its confirmation then is left out: it reads its history after Redis
+        confirmed its channels on this connection, so it has missed nothing (and reads it once)."""
         pubsub = self.pubsub
         confirmations = []
         for name in names:
             confirmation = self.live[name] = Confirmation()
             self.unconfirmed[name].append(confirmation)
             confirmations.append(confirmation)
-        if resync and confirmations:
-            self.resync_after[confirmations[-1]] = names  # Redis confirms in order: the last means all
+        if resync and confirmations:  # Redis confirms in order: the last means all
+            self.resync_after[confirmations[-1]] = (names, self.hub.next_epoch())
         self._write(pubsub, pubsub.ssubscribe if self.sharded else pubsub.subscribe, names)
 
     def unsubscribe(self, name: str) -> None:
@@ -187,6 +191,28 @@ class Link:
             with contextlib.suppress(Exception):  # the connection may already be broken
                 pubsub.close()
 
+    def silent_for(self) -> float:
+        """Seconds the current connection has been quiet: its listener waiting for Redis, with nothing
+        received. 0 while the listener is busy with what Redis sent (a long fan-out, thousands of
+        confirmations), or when Redis's answer is in the socket already and the listener has not been
+        scheduled yet (a worker saturated by a storm): the link is then busy, not silent."""
+        since = self.idle_since
+        if since is None or self.pubsub is None:
+            return 0.0
+        return 0.0 if self._unread() else max(0.0, time.monotonic() - since)
+
+    def _unread(self) -> bool:
+        """Whether bytes from Redis wait in the connection's socket (checked without reading or yielding)."""
+        sock = getattr(getattr(self.pubsub, "connection", None), "_sock", None)
+        try:
+            if hasattr(sock, "pending") and sock.pending():  # TLS: decrypted bytes held above the socket
+                return True
+            poller = _real_poll()
+            poller.register(sock.fileno(), select.POLLIN)
+            return bool(poller.poll(0))
+        except (AttributeError, OSError, ValueError):  # no socket (yet, or any more)
+            return False
+
     def _where(self) -> str:
         """' host:port' of a cluster node (for the log; never credentials), '' on one Redis."""
         return " " + urlsplit(self.node).netloc.rpartition("@")[2] if self.sharded else ""
@@ -203,7 +229,9 @@ class Link:
                 pubsub.connection = pubsub.connection_pool.get_connection()  # connect outside the hub's lock
                 self._attach(pubsub)
                 while self.pubsub is pubsub:
+                    self.idle_since = time.monotonic()
                     response = pubsub.parse_response(block=True)
+                    self.idle_since = None
                     events = []  # what Redis has sent already, handed to the hub together
                     while response is not None and self.pubsub is pubsub:
                         message = pubsub.handle_message(response)
@@ -228,6 +256,7 @@ class Link:
             except LINK_ERRORS as error:
                 reason = type(error).__name__ + (f": {error}" if isinstance(error, redis.ResponseError) else "")
             finally:
+                self.idle_since = None
                 self.lost(pubsub, reason)
             if self.hub.relocate(self):  # no channel left here (moved to other nodes, or no reader): done
                 return
@@ -257,9 +286,9 @@ class Link:
             if not queue:
                 del self.unconfirmed[name]
             confirmation.settle(live=True)
-            names = self.resync_after.pop(confirmation, None)
-            if names is not None:
-                self.hub.resync(names)
+            batch = self.resync_after.pop(confirmation, None)
+            if batch is not None:
+                self.hub.resync(*batch)
                 return True
         elif kind in ("unsubscribe", "sunsubscribe"):
             if self.unsubscribing[name] > 0:
