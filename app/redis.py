@@ -544,28 +544,27 @@ return {version, end_sessions(sessions, KEYS[2], ARGV[1], false)}
 )
 
 
-class SharedRoundTrips:
-    """A script that many requests run at once (the session check of every authenticated request),
-    sent together: callers that arrive while one round trip is out go in the next, as one pipeline.
+class SharedRoundTrip:
+    """Calls that many greenlets make at once, sent together: callers that arrive while one round trip is
+    out go in the next, as one pipeline. Each caller still gets its own answer or error.
 
-    Each caller still gets its own answer or error. Alone, a call costs one greenlet switch more than a
-    direct one; under load the cost of a round trip (a pooled connection, two system calls, a wait for
-    the socket) is shared by every call in it. Only under gevent and on one Redis: on a Redis Cluster
-    the callers' keys live on different nodes, and each call goes on its own.
+    Alone, a call costs one greenlet switch more than a direct one; under load the cost of a round trip (a
+    pooled connection, two system calls, a wait for the socket) is shared by every call in it. Only under
+    gevent and on one Redis: on a Redis Cluster the callers' keys live on different nodes.
+    Subclasses say how a batch of calls travels (`_round_trip`).
     """
 
     WAIT_LIMIT = 30.0  # seconds; a round trip is bounded by the client's own time-outs well before this
 
-    def __init__(self, client: redis.Redis, script: Script):
+    def __init__(self, client: redis.Redis):
         self.client = client
-        self.script = script
-        self.waiting: list[tuple[list, list, gevent.event.AsyncResult]] = []
+        self.waiting: list[tuple[object, gevent.event.AsyncResult]] = []
         self.sending = False
 
-    def __call__(self, keys: list, args: list):
-        """The script's answer for these keys and arguments (its error, raised here)."""
+    def _call(self, call):
+        """The answer to `call` (its error, raised here)."""
         answer = gevent.event.AsyncResult()
-        self.waiting.append((keys, args, answer))
+        self.waiting.append((call, answer))
         if not self.sending:
             self.sending = True
             gevent.spawn(self._send)
@@ -579,16 +578,31 @@ class SharedRoundTrips:
             while self.waiting:
                 batch, self.waiting = self.waiting, []
                 try:
-                    answers = self._round_trip([(keys, args) for keys, args, _ in batch])
+                    answers = self._round_trip([call for call, _ in batch])
                 except Exception as error:  # noqa: BLE001 - every caller of the round trip gets its error
                     answers = [error] * len(batch)
-                for (_, _, answer), value in zip(batch, answers, strict=True):
+                for (_, answer), value in zip(batch, answers, strict=True):
                     if isinstance(value, Exception):
                         answer.set_exception(value)
                     else:
                         answer.set(value)
         finally:
             self.sending = False
+
+    def _round_trip(self, calls: list) -> list:
+        raise NotImplementedError
+
+
+class SharedRoundTrips(SharedRoundTrip):
+    """A script that many requests run at once (the session check of every authenticated request)."""
+
+    def __init__(self, client: redis.Redis, script: Script):
+        super().__init__(client)
+        self.script = script
+
+    def __call__(self, keys: list, args: list):
+        """The script's answer for these keys and arguments (its error, raised here)."""
+        return self._call((keys, args))
 
     def _round_trip(self, calls: list[tuple[list, list]]) -> list:
         if len(calls) == 1:
@@ -609,6 +623,45 @@ def shared_round_trips(client: redis.Redis, script: Script):
     if is_cluster(client) or not gevent.monkey.is_module_patched("socket"):
         return script
     return SharedRoundTrips(client, script)
+
+
+Command = tuple[str, tuple, dict]  # a pipeline method's name, its arguments and keyword arguments
+
+
+def run_pipeline(client: redis.Redis, commands: list[Command]) -> list:
+    """The commands in one pipeline (no transaction); each one's answer, or its error as the value."""
+    pipe = client.pipeline(transaction=False)
+    for name, args, kwargs in commands:
+        getattr(pipe, name)(*args, **kwargs)
+    return pipe.execute(raise_on_error=False)
+
+
+class SharedPipelines(SharedRoundTrip):
+    """Pipelines of read commands that many requests send at once, sent as one.
+
+    After a deploy or a network blip thousands of readers resume at once, each reading its channels'
+    history (a pipeline of a few commands): together they take one round trip per batch instead of one
+    each, which is most of what opening a stream costs.
+    """
+
+    def __call__(self, commands: list[Command]) -> list:
+        """Each command's answer, or its error as the value (as `run_pipeline`)."""
+        return self._call(commands)
+
+    def _round_trip(self, calls: list[list[Command]]) -> list:
+        answers = run_pipeline(self.client, [command for commands in calls for command in commands])
+        split, start = [], 0
+        for commands in calls:
+            split.append(answers[start : start + len(commands)])
+            start += len(commands)
+        return split
+
+
+def shared_pipelines(client: redis.Redis):
+    """A function running a pipeline of commands: shared by concurrent callers where that is possible."""
+    if is_cluster(client) or not gevent.monkey.is_module_patched("socket"):
+        return lambda commands: run_pipeline(client, commands)
+    return SharedPipelines(client)
 
 
 class Scripts:

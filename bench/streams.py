@@ -287,8 +287,10 @@ def _client_process(
     ready,
     results,
     source: tuple[str, int] | None = None,
+    niceness: int = 0,
 ) -> None:
     raise_fd_limit()
+    os.nice(niceness)
 
     async def main():
         started = time.perf_counter()
@@ -350,8 +352,10 @@ class StreamFleet:
         timeout: float = READ_TIMEOUT,
         publishers: int = 1,
         targets: list[Target] | None = None,
+        niceness: int = 0,
     ):
-        """`targets`: one target per stream (e.g. each user's own), instead of `count` streams to `target`."""
+        """`targets`: one target per stream (e.g. each user's own), instead of `count` streams to `target`.
+        `niceness`: the client processes' (os.nice), to give the servers the CPU first."""
         every = targets if targets is not None else [target] * count
         self.target, self.count, self.token, self.expected = target, len(every), token.encode(), expected
         self.timeout = timeout
@@ -363,7 +367,7 @@ class StreamFleet:
             context.Process(
                 target=_client_process,
                 args=(share, self.token, expected, publishers, timeout, self.ready, self.results),
-                kwargs={"source": source_address(index, share[0])},
+                kwargs={"source": source_address(index, share[0]), "niceness": niceness},
             )
             for index, share in enumerate(shares)
         ]

@@ -24,7 +24,7 @@ from ..auth.sessions import session_is_valid
 from ..errors import ApiError, bad_request, validation_failed
 from ..metrics import EVENTS_PUBLISHED
 from ..outgoing.feed import feed_events
-from ..redis import Keys, is_cluster
+from ..redis import Keys, is_cluster, shared_pipelines
 from .cursor import LAST_POSSIBLE_ID, is_after, parse_id
 
 CONTROL_CHANNEL = "control"
@@ -218,6 +218,7 @@ class Bus:
         self.cluster = is_cluster(client)
         self.replicated = durability == "replicated"
         self._publish = client.register_script(PUBLISH_LUA)
+        self._read = shared_pipelines(client)  # history reads of readers resuming together share round trips
 
     def publish(self, channel: str, event: str, data, sender: str | None = None) -> Event:
         """Append an event to its channel's stream and wake live readers, in one atomic step.
@@ -372,30 +373,61 @@ class Bus:
         return {channel: (i or {}).get("last-generated-id", "0-0") for channel, i in zip(channels, info, strict=False)}
 
     def trimmed_past(self, positions: dict[str, str]) -> list[str]:
-        """Channels whose kept history no longer reaches back to the given position.
+        """Channels whose kept history no longer reaches back to the given position."""
+        return self.trimmed_and_after(positions)[0]
+
+    def trimmed_and_after(self, positions: dict[str, str], limit: int = HISTORY_BATCH):
+        """What a resuming reader asks first, in one round trip: the channels whose kept history no longer
+        reaches back to its position, then the events after each position and whether more remain (as
+        `read_after`).
 
         Trimming removes the oldest entries, so events after a position were lost when entries were
         trimmed and the oldest kept entry is after the position. (A position exactly on the newest
         trimmed entry also counts: at worst an unneeded reset, never a silent gap.)
         """
         channels = list(positions)
+        infos, ranges = self._read_commands(channels, self._after(positions, limit))
         trimmed = []
-        for channel, info in zip(channels, self._stream_info(channels), strict=True):
+        for channel, info in zip(channels, infos, strict=True):
             if not info or int(info.get("entries-added", 0)) <= int(info.get("length", 0)):
                 continue
             first = info.get("recorded-first-entry-id") or (info.get("first-entry") or ["0-0"])[0]
             if is_after(first, positions[channel]):
                 trimmed.append(channel)
-        return trimmed
+        return trimmed, self._events(ranges, limit)
 
     def read_after(self, positions: dict[str, str], limit: int = HISTORY_BATCH) -> tuple[list[Event], bool]:
         """Events after each position (up to `limit` per channel), and whether more remain."""
-        pipe = self.client.pipeline(transaction=False)
-        channels = [channel for channel, position in positions.items() if position != LAST_POSSIBLE_ID]
-        for channel in channels:
-            pipe.xrange(Keys.stream(channel), f"({positions[channel]}", "+", count=limit)
+        return self._events(self._read_commands([], self._after(positions, limit))[1], limit)
+
+    @staticmethod
+    def _after(positions: dict[str, str], limit: int) -> list[tuple]:
+        """(channel, the XRANGE command of the events after its position) for each channel that has any."""
+        return [
+            (channel, ("xrange", (Keys.stream(channel), f"({position}", "+"), {"count": limit}))
+            for channel, position in positions.items()
+            if position != LAST_POSSIBLE_ID
+        ]
+
+    def _read_commands(self, info_of: list[str], ranges: list[tuple]) -> tuple[list, list]:
+        """XINFO STREAM of each channel in `info_of` (None for a stream never written) and the XRANGEs of
+        `ranges`, in one round trip shared with other readers; a lost connection is raised."""
+        commands = [("xinfo_stream", (Keys.stream(channel),), {}) for channel in info_of]
+        answers = self._read(commands + [command for _, command in ranges])
+        for answer in answers:
+            if isinstance(answer, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
+                raise answer
+        infos = [None if isinstance(a, Exception) else a for a in answers[: len(info_of)]]
+        range_answers = answers[len(info_of) :]
+        for answer in range_answers:
+            if isinstance(answer, Exception):
+                raise answer
+        return infos, [(channel, entries) for (channel, _), entries in zip(ranges, range_answers, strict=True)]
+
+    @staticmethod
+    def _events(ranges: list[tuple[str, list]], limit: int) -> tuple[list[Event], bool]:
         events, more = [], False
-        for channel, entries in zip(channels, pipe.execute(), strict=False):
+        for channel, entries in ranges:
             events.extend(Event.from_entry(i, channel, f) for i, f in entries)
             more = more or len(entries) == limit
         return events, more
@@ -405,11 +437,4 @@ class Bus:
         return session_is_valid(caller.user_id, caller.session_id, caller.token_version, self.scripts)
 
     def _stream_info(self, channels: list[str]) -> list[dict | None]:
-        pipe = self.client.pipeline(transaction=False)
-        for channel in channels:
-            pipe.xinfo_stream(Keys.stream(channel))
-        results = pipe.execute(raise_on_error=False)
-        for result in results:
-            if isinstance(result, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
-                raise result
-        return [None if isinstance(r, Exception) else r for r in results]
+        return self._read_commands(channels, [])[0]

@@ -93,10 +93,13 @@ class Follower:
                 if unnamed:
                     self.start_at({**self.positions, **bus.present(unnamed)})
             self.pending: list[Delivery] = []
+            # Without a cursor the reader starts at the present, read after its subscription was confirmed:
+            # every later event arrives live, so there is no history to read.
             if cursor:
-                for channel in bus.trimmed_past(self.positions):
+                trimmed, first = bus.trimmed_and_after(self.positions)
+                for channel in trimmed:
                     self.pending.append(Delivery(reset_event(channel), self.cursor))
-            self._catch_up()
+                self._catch_up(first=first)
             for channel, access in self.access.items():
                 self._hold_access(channel, access)
         except BaseException:
@@ -258,10 +261,12 @@ class Follower:
         if cursor is not None:
             self.pending.append(Delivery(event, cursor))
 
-    def _catch_up(self, channels: list[str] | None = None) -> None:
+    def _catch_up(self, channels: list[str] | None = None, first: tuple[list[Event], bool] | None = None) -> None:
+        """Read history after the positions until none is left; `first`: the first batch, read already."""
         while True:
             wanted = self.positions if channels is None else {c: self.positions[c] for c in channels}
-            batch, more = self.bus.read_after(dict(wanted))
+            batch, more = first or self.bus.read_after(dict(wanted))
+            first = None
             for event in sorted(batch, key=lambda e: parse_id(e.id)):
                 self._accept(event)
             if not more:

@@ -20,6 +20,8 @@ import gevent.event
 import gevent.monkey
 import redis
 
+from gevent_worker import next_turn
+
 from ..redis import connect_pubsub
 
 if TYPE_CHECKING:
@@ -252,7 +254,7 @@ class Link:
                             break
                         response = pubsub.parse_response(block=False)
                     self.hub.deliver_all(events)
-                    gevent.sleep(0)  # a backlog is fanned out batch by batch, with requests running in between
+                    next_turn()  # a backlog is fanned out batch by batch, with requests running in between
             except LINK_ERRORS as error:
                 reason = type(error).__name__ + (f": {error}" if isinstance(error, redis.ResponseError) else "")
             finally:
