@@ -10,25 +10,13 @@ connection serves every connection with a request in turn, and accepts new ones 
 
 Referenced by name from gunicorn.conf.py (`worker_class`). It lives outside the `app` package because
 the arbiter imports the worker class, and importing `app` there would import the whole app early. The
-hub's fan-out takes its turns the same way (`next_turn`).
+hub's fan-out takes its turns the same way (app/events/links.py, `next_turn`).
 """
 
 from __future__ import annotations
 
 import gevent
 from gunicorn.workers.ggevent import GeventWorker
-
-
-def next_turn() -> None:
-    """Give every other greenlet whose socket is ready its turn, then continue.
-
-    gevent.sleep(0) resumes from the loop's callbacks, which run before it polls for I/O: a greenlet that
-    only ever sleeps 0 (a long fan-out in slices, a keep-alive connection) keeps sockets waiting. A 0 s
-    timer fires after the next poll, so ready connections and new ones come first.
-    """
-    hub = gevent.get_hub()
-    with hub.loop.timer(0) as turn:
-        hub.wait(turn)
 
 
 class FairGeventWorker(GeventWorker):
@@ -41,4 +29,9 @@ class FairGeventWorker(GeventWorker):
         shutting down) raises StopIteration out of here, and so skips the wait.
         """
         super().handle_request(listener_name, req, sock, addr)
-        next_turn()
+        # A 0 s timer rather than gevent.sleep(0): sleep(0) resumes from the loop's callbacks, which
+        # run before it polls for I/O, so a greenlet that always sleeps 0 still keeps sockets waiting.
+        # The timer fires after the next poll: other ready connections and new ones come first.
+        hub = gevent.get_hub()
+        with hub.loop.timer(0) as turn:
+            hub.wait(turn)

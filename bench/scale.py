@@ -157,6 +157,9 @@ def storms(redis_server, count: int) -> list[dict]:
         rows.append(storm(service, service.target(through_nginx=True), "service sse via nginx", count))
     with Nchan(workers=2, buffer=100) as peer:
         rows.append(storm(peer, peer.target(), "nchan", count))
+    # gunicorn's own default listen queue, for comparison: what the BACKLOG setting is for.
+    with Service(redis_server, workers=2, extra_env={"BACKLOG": "2048"}) as service:
+        rows.append(storm(service, service.target(), "service sse, BACKLOG=2048", count))
     return rows
 
 

@@ -45,10 +45,8 @@ import gevent.event
 import gevent.lock
 import redis
 
-from gevent_worker import next_turn
-
 from .bus import CONTROL_CHANNEL, Event, channel_of_wake, wake_channel
-from .links import Cluster, Link, OneServer
+from .links import Cluster, Link, OneServer, next_turn
 
 log = logging.getLogger(__name__)
 

@@ -20,8 +20,6 @@ import gevent.event
 import gevent.monkey
 import redis
 
-from gevent_worker import next_turn
-
 from ..redis import connect_pubsub
 
 if TYPE_CHECKING:
@@ -37,6 +35,19 @@ CONNECTION_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutE
 # the topology caught up, and the replacement asks for the topology again.
 LINK_ERRORS = (*CONNECTION_ERRORS, redis.exceptions.ResponseError)
 _real_poll = gevent.monkey.get_original("select", "poll")
+
+
+def next_turn() -> None:
+    """Give every other greenlet whose socket is ready its turn, then continue.
+
+    gevent.sleep(0) resumes from the loop's callbacks, which run before it polls for I/O: a greenlet that
+    only ever sleeps 0 (a long fan-out in slices) keeps sockets waiting. A 0 s timer fires after the next
+    poll, so requests whose sockets are ready, and new connections, run first. (gevent_worker.py does
+    the same between two requests of a keep-alive connection.)
+    """
+    hub = gevent.get_hub()
+    with hub.loop.timer(0) as turn:
+        hub.wait(turn)
 
 
 class OneServer:
