@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import multiprocessing
 import os
 import re
@@ -61,12 +62,15 @@ def failure_kind(error: BaseException) -> str:
     return type(error).__name__
 
 
-async def read_events(stream, token: bytes, client: Client, expected: set[int]) -> tuple[str | None, float | None]:
-    """Read SSE events until the stream ends or every expected number arrived: the last `id:`, the `retry:`."""
+async def read_events(stream, token: bytes, client: Client, done) -> tuple[str | None, float | None]:
+    """Read SSE events until the stream ends or `done()`: the last `id:` read, and the `retry:` given."""
     pattern = re.compile(re.escape(token) + rb":(\d+);")
     buffer, cursor, retry = b"", None, None
-    while not expected.issubset(client.seen):
-        data = await stream.read()
+    while not done():
+        try:
+            data = await asyncio.wait_for(stream.read(), 1.0)  # `done()` may turn true while nothing arrives
+        except TimeoutError:
+            continue
         if not data:
             client.ended_by_server += 1
             break
@@ -85,20 +89,27 @@ async def read_events(stream, token: bytes, client: Client, expected: set[int]) 
     return cursor, retry
 
 
-async def run_client(plan: Plan, index: int) -> Client:
+def has_read(client: Client, expected) -> bool:
+    return set(expected).issubset(client.seen)
+
+
+async def run_client(plan: Plan, index: int, done, first_opened=lambda: None) -> Client:
+    """One client: connects at its time, reads, and resumes from its last `id:` until `done(client)`;
+    `first_opened()` is called when its first stream opens."""
     client, cursor, retry = Client(), plan.cursor, DEFAULT_RETRY
-    expected = set(plan.expected)
     await asyncio.sleep(max(0.0, plan.start_at + plan.spread * index / plan.count - time.time()))
-    while time.time() < plan.stop_at and not expected.issubset(client.seen):
+    while not done(client):
         headers = {**plan.target.headers, **({"Last-Event-ID": cursor} if cursor else {})}
         client.attempts.append(time.time())
         stream = None
         try:
-            timeout = max(0.1, plan.stop_at - time.time())
-            stream = await asyncio.wait_for(open_stream(replace(plan.target, headers=headers), plan.source), timeout)
+            opening = open_stream(replace(plan.target, headers=headers), plan.source)
+            stream = await asyncio.wait_for(opening, OPEN_TIMEOUT)
             client.opened.append(time.time())
             client.outcomes.append("open")
-            last, given = await asyncio.wait_for(read_events(stream, plan.token, client, expected), timeout)
+            if len(client.opened) == 1:
+                first_opened()
+            last, given = await read_events(stream, plan.token, client, lambda: done(client))
             cursor, retry = last or cursor, given or retry
         except (TimeoutError, OSError, RuntimeError, asyncio.IncompleteReadError) as error:
             if len(client.outcomes) < len(client.attempts):  # the attempt failed before its stream opened
@@ -108,16 +119,33 @@ async def run_client(plan: Plan, index: int) -> Client:
         finally:
             if stream is not None:
                 stream.writer.close()
-        if not expected.issubset(client.seen):
+        if not done(client):
             await asyncio.sleep(retry)
     return client
 
 
-def _client_process(plan: Plan, ready, results) -> None:
+OPEN_TIMEOUT = 60  # seconds for one attempt to open its stream
+
+
+def _client_process(plan: Plan, ready, results, final, deadline, opened) -> None:
+    """`final`: the last event number once it is known (0 before), when `plan.expected` is empty;
+    `deadline`: the wall time the clients give up (the smaller of it and plan.stop_at); `opened`: counts
+    the clients whose first stream opened."""
     raise_fd_limit()
 
+    def first_opened() -> None:
+        with opened.get_lock():
+            opened.value += 1
+
+    def done(client: Client) -> bool:
+        if time.time() >= min(plan.stop_at, deadline.value):
+            return True
+        if plan.expected:
+            return has_read(client, plan.expected)
+        return final.value > 0 and has_read(client, range(1, final.value + 1))
+
     async def main():
-        clients = await asyncio.gather(*(run_client(plan, i) for i in range(plan.count)))
+        clients = await asyncio.gather(*(run_client(plan, i, done, first_opened) for i in range(plan.count)))
         results.put([vars(c) for c in clients])
 
     ready.put(os.getpid())
@@ -127,9 +155,11 @@ def _client_process(plan: Plan, ready, results) -> None:
 class ResumingFleet:
     """`count` resuming clients across `processes` processes, each from its own loopback source address."""
 
-    def __init__(self, plan: Plan, processes: int):
+    def __init__(self, plan: Plan, processes: int, publisher=None):
         context = multiprocessing.get_context("fork")
         self.ready, self.results = context.Queue(), context.Queue()
+        self.final, self.deadline = context.Value("q", 0), context.Value("d", math.inf)
+        self.opened = context.Value("q", 0)  # clients whose first stream opened
         self.workers = []
         for index in range(processes):
             share = plan.count // processes + (1 if index < plan.count % processes else 0)
@@ -140,7 +170,8 @@ class ResumingFleet:
                 start_at=plan.start_at + plan.spread * index / plan.count,
                 source=(f"127.0.2.{index + 1}", 0) if plan.target.host.startswith("127.") else None,
             )
-            self.workers.append(context.Process(target=_client_process, args=(mine, self.ready, self.results)))
+            args = (mine, self.ready, self.results, self.final, self.deadline, self.opened)
+            self.workers.append(context.Process(target=_client_process, args=args))
 
     def start(self) -> None:
         for worker in self.workers:
@@ -148,7 +179,19 @@ class ResumingFleet:
         for _ in self.workers:
             self.ready.get(timeout=60)
 
-    def collect(self, timeout: float) -> list[Client]:
+    def wait_opened(self, count: int, timeout: float) -> bool:
+        """Whether `count` clients have opened their first stream within `timeout` seconds."""
+        deadline = time.time() + timeout
+        while self.opened.value < count and time.time() < deadline:
+            time.sleep(0.2)
+        return self.opened.value >= count
+
+    def collect(self, expected: list[int] | None = None, until: float = math.inf, timeout: float = 150) -> list[Client]:
+        """Every client's record, once each has read `expected` (1..its last, for a plan without
+        expectations) or `until` has passed."""
+        if expected:
+            self.final.value = max(expected)
+        self.deadline.value = until
         clients: list[Client] = []
         for _ in self.workers:
             clients += [Client(**fields) for fields in self.results.get(timeout=timeout)]

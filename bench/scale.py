@@ -65,7 +65,8 @@ def first_cursor(system, target, token: str) -> str:
     async def read_first() -> str:
         stream = await open_stream(target)
         await asyncio.get_running_loop().run_in_executor(None, system.publish, tag(token, 0))
-        cursor, _ = await asyncio.wait_for(read_events(stream, token.encode(), Client(), {0}), 30)
+        client = Client()
+        cursor, _ = await asyncio.wait_for(read_events(stream, token.encode(), client, lambda: 0 in client.seen), 30)
         stream.writer.close()
         return cursor
 
@@ -229,23 +230,20 @@ def fair(redis_server, streams: int) -> dict:
 def reload(system, target, name: str, count: int, send_reload, rate: float = 4.0) -> dict:
     """`count` resuming streams, events at `rate`/s throughout, a reload once all are open; who is back when."""
     token = f"reload-{uuid.uuid4().hex}"
-    cursor = first_cursor(system, target, token)
-    spread = count / 1500  # about what the service opens per second
-    start_at = time.time() + 3.0
-    reload_at = start_at + spread + 10.0
-    stop_publishing = reload_at + 20.0
-    events = int((stop_publishing - start_at) * rate)
-    expected = list(range(1, events + 1))
-    plan = Plan(target, count, cursor, token.encode(), expected, start_at, spread, stop_at=stop_publishing + 60)
+    plan = Plan(target, count, None, token.encode(), [], time.time() + 3.0, count / 1000, stop_at=math.inf)
     fleet = ResumingFleet(plan, processes=max(4, math.ceil(count / 5000)))
     fleet.start()
-    publisher = Publisher(system, token, start_at, rate, first=1, last=events)
+    opened = fleet.wait_opened(count, timeout=count / 50)
+    publisher = Publisher(system, token, time.time() + 0.5, rate, first=1)  # every client reads from event 1
     publisher.start()
-    time.sleep(max(0.0, reload_at - time.time()))
+    time.sleep(5.0)
     reloaded = time.time()
     send_reload()
-    clients = fleet.collect(timeout=stop_publishing + 120 - time.time())
-    publisher.join(60)
+    time.sleep(20.0)
+    publisher.stop.set()
+    publisher.join(30)
+    expected = publisher.numbers()
+    clients = fleet.collect(expected, until=time.time() + 60, timeout=150)
     back, caught_up, not_back = [], [], 0
     for client in clients:
         after = [t for t in client.opened if t > reloaded]
@@ -254,16 +252,14 @@ def reload(system, target, name: str, count: int, send_reload, rate: float = 4.0
             continue
         reopened = after[0]
         back.append(reopened - reloaded)
-        missed = [
-            a
-            for n, a in zip(client.seen, client.arrivals, strict=True)
-            if publisher.published.get(n, math.inf) < reopened
-        ]
+        read = zip(client.seen, client.arrivals, strict=True)
+        missed = [arrival for n, arrival in read if publisher.published.get(n, math.inf) < reopened]
         caught_up.append(max([reopened, *missed]) - reloaded)
     result = {
         "system": name,
         "streams": count,
-        "events": events,
+        "events": len(expected),
+        "all_open_before_reload": opened,
         "opened_before_reload": sum(1 for c in clients if c.opened and c.opened[0] < reloaded),
         "not_back": not_back,
         "back_after_s": round(max(back), 2) if back else None,
