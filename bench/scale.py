@@ -10,8 +10,9 @@ scale: the service beside nginx+nchan in the same run, on one redis-server.
   second is broadcast to 10,000 streams.
 - reload: N streams open, events published throughout, gunicorn reloaded with SIGHUP (nginx for nchan);
   every client back, caught up by its cursor, nothing lost or read twice.
+- cost: the workers' CPU per request on a new connection, and per stream opened with a cursor.
 
-Run: .venv/bin/python -m bench.scale [--parts density,storm,fair,reload] [--quick]
+Run: .venv/bin/python -m bench.scale [--parts density,storm,fair,reload,cost] [--quick]
 Writes bench/results/scale.json and bench/results/scale.md; `make bench` runs it too.
 """
 
@@ -22,6 +23,7 @@ import asyncio
 import contextlib
 import json
 import math
+import os
 import resource
 import signal
 import statistics
@@ -29,6 +31,8 @@ import threading
 import time
 import uuid
 from pathlib import Path
+
+import requests
 
 from bench.common import machine, percentile, summary_ms
 from bench.resume import Client, Plan, ResumingFleet, exactness, read_events
@@ -81,7 +85,8 @@ class Publisher(threading.Thread):
         self.system, self.token, self.start_at, self.rate = system, token, start_at, rate
         self.first, self.last = first, last
         self.stop = threading.Event()
-        self.published: dict[int, float] = {}  # event number -> when its publish request was sent
+        self.published: dict[int, float] = {}  # event number -> when its (last) publish request was sent
+        self.failures: list[str] = []  # attempts that failed and were tried again
 
     def run(self) -> None:
         n = self.first
@@ -89,9 +94,24 @@ class Publisher(threading.Thread):
             delay = self.start_at + (n - self.first) / self.rate - time.time()
             if delay > 0 and self.stop.wait(delay):
                 break
-            self.published[n] = time.time()
-            self.system.publish(tag(self.token, n))
+            sent = self._publish(n)
+            if sent is None:
+                break
+            self.published[n] = sent
             n += 1
+
+    def _publish(self, n: int) -> float | None:
+        """Publish event n as a backend does across a reload: a connection the server closed meanwhile (its
+        old worker stopping) is tried again. When its last attempt was sent, or None if none got through."""
+        for _ in range(10):
+            sent = time.time()
+            try:
+                self.system.publish(tag(self.token, n))
+                return sent
+            except requests.RequestException as error:
+                self.failures.append(f"{n}: {type(error).__name__}")
+                time.sleep(0.2)
+        return None
 
     def numbers(self) -> list[int]:
         return sorted(self.published)
@@ -271,6 +291,7 @@ def reload(system, target, name: str, count: int, send_reload, rate: float = 4.0
         if caught_up
         else None,
         "connections_per_client": round(sum(len(c.opened) for c in clients) / max(1, len(clients)), 2),
+        "publish_attempts_failed": len(publisher.failures),
         **exactness(clients, expected),
     }
     print(json.dumps(result), flush=True)
@@ -283,6 +304,63 @@ def reloads(redis_server, count: int) -> list[dict]:
         rows.append(reload(service, service.target(), "service sse", count, lambda: service.app.signal(signal.SIGHUP)))
     with Nchan(workers=2, buffer=1000) as peer:
         rows.append(reload(peer, peer.target(), "nchan", count, lambda: peer.nginx.process.send_signal(signal.SIGHUP)))
+    return rows
+
+
+def worker_cpu(pids: list[int]) -> float:
+    """CPU seconds (user and system) the processes have used so far."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / ticks
+    return total
+
+
+async def _requests_on_new_connections(port: int, path: str, headers: dict, count: int) -> None:
+    gate = asyncio.Semaphore(50)
+
+    async def one():
+        async with gate:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            extra = "".join(f"{key}: {value}\r\n" for key, value in headers.items())
+            writer.write(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n{extra}\r\n".encode())
+            await reader.read()
+            writer.close()
+
+    await asyncio.gather(*(one() for _ in range(count)))
+
+
+def open_cost(redis_server, count: int) -> list[dict]:
+    """The workers' CPU per request on a new connection, and per stream opened (resuming from a cursor)."""
+    rows = []
+    with Service(redis_server, workers=2) as service:
+        pids = service.app.worker_pids()
+        bearer = {"Authorization": f"Bearer {service.token}"}
+        for path, headers in (("/healthz", {}), ("/auth/me", bearer)):
+            before = worker_cpu(pids)
+            asyncio.run(_requests_on_new_connections(service.app.port, path, headers, count))
+            time.sleep(0.5)
+            rows.append(
+                {"what": f"GET {path}, a new connection each", "ms": (worker_cpu(pids) - before) / count * 1000}
+            )
+        token = f"cost-{uuid.uuid4().hex}"
+        target = service.target()
+        cursor = first_cursor(service, target, token)
+        before = worker_cpu(pids)
+        plan = Plan(target, count, cursor, token.encode(), [1], time.time() + 2.0, 2.0, stop_at=time.time() + 120)
+        fleet = ResumingFleet(plan, processes=2)
+        fleet.start()
+        fleet.wait_opened(count, timeout=100)
+        time.sleep(0.5)
+        rows.append(
+            {"what": "GET /events/stream with Last-Event-ID, opened", "ms": (worker_cpu(pids) - before) / count * 1000}
+        )
+        service.publish(tag(token, 1))
+        fleet.collect(timeout=60)
+    for row in rows:
+        row["ms"] = round(row["ms"], 3)
+        print(json.dumps(row), flush=True)
     return rows
 
 
@@ -301,8 +379,10 @@ def seconds(summary: dict | None) -> str:
 
 
 def tables(results: dict) -> str:
-    lines = [f"Machine: {results['machine']}. Run: {results['started']} (`{results['command']}`).", ""]
-    lines += [f"Kernel backlogs in force: {results['kernel']}.", ""]
+    lines = [f"Machine: {results['machine']}. Kernel backlogs in force: {results['kernel']}.", ""]
+    for part, run in results.get("runs", {}).items():
+        lines.append(f"- {part}: run {run['started']} (`{run['command']}`)")
+    lines.append("")
     if results.get("density"):
         header = ["density", "workers", "streams", "open time", "RSS/stream", "server fds"]
         header += ["broadcast p50 / p99 / last", "missing"]
@@ -315,6 +395,8 @@ def tables(results: dict) -> str:
                 + [f"{r['rss_per_connection_kb']} KB", f"{r['server_fds']:,}", latency, b["missing"]]
             )
         lines += table(header, rows)
+    if results.get("cost"):
+        lines += table(["workers' CPU per", "ms"], [[r["what"], r["ms"]] for r in results["cost"]])
     if results.get("storm"):
         header = ["reconnect storm", "clients", "within", "accepted first try", "failed attempts"]
         header += ["streaming after p50 / p99 / max", "last streaming (from storm start)"]
@@ -358,28 +440,27 @@ def tables(results: dict) -> str:
     return "\n".join(lines)
 
 
-PARTS = ("density", "storm", "fair", "reload")
+PARTS = ("density", "storm", "fair", "reload", "cost")
 
 
 def run(parts: list[str], quick: bool = False, command: str = "python -m bench.scale") -> dict:
-    results = {
-        "machine": machine(),
-        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "command": command,
-        "kernel": kernel_backlogs(),
-    }
+    """Run `parts`; the other parts' latest results stay in scale.json and scale.md, each with its own run."""
+    path = RESULTS / "scale.json"
+    results = json.loads(path.read_text()) if path.exists() and not quick else {}
+    results |= {"machine": machine(), "kernel": kernel_backlogs()}
+    sizes = {"density": (2000, 79000), "storm": (500, 10000), "fair": (500, 10000), "reload": (1000, 20000)}
+    sizes["cost"] = (300, 3000)
+    runs = {"density": density, "storm": storms, "fair": fair, "reload": reloads, "cost": open_cost}
     with shared_redis() as redis_server:
-        if "density" in parts:
-            results["density"] = density(redis_server, 2000 if quick else 79000)
-        if "storm" in parts:
-            results["storm"] = storms(redis_server, 500 if quick else 10000)
-        if "fair" in parts:
-            results["fair"] = fair(redis_server, 500 if quick else 10000)
-        if "reload" in parts:
-            results["reload"] = reloads(redis_server, 1000 if quick else 20000)
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "scale.json").write_text(json.dumps(results, indent=2))
-    (RESULTS / "scale.md").write_text(tables(results))
+        for part in PARTS:
+            if part in parts:
+                started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+                results[part] = runs[part](redis_server, sizes[part][0 if quick else 1])
+                results.setdefault("runs", {})[part] = {"started": started, "command": command}
+    if not quick:
+        RESULTS.mkdir(exist_ok=True)
+        path.write_text(json.dumps(results, indent=2))
+        (RESULTS / "scale.md").write_text(tables(results))
     print(tables(results))
     return results
 
