@@ -369,12 +369,8 @@ class Bus:
 
     def present(self, channels: list[str]) -> dict[str, str]:
         """The position just after the newest event of each channel (0-0 for a channel never used)."""
-        info = self._stream_info(channels)
+        info = self._read_commands(channels, [])[0]
         return {channel: (i or {}).get("last-generated-id", "0-0") for channel, i in zip(channels, info, strict=False)}
-
-    def trimmed_past(self, positions: dict[str, str]) -> list[str]:
-        """Channels whose kept history no longer reaches back to the given position."""
-        return self.trimmed_and_after(positions)[0]
 
     def trimmed_and_after(self, positions: dict[str, str], limit: int = HISTORY_BATCH):
         """What a resuming reader asks first, in one round trip: the channels whose kept history no longer
@@ -435,6 +431,3 @@ class Bus:
     def session_is_valid(self, caller) -> bool:
         """Re-check a live connection's session (after a reconnect a control message may be lost)."""
         return session_is_valid(caller.user_id, caller.session_id, caller.token_version, self.scripts)
-
-    def _stream_info(self, channels: list[str]) -> list[dict | None]:
-        return self._read_commands(channels, [])[0]
