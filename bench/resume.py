@@ -35,7 +35,6 @@ class Plan:
     spread: float
     stop_at: float  # wall time the clients give up
     source: tuple[str, int] | None = None
-    first_only: bool = False  # a failed first connection is recorded and not tried again
 
 
 @dataclass
@@ -45,7 +44,6 @@ class Client:
     opened: list[float] = field(default_factory=list)  # wall time each opened stream opened
     seen: list[int] = field(default_factory=list)
     arrivals: list[float] = field(default_factory=list)
-    ended_by_server: int = 0
 
 
 def failure_kind(error: BaseException) -> str:
@@ -53,7 +51,7 @@ def failure_kind(error: BaseException) -> str:
         return "reset"
     if isinstance(error, ConnectionRefusedError):
         return "refused"
-    if isinstance(error, asyncio.TimeoutError | TimeoutError):
+    if isinstance(error, TimeoutError):
         return "timed out"
     if isinstance(error, asyncio.IncompleteReadError):
         return "closed before answering"
@@ -72,7 +70,6 @@ async def read_events(stream, token: bytes, client: Client, done) -> tuple[str |
         except TimeoutError:
             continue
         if not data:
-            client.ended_by_server += 1
             break
         buffer += data.replace(b"\r\n", b"\n")
         *blocks, buffer = buffer.split(b"\n\n")
@@ -114,8 +111,6 @@ async def run_client(plan: Plan, index: int, done, first_opened=lambda: None) ->
         except (TimeoutError, OSError, RuntimeError, asyncio.IncompleteReadError) as error:
             if len(client.outcomes) < len(client.attempts):  # the attempt failed before its stream opened
                 client.outcomes.append(failure_kind(error))
-                if plan.first_only:
-                    break
         finally:
             if stream is not None:
                 stream.writer.close()

@@ -43,7 +43,7 @@ from pathlib import Path
 import requests
 
 from bench.common import machine, percentile
-from bench.streams import Target, open_stream, raise_fd_limit
+from bench.streams import Target, answered, open_stream, raise_fd_limit
 from bench.targets import Nchan, Service, rss_bytes, shared_redis
 from tests.servers import wait_until
 
@@ -138,6 +138,26 @@ def put_namespace(service: Service, key: str, name: str, **rules) -> None:
         f"{service.app.url}/admin/namespaces/{name}", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=30
     )
     answer.raise_for_status()
+
+
+def room_readers(service: Service, channel_lists: list[list[str]]) -> tuple[str, list[Target]]:
+    """The `rooms` namespace (open to signed-in users), a manager key, and one user per list, each with a
+    stream reading that list's channels: the key and the streams' targets."""
+    key = manager_key(service.app.env)
+    put_namespace(service, key, "rooms")
+    users = mint_users(service.app.env, len(channel_lists))
+    targets = [
+        Target(
+            "service",
+            "127.0.0.1",
+            service.app.port,
+            "/events/stream?channels=" + ",".join(channels),
+            {"Authorization": f"Bearer {token}"},
+            opened_when=b"stream open",
+        )
+        for (_, token), channels in zip(users, channel_lists, strict=True)
+    ]
+    return key, targets
 
 
 class RoomsNchan(Nchan):
@@ -342,16 +362,6 @@ def _watcher(target: Target, own: str, users: list[str], joined, left, results, 
 # The publisher: asyncio, raw keep-alive connections, the send time written into each event
 
 
-async def _answered(reader: asyncio.StreamReader) -> bool:
-    """Read one answer (2xx or raise); False when the server closes the connection after it."""
-    head = await reader.readuntil(b"\r\n\r\n")
-    if not head.startswith(b"HTTP/1.1 2"):
-        raise RuntimeError(head.split(b"\r\n", 1)[0].decode())
-    length = re.search(rb"(?i)\r\ncontent-length: *(\d+)", head)
-    await reader.readexactly(int(length.group(1)) if length else 0)
-    return b"connection: close" not in head.lower()
-
-
 async def publish_rooms(system: str, port: int, key: str | None, token: str, rooms: int, seconds: int) -> dict:
     """Room r's event n falls due at start + n + r / rooms. Room r is published on connection r % connections
     only, one request after the other, so each room's events are published in order. The service: on 4
@@ -395,12 +405,12 @@ async def publish_rooms(system: str, port: int, key: str | None, token: str, roo
                 if items:  # the last ones, then stop
                     writer.write(request(items))
                     sent_last = max(sent_last, time.time())
-                    await _answered(reader)
+                    await answered(reader)
                 writer.close()
                 return
             writer.write(request(items))
             sent_last = max(sent_last, time.time())
-            if not await _answered(reader):
+            if not await answered(reader):
                 writer.close()
                 reader, writer = await asyncio.open_connection("127.0.0.1", port)
 
@@ -526,20 +536,7 @@ def part_rooms(redis_server, rooms: int, per_room: int, seconds: int) -> dict:
     per_stream_rooms = [n // per_room for n in range(count)]
     out = {"load_before": load()}
     with Service(redis_server) as service:
-        key = manager_key(service.app.env)
-        put_namespace(service, key, "rooms")
-        users = mint_users(service.app.env, count)
-        targets = [
-            Target(
-                "service",
-                "127.0.0.1",
-                service.app.port,
-                f"/events/stream?channels=rooms:r{room}",
-                {"Authorization": f"Bearer {token}"},
-                opened_when=b"stream open",
-            )
-            for (_, token), room in zip(users, per_stream_rooms, strict=True)
-        ]
+        key, targets = room_readers(service, [[f"rooms:r{room}"] for room in per_stream_rooms])
         out["service"] = rooms_run(
             "service",
             service,
@@ -842,20 +839,7 @@ def part_subscriptions(redis_server, connections: int, wide: int, pool: int = 10
     for label, per in (("one", 1), ("wide", wide)):
         lists = channel_lists(connections, per, pool)
         with Service(redis_server) as service:
-            key = manager_key(service.app.env)
-            put_namespace(service, key, "rooms")
-            users = mint_users(service.app.env, connections)
-            targets = [
-                Target(
-                    "service",
-                    "127.0.0.1",
-                    service.app.port,
-                    "/events/stream?channels=" + ",".join(f"rooms:c{c}" for c in channels),
-                    {"Authorization": f"Bearer {token}"},
-                    opened_when=b"stream open",
-                )
-                for (_, token), channels in zip(users, lists, strict=True)
-            ]
+            _, targets = room_readers(service, [[f"rooms:c{c}" for c in channels] for channels in lists])
             out[f"service_{label}"] = hold_and_measure(targets, service.server_pids, service.redis.client())
         with RoomsNchan() as nchan:
             targets = [

@@ -417,12 +417,14 @@ class RawPublish:
         return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
 
 
-async def _answered(reader: asyncio.StreamReader) -> None:
+async def answered(reader: asyncio.StreamReader) -> bool:
+    """Read one answer (2xx or raise); False when the server closes the connection after it."""
     head = await reader.readuntil(b"\r\n\r\n")
     if not head.startswith(b"HTTP/1.1 2"):
         raise RuntimeError(head.split(b"\r\n", 1)[0].decode())
     length = re.search(rb"(?i)\r\ncontent-length: *(\d+)", head)
     await reader.readexactly(int(length.group(1)) if length else 0)
+    return b"connection: close" not in head.lower()
 
 
 async def _single_latency(target: Target, publish: RawPublish, count: int) -> list[float]:
@@ -439,7 +441,7 @@ async def _single_latency(target: Target, publish: RawPublish, count: int) -> li
         waiter = asyncio.ensure_future(read_tags(stream, token.encode(), 1, arrivals, []))
         started = time.time()
         writer.write(publish.request(tag(token, 0)))
-        await _answered(reader)
+        await answered(reader)
         await asyncio.wait_for(waiter, 10)
         latencies.append(arrivals[0] - started)
     writer.close()
