@@ -668,7 +668,9 @@ class Scripts:
     """Registered scripts: redis-py sends EVALSHA and falls back to EVAL after a script flush."""
 
     def __init__(self, client: redis.Redis):
-        self.verify_access = shared_round_trips(client, client.register_script(VERIFY_ACCESS))
+        # The session check alone (every authenticated request), and as a script to send with other commands.
+        self.verify_access_script = client.register_script(VERIFY_ACCESS)
+        self.verify_access = shared_round_trips(client, self.verify_access_script)
         self.rotate_refresh = client.register_script(ROTATE_REFRESH)
         self.end_session = client.register_script(END_SESSION)
         self.end_other_sessions = client.register_script(END_OTHER_SESSIONS)

@@ -247,15 +247,23 @@ def session_of_refresh_token(raw: str) -> tuple[str, str] | None:
     return record["user_id"], record["family_id"]
 
 
+def session_check(user_id: str, session_id: str) -> tuple[list, list]:
+    """The keys and arguments of the session check (VERIFY_ACCESS), for a round trip that carries more."""
+    return [Keys.user(user_id), Keys.session(user_id, session_id)], [user_id, _now(), TOUCH_INTERVAL_SECONDS]
+
+
 def verify_session(user_id: str, session_id: str, token_version: int, scripts=None) -> dict | None:
     """One round trip: the token's version is the user's current one and its session still exists.
 
     Returns the user's public fields (`U`) when both hold, else None.
     """
-    version, session_ok, *user = (scripts or get_scripts()).verify_access(
-        keys=[Keys.user(user_id), Keys.session(user_id, session_id)],
-        args=[user_id, _now(), TOUCH_INTERVAL_SECONDS],
-    )
+    keys, args = session_check(user_id, session_id)
+    return checked_user(user_id, token_version, (scripts or get_scripts()).verify_access(keys=keys, args=args))
+
+
+def checked_user(user_id: str, token_version: int, answer: list) -> dict | None:
+    """The user's public fields from the session check's answer, or None unless the session is current."""
+    version, session_ok, *user = answer
     if not session_ok or version is None or int(version) != token_version:
         return None
     email, role, verified, mfa = user

@@ -17,10 +17,11 @@ import re
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import redis
 
-from ..auth.sessions import session_is_valid
+from ..auth.sessions import checked_user, session_check, session_is_valid
 from ..errors import ApiError, bad_request, validation_failed
 from ..metrics import EVENTS_PUBLISHED
 from ..outgoing.feed import feed_events
@@ -56,6 +57,31 @@ def channel_of_wake(name: str) -> str:
 # and the events are all appended, or none. On one Redis, while any outgoing endpoint exists, each event
 # is also appended to the dispatcher's feed in the same step (a cluster cannot: the feed is in another
 # slot, and Bus._feed_outgoing appends it as a second step).
+# KEYS: channels' streams. ARGV[1]: the most events to read of each; ARGV[1 + i]: the position after which to
+# read KEYS[i], or '' for none of its events. For each stream: {its last id (0-0 when never written), the oldest
+# id it keeps if it ever dropped entries (else ''), its entries after the position}. A reader's reads in one
+# step, and a short answer: XINFO STREAM's whole answer (with its first and last entries) stays in Redis.
+READ_STREAMS_LUA = """
+local out = {}
+for i, key in ipairs(KEYS) do
+  local last, oldest, entries = '0-0', '', {}
+  if redis.call('EXISTS', key) == 1 then
+    local info = redis.call('XINFO', 'STREAM', key)
+    local field = {}
+    for j = 1, #info, 2 do field[info[j]] = info[j + 1] end
+    last = field['last-generated-id']
+    if (field['entries-added'] or 0) > field['length'] then
+      oldest = field['recorded-first-entry-id'] or (field['first-entry'] or {'0-0'})[1]
+    end
+    if ARGV[i + 1] ~= '' then
+      entries = redis.call('XRANGE', key, '(' .. ARGV[i + 1], '+', 'COUNT', ARGV[1])
+    end
+  end
+  out[i] = {last, oldest, entries}
+end
+return out
+"""
+
 PUBLISH_LUA = """
 local count = tonumber(ARGV[4])
 local feed = #KEYS == count + 2 and redis.call('EXISTS', KEYS[count + 1]) == 1
@@ -208,6 +234,26 @@ def validate_names(channel: str, event: str) -> None:
         raise validation_failed("The event name must be 1-100 letters, digits or _.:-")
 
 
+ScriptCall = tuple  # (a registered redis-py Script, its keys, its arguments)
+
+
+class StreamRead(NamedTuple):
+    """What a reader read of one channel's stream (`Bus._read_streams`)."""
+
+    last: str  # the position just after its newest event (0-0 for a channel never used)
+    oldest: str  # the oldest id it keeps if it ever dropped entries (trimmed), else ""
+    entries: list  # (id, fields) of the events after the reader's position
+
+
+class Opening(NamedTuple):
+    """A reader's first reads (`Bus.opening`)."""
+
+    checked: list  # each check's answer, in order
+    present: dict[str, str]  # channel -> the position just after its newest event
+    trimmed: list[str]  # channels whose kept history no longer reaches back to the reader's position
+    first: tuple[list[Event], bool]  # the first events after the positions, and whether more remain
+
+
 class Bus:
     """Publishing and history reads over one Redis client (shared by every greenlet of the process)."""
 
@@ -218,6 +264,7 @@ class Bus:
         self.cluster = is_cluster(client)
         self.replicated = durability == "replicated"
         self._publish = client.register_script(PUBLISH_LUA)
+        self._read_streams_script = client.register_script(READ_STREAMS_LUA)
         self._read = shared_pipelines(client)  # history reads of readers resuming together share round trips
 
     def publish(self, channel: str, event: str, data, sender: str | None = None) -> Event:
@@ -369,56 +416,83 @@ class Bus:
 
     def present(self, channels: list[str]) -> dict[str, str]:
         """The position just after the newest event of each channel (0-0 for a channel never used)."""
-        info = self._read_commands(channels, [])[0]
-        return {channel: (i or {}).get("last-generated-id", "0-0") for channel, i in zip(channels, info, strict=False)}
+        return self.opening([], channels, {}).present
 
-    def trimmed_and_after(self, positions: dict[str, str], limit: int = HISTORY_BATCH):
-        """What a resuming reader asks first, in one round trip: the channels whose kept history no longer
-        reaches back to its position, then the events after each position and whether more remain (as
-        `read_after`).
+    def opening(self, checks: list[ScriptCall], channels: list[str], positions: dict[str, str]) -> Opening:
+        """What a reader reads as it starts, in one round trip shared with other readers starting at the same
+        moment: the answers of `checks` (a live connection's lease and session), where each of `channels`
+        stands now, the channels of `positions` whose kept history no longer reaches back to their position,
+        and the first events after each position (as `read_after`).
 
         Trimming removes the oldest entries, so events after a position were lost when entries were
         trimmed and the oldest kept entry is after the position. (A position exactly on the newest
         trimmed entry also counts: at worst an unneeded reset, never a silent gap.)
         """
-        channels = list(positions)
-        infos, ranges = self._read_commands(channels, self._after(positions, limit))
-        trimmed = []
-        for channel, info in zip(channels, infos, strict=True):
-            if not info or int(info.get("entries-added", 0)) <= int(info.get("length", 0)):
-                continue
-            first = info.get("recorded-first-entry-id") or (info.get("first-entry") or ["0-0"])[0]
-            if is_after(first, positions[channel]):
-                trimmed.append(channel)
-        return trimmed, self._events(ranges, limit)
+        wanted = channels + [channel for channel in positions if channel not in channels]
+        checked, streams = self._read_streams(wanted, positions, HISTORY_BATCH, checks)
+        trimmed = [c for c, at in positions.items() if streams[c].oldest and is_after(streams[c].oldest, at)]
+        events = self._events([(channel, streams[channel].entries) for channel in positions], HISTORY_BATCH)
+        return Opening(checked, {channel: streams[channel].last for channel in channels}, trimmed, events)
 
     def read_after(self, positions: dict[str, str], limit: int = HISTORY_BATCH) -> tuple[list[Event], bool]:
         """Events after each position (up to `limit` per channel), and whether more remain."""
-        return self._events(self._read_commands([], self._after(positions, limit))[1], limit)
+        streams = self._read_streams(list(positions), positions, limit)[1]
+        return self._events([(channel, streams[channel].entries) for channel in positions], limit)
 
-    @staticmethod
-    def _after(positions: dict[str, str], limit: int) -> list[tuple]:
-        """(channel, the XRANGE command of the events after its position) for each channel that has any."""
-        return [
-            (channel, ("xrange", (Keys.stream(channel), f"({position}", "+"), {"count": limit}))
-            for channel, position in positions.items()
-            if position != LAST_POSSIBLE_ID
+    def _read_streams(
+        self, channels: list[str], positions: dict[str, str], limit: int, checks: list[ScriptCall] = ()
+    ) -> tuple[list, dict[str, StreamRead]]:
+        """The answers of the `checks` scripts, and of each channel where it stands, the oldest id it keeps if
+        it ever dropped any, and up to `limit` events after its position in `positions` (none for a channel
+        without one), in one round trip shared with other readers. A lost connection and a script's error are
+        raised.
+
+        On one Redis this is one script (READ_STREAMS_LUA) beside the checks. A cluster's channels live in
+        different hash slots and its pipelines carry no scripts: there the checks go first, one round trip
+        each, then XINFO STREAM and XRANGE of each channel in one pipeline.
+        """
+        after = {c: p for c, p in positions.items() if p != LAST_POSSIBLE_ID}  # nothing can follow the last id
+        if self.cluster:
+            checked = [script(keys=keys, args=args) for script, keys, args in checks]
+            return checked, self._read_streams_apart(channels, after, limit)
+        stream_keys = [Keys.stream(channel) for channel in channels]
+        calls = [*checks, (self._read_streams_script, stream_keys, [limit, *(after.get(c, "") for c in channels)])]
+        answers = self._read([("evalsha", (script.sha, len(keys), *keys, *args), {}) for script, keys, args in calls])
+        answers = [
+            # after a script flush: the script's own call, which loads it again (EVAL)
+            script(keys=keys, args=args) if isinstance(answer, redis.exceptions.NoScriptError) else answer
+            for (script, keys, args), answer in zip(calls, answers, strict=True)
         ]
-
-    def _read_commands(self, info_of: list[str], ranges: list[tuple]) -> tuple[list, list]:
-        """XINFO STREAM of each channel in `info_of` (None for a stream never written) and the XRANGEs of
-        `ranges`, in one round trip shared with other readers; a lost connection is raised."""
-        commands = [("xinfo_stream", (Keys.stream(channel),), {}) for channel in info_of]
-        answers = self._read(commands + [command for _, command in ranges])
         for answer in answers:
-            if isinstance(answer, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
-                raise answer
-        infos = [None if isinstance(a, Exception) else a for a in answers[: len(info_of)]]
-        range_answers = answers[len(info_of) :]
-        for answer in range_answers:
             if isinstance(answer, Exception):
                 raise answer
-        return infos, [(channel, entries) for (channel, _), entries in zip(ranges, range_answers, strict=True)]
+        streams = {
+            channel: StreamRead(last, oldest, [(i, dict(zip(f[::2], f[1::2], strict=True))) for i, f in entries])
+            for channel, (last, oldest, entries) in zip(channels, answers[-1], strict=True)
+        }
+        return answers[:-1], streams
+
+    def _read_streams_apart(self, channels: list[str], after: dict[str, str], limit: int) -> dict[str, StreamRead]:
+        """`_read_streams` on a cluster: XINFO STREAM and XRANGE of each channel, in one pipeline."""
+        ranged = [channel for channel in channels if channel in after]
+        commands = [("xinfo_stream", (Keys.stream(channel),), {}) for channel in channels]
+        commands += [("xrange", (Keys.stream(c), f"({after[c]}", "+"), {"count": limit}) for c in ranged]
+        answers = self._read(commands)
+        for answer in answers:  # XINFO of a stream never written is an error: it stands at 0-0
+            if isinstance(answer, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
+                raise answer
+        for answer in answers[len(channels) :]:
+            if isinstance(answer, Exception):
+                raise answer
+        entries = dict(zip(ranged, answers[len(channels) :], strict=True))
+        streams = {}
+        for channel, info in zip(channels, answers, strict=False):
+            info = {} if isinstance(info, Exception) else info
+            oldest = ""
+            if int(info.get("entries-added", 0)) > int(info.get("length", 0)):
+                oldest = info.get("recorded-first-entry-id") or (info.get("first-entry") or ["0-0"])[0]
+            streams[channel] = StreamRead(info.get("last-generated-id", "0-0"), oldest, entries.get(channel, []))
+        return streams
 
     @staticmethod
     def _events(ranges: list[tuple[str, list]], limit: int) -> tuple[list[Event], bool]:
@@ -431,3 +505,13 @@ class Bus:
     def session_is_valid(self, caller) -> bool:
         """Re-check a live connection's session (after a reconnect a control message may be lost)."""
         return session_is_valid(caller.user_id, caller.session_id, caller.token_version, self.scripts)
+
+    def session_check(self, caller) -> ScriptCall:
+        """The same re-check, as a script call to send with a reader's first reads (`opening`)."""
+        keys, args = session_check(caller.user_id, caller.session_id)
+        return self.scripts.verify_access_script, keys, args
+
+    @staticmethod
+    def session_held(caller, answer) -> bool:
+        """Whether the session check's answer says the caller's session is still current."""
+        return checked_user(caller.user_id, caller.token_version, answer) is not None

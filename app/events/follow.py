@@ -77,29 +77,28 @@ class Follower:
             self.presence = presence
         if cursor:  # validate before subscribing: a malformed cursor is a plain 400
             self.start_at(decode_cursor(cursor, self.channels))
+        # A named channel the cursor does not name starts at the present; so does every channel without a cursor.
+        unnamed = [c for c in self.access if c not in named_in(cursor, list(self.access))] if cursor else self.channels
         try:
+            checks, asked = [], None
             if leases is not None:
-                self.lease = lease or leases.acquire(caller.user_id)  # 429 when the user has too many
                 self.subscription = hub.subscribe(
                     self.channels, caller.user_id, caller.session_id, queue_size, caller.is_admin
                 )
+                asked = None if lease else leases.ask(caller.user_id)
                 # A logout between authentication and the subscription reached no one: look once more.
-                if not bus.session_is_valid(caller):
-                    raise StreamEnded("session_ended")
-            if not cursor:
-                self.start_at(bus.present(self.channels))
-            else:  # a named channel the cursor does not name starts at the present
-                unnamed = [c for c in self.access if c not in named_in(cursor, list(self.access))]
-                if unnamed:
-                    self.start_at({**self.positions, **bus.present(unnamed)})
-            self.pending: list[Delivery] = []
-            # Without a cursor the reader starts at the present, read after its subscription was confirmed:
-            # every later event arrives live, so there is no history to read.
-            if cursor:
-                trimmed, first = bus.trimmed_and_after(self.positions)
-                for channel in trimmed:
-                    self.pending.append(Delivery(reset_event(channel), self.cursor))
-                self._catch_up(first=first)
+                checks = [bus.session_check(caller)] + ([asked.call] if asked else [])
+            # One round trip, after the subscription is confirmed: the lease, the session, where the channels
+            # stand, and the history after the cursor. Events after what it reads arrive live.
+            resumed = {c: p for c, p in self.positions.items() if c not in unnamed} if cursor else {}
+            opening = bus.opening(checks, self.channels, resumed)
+            if asked is not None:
+                self.lease = leases.granted(asked, opening.checked[1])  # 429 when the user has too many
+            if leases is not None and not bus.session_held(caller, opening.checked[0]):
+                raise StreamEnded("session_ended")
+            self.start_at({**resumed, **{channel: opening.present[channel] for channel in unnamed}})
+            self.pending: list[Delivery] = [Delivery(reset_event(channel), self.cursor) for channel in opening.trimmed]
+            self._catch_up(first=opening.first)
             for channel, access in self.access.items():
                 self._hold_access(channel, access)
         except BaseException:

@@ -11,6 +11,7 @@ import logging
 import time
 import uuid
 from collections import defaultdict
+from typing import NamedTuple
 
 import gevent
 import redis
@@ -46,6 +47,14 @@ class TooManyConnections(ApiError):
         )
 
 
+class LeaseAsked(NamedTuple):
+    """A lease asked for: its id, its user, and the script call (script, keys, arguments) that takes it."""
+
+    lease_id: str
+    user_id: str
+    call: tuple
+
+
 class ConnectionLeases:
     """This process's leases: taken when a connection opens, renewed together, dropped when it ends."""
 
@@ -58,17 +67,24 @@ class ConnectionLeases:
 
     def acquire(self, user_id: str) -> str:
         """A new lease for one of the user's connections, or TooManyConnections (429)."""
+        asked = self.ask(user_id)
+        script, keys, args = asked.call
+        return self.granted(asked, script(keys=keys, args=args))
+
+    def ask(self, user_id: str) -> LeaseAsked:
+        """A lease to ask for in a round trip that carries more (a reader's first reads): see `granted`."""
         lease_id, now = uuid.uuid4().hex, time.time()
-        taken = self._acquire(
-            keys=[Keys.connection_leases(user_id)],
-            args=[f"{now:.3f}", f"{now + LEASE_SECONDS:.3f}", self.limit, lease_id, LEASE_SECONDS],
-        )
-        if not taken:
+        args = [f"{now:.3f}", f"{now + LEASE_SECONDS:.3f}", self.limit, lease_id, LEASE_SECONDS]
+        return LeaseAsked(lease_id, user_id, (self._acquire, [Keys.connection_leases(user_id)], args))
+
+    def granted(self, asked: LeaseAsked, answer) -> str:
+        """The lease asked for, held from now on, given the acquiring script's answer; or TooManyConnections."""
+        if not answer:
             raise TooManyConnections(self.limit)
-        self.held[lease_id] = user_id
+        self.held[asked.lease_id] = asked.user_id
         if self._renewer is None or self._renewer.dead:
             self._renewer = gevent.spawn(self._renew_forever)
-        return lease_id
+        return asked.lease_id
 
     def release(self, lease_id: str | None) -> None:
         """Give a lease back (idempotent); if Redis is away, the lease lapses by itself."""

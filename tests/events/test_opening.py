@@ -1,0 +1,62 @@
+"""What a live connection reads as it opens: its lease, its session once more, where its channels stand and
+its history, in one round trip after the subscription (Bus.opening; on a Redis Cluster the two scripts go
+on their own). Against gunicorn and the session's real Redis, in both modes."""
+
+from __future__ import annotations
+
+from app.events.bus import wake_channel
+from app.redis import Keys
+from tests.events.clients import SSE, Api
+from tests.servers import wait_until
+
+
+def held_leases(client, user_id: str) -> int:
+    return client.zcard(Keys.connection_leases(user_id))
+
+
+def subscribers(client, channel: str) -> int:
+    """How many pub/sub connections Redis holds subscribed to the channel's wake-ups (sharded on a cluster)."""
+    if hasattr(client, "get_nodes"):
+        node = client.get_node_from_key(wake_channel(channel))
+        return client.pubsub_shardnumsub(wake_channel(channel), target_nodes=node)[0][1]
+    return client.pubsub_numsub(wake_channel(channel))[0][1]
+
+
+def test_a_stream_opened_after_a_script_flush_holds_its_lease_and_reads_its_history(server, rdb):
+    user = Api(server.url)
+    cursor = user.current_cursor()
+    published = [user.publish_ok({"n": n}) for n in range(3)]
+    rdb.script_flush()  # the lease's and the session's EVALSHA find no script
+
+    stream = SSE(server.url, user.auth, cursor=cursor)
+    try:
+        assert stream.status == 200
+        assert [event["data"]["id"] for event in stream.events(3)] == published
+        assert held_leases(rdb, user.user_id) == 1
+        after = user.publish_ok({"n": 3})  # and live after its history
+        assert stream.next_event()["data"]["id"] == after
+    finally:
+        stream.close()
+    wait_until(lambda: held_leases(rdb, user.user_id) == 0, message="the lease given back")
+
+
+def test_a_stream_past_the_users_cap_is_refused_and_lets_its_subscription_go(start_server, rdb):
+    live = start_server(workers=1, MAX_CONNECTIONS_PER_USER="1")
+    user = Api(live.url)
+    first = SSE(live.url, user.auth)
+    try:
+        assert first.status == 200
+        first.next(skip_comments=False)
+        assert held_leases(rdb, user.user_id) == 1
+        assert subscribers(rdb, user.channel) == 1
+
+        refused = SSE(live.url, user.auth)
+        assert refused.status == 429
+        assert b"too_many_connections" in refused.body
+        assert held_leases(rdb, user.user_id) == 1
+    finally:
+        first.close()
+    # The refused stream subscribed before its lease was refused; had it kept the subscription, the worker
+    # would still be subscribed to the user's channel once the stream that streamed is gone.
+    wait_until(lambda: subscribers(rdb, user.channel) == 0, message="the user's channel let go")
+    assert held_leases(rdb, user.user_id) == 0
