@@ -18,6 +18,7 @@ from .auth import views as auth_views
 from .channels import views as channel_views
 from .events import views as event_views
 from .events.handover import KeepsServerResponse
+from .events.opener import StreamOpener
 from .outgoing import views as outgoing_views
 from .proxy import TrustedProxyFix
 from .settings import load_settings
@@ -47,6 +48,7 @@ def create_app(environ: Mapping[str, str] | None = None) -> Flask:
         SESSION_REFRESH_EACH_REQUEST=False,
     )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    app.wsgi_app = StreamOpener(app, app.wsgi_app)  # opens most event streams without Flask (opener.py)
     if settings.proxy_hops:
         app.wsgi_app = TrustedProxyFix(app.wsgi_app, settings.proxy_hops, settings.forwarded_allow_ips)
     app.wsgi_app = KeepsServerResponse(app.wsgi_app)  # a stream may hand its connection over (handover.py)

@@ -16,6 +16,7 @@ from .errors import ApiError, bad_request, validation_failed
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
+    from werkzeug.datastructures import MultiDict
 
     Model = TypeVar("Model", bound=BaseModel)
 
@@ -186,9 +187,14 @@ def validated_query(model: type[Model]) -> Model:
 
     A parameter given twice is refused: which of the two was meant is anyone's guess.
     """
+    return validated_args(model, request.args)
+
+
+def validated_args(model: type[Model], args: MultiDict) -> Model:
+    """`validated_query` of parsed query arguments."""
     values = {}
     for name in model.model_fields:
-        given = request.args.getlist(name)
+        given = args.getlist(name)
         if len(given) > 1:
             raise bad_request(f"Query parameter '{name}' must be given once.")
         if given:

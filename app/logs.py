@@ -32,7 +32,13 @@ def _configure_access_log() -> None:
         access_log.propagate = False
 
 
-def _log_line(method, path, endpoint, status, started, request_id, user_id, remote_addr, scheme, host) -> None:
+def request_id_from(incoming: str) -> str:
+    """The client's X-Request-ID when it is a plausible id, else a new one."""
+    return incoming if REQUEST_ID.match(incoming) else uuid.uuid4().hex
+
+
+def write_access_line(method, path, endpoint, status, started, request_id, user_id, remote_addr, scheme, host) -> None:
+    """A request's line, and its time in the request-duration metric (`started`: its perf_counter at start)."""
     duration = time.perf_counter() - started
     REQUEST_SECONDS.labels(method, endpoint or "unmatched", str(status)).observe(duration)
     access_log.info(
@@ -62,8 +68,7 @@ def init_app(app: Flask) -> None:
 
     @app.before_request
     def start_request():
-        incoming = request.headers.get("X-Request-ID", "")
-        g.request_id = incoming if REQUEST_ID.match(incoming) else uuid.uuid4().hex
+        g.request_id = request_id_from(request.headers.get("X-Request-ID", ""))
         g.started = time.perf_counter()
 
     @app.after_request
@@ -83,7 +88,7 @@ def init_app(app: Flask) -> None:
             request.scheme,
             request.host,
         )
-        write_line = functools.partial(_log_line, *fields)
+        write_line = functools.partial(write_access_line, *fields)
         at_end = g.get("access_line_at_end")  # set by views whose response is never iterated (a WebSocket)
         if at_end is not None:
             at_end(write_line)

@@ -32,10 +32,16 @@ def index():
     return response, 200, {"Cache-Control": "no-store"}
 
 
+SECURITY_HEADERS = [
+    ("X-Content-Type-Options", "nosniff"),
+    ("Referrer-Policy", "no-referrer"),
+    ("X-Frame-Options", "DENY"),
+]
+
+
 def _security_headers(response):
-    response.headers.setdefault("X-Content-Type-Options", "nosniff")
-    response.headers.setdefault("Referrer-Policy", "no-referrer")
-    response.headers.setdefault("X-Frame-Options", "DENY")
+    for name, value in SECURITY_HEADERS:
+        response.headers.setdefault(name, value)
     if response.mimetype == "text/html" or request.endpoint == "static":
         response.headers.setdefault("Content-Security-Policy", CONTENT_SECURITY_POLICY)
     return response

@@ -86,6 +86,12 @@ def authenticate() -> Caller:
         token, via = request.cookies.get(cookies.ACCESS_COOKIE), "cookie"
     if not token:
         raise unauthorized()
+    g.caller = verified_caller(token, via)
+    return g.caller
+
+
+def verified_caller(token: str, via: str) -> Caller:
+    """The caller a user's access token names, once the token and its session are verified; else a 401 ApiError."""
     try:
         claims = tokens.decode_access_token(token)
     except tokens.TokenExpired:
@@ -96,10 +102,7 @@ def authenticate() -> Caller:
     if user is None:
         raise unauthorized("The session has ended; log in again.")
     # The stored role, not the token's: a demotion applies on the next request, not at token expiry.
-    g.caller = Caller(
-        claims.user_id, user["role"], claims.session_id, claims.token_version, claims.expires_at, via, user
-    )
-    return g.caller
+    return Caller(claims.user_id, user["role"], claims.session_id, claims.token_version, claims.expires_at, via, user)
 
 
 def login_required(view):
@@ -219,12 +222,20 @@ def _preflight_response():
     return response
 
 
+def cors_headers(origin: str | None) -> list[tuple[str, str]]:
+    """What a response to a listed origin says to let its page read it; nothing for any other origin."""
+    if not origin or not _listed_origin(origin):
+        return []
+    return [
+        ("Access-Control-Allow-Origin", origin),
+        ("Access-Control-Allow-Credentials", "true"),
+        ("Access-Control-Expose-Headers", "Event-Cursor, Retry-After, X-Request-ID"),
+    ]
+
+
 def _add_cors_headers(response):
-    origin = request.headers.get("Origin")
-    if origin and _listed_origin(origin):
-        response.headers["Access-Control-Allow-Origin"] = origin
-        response.headers["Access-Control-Allow-Credentials"] = "true"
-        response.headers["Access-Control-Expose-Headers"] = "Event-Cursor, Retry-After, X-Request-ID"
+    for name, value in cors_headers(request.headers.get("Origin")):
+        response.headers[name] = value
     response.vary.add("Origin")
     return response
 

@@ -20,7 +20,7 @@ from .hub import Unsubscribed
 from .outlet import Outlet, Tally, plain_socket, send_within
 from .parked import FAREWELL_REASONS, ParkedStream, Parking
 from .schemas import StreamPosition
-from .views import CHANNEL_ERRORS, bp, follower_for_request, requested_channels
+from .views import CHANNEL_ERRORS, answers_what_the_opener_refused, bp, follower_for_request, requested_channels
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +138,7 @@ class StreamBody:
     errors=(*CHANNEL_ERRORS, 429),
     auth=("bearer", "cookie"),
 )
+@answers_what_the_opener_refused
 @login_required
 def stream():
     """Server-sent events: every event after the cursor, then live, with heartbeats."""
@@ -148,16 +149,37 @@ def stream():
     # connection cap: all before streaming.
     named = requested_channels(asked.channels)
     follower = follower_for_request(live=True, cursor=cursor, named=named, present=True)
-    settings = current_app.config["SETTINGS"]
+    body = stream_body(
+        follower, request.environ, current_app.config["SETTINGS"], current_app.extensions["parked_streams"]
+    )
+    response = StreamResponse(body, status=200, mimetype="text/event-stream", direct_passthrough=True)
+    body.response = response
+    # The server closes every response, also one it never started iterating (the client left first).
+    response.call_on_close(follower.close)
+    response.headers.extend(STREAM_HEADERS)
+    return response
+
+
+# Besides its type: an event stream is never cached, and nginx passes it on as it comes instead of buffering it.
+STREAM_HEADERS = [
+    ("Cache-Control", "no-cache"),
+    ("Connection", "keep-alive"),  # gunicorn writes its own; kept for other servers
+    ("X-Accel-Buffering", "no"),
+]
+STREAM_CONTENT_TYPE = "text/event-stream; charset=utf-8"
+
+
+def stream_body(follower: Follower, environ: dict, settings, parking: Parking) -> StreamBody:
+    """The stream's body: the opening lines, the history, then live events and heartbeats, until the stream
+    ends or, idle, is handed over and parked. The caller sets its `response` (what closing it closes)."""
     heartbeat = settings.sse_heartbeat_seconds
     # Under gunicorn, the hub may write events to the response's socket itself (outlet.py), framed as
     # gunicorn frames the body: chunked, unless the client speaks HTTP/1.0. A HEAD has no body at all.
     # An idle stream is handed over from gunicorn's handler and parked without a greenlet (parked.py).
-    get = request.method == "GET"
-    sock = plain_socket(request.environ.get("gunicorn.socket")) if get else None
-    handover = Handover.possible(request.environ) if get else None
-    parking = current_app.extensions["parked_streams"]
-    chunked = request.environ.get("SERVER_PROTOCOL") != "HTTP/1.0"
+    get = environ["REQUEST_METHOD"] == "GET"
+    sock = plain_socket(environ.get("gunicorn.socket")) if get else None
+    handover = Handover.possible(environ) if get else None
+    chunked = environ.get("SERVER_PROTOCOL") != "HTTP/1.0"
 
     def finish() -> None:
         OPEN_CONNECTIONS.labels("sse").dec()
@@ -200,11 +222,4 @@ def stream():
                 finish()
 
     body = StreamBody(generate())
-    response = StreamResponse(body, status=200, mimetype="text/event-stream", direct_passthrough=True)
-    body.response = response
-    # The server closes every response, also one it never started iterating (the client left first).
-    response.call_on_close(follower.close)
-    response.headers["Cache-Control"] = "no-cache"
-    response.headers["Connection"] = "keep-alive"  # gunicorn writes its own; kept for other servers
-    response.headers["X-Accel-Buffering"] = "no"  # nginx: do not buffer this response
-    return response
+    return body

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import time
 
-from flask import Blueprint, Response, current_app, jsonify
+from flask import Blueprint, Response, current_app, g, jsonify, request
 
 from ..auth.guards import current_api_key, current_caller, login_required, user_or_api_key
 from ..channels.access import check_publish, check_subscribe
@@ -72,6 +73,26 @@ def check_channel_count(count: int, limit: int) -> None:
     """422 when a connection would read more named channels than MAX_CHANNELS_PER_CONNECTION."""
     if count > limit:
         raise validation_failed(f"A connection reads at most {limit} named channels (MAX_CHANNELS_PER_CONNECTION).")
+
+
+REFUSED = "auth_rt.stream_refused"  # environ: (caller or None, the error) the stream opener met (opener.py)
+
+
+def answers_what_the_opener_refused(view):
+    """Decorate the stream view: a request the stream opener refused is answered here, with the opener's error
+    raised again, so every refusal has the view's one answer (its error handlers, hooks and access line)."""
+
+    @functools.wraps(view)
+    def wrapper(*args, **kwargs):
+        refused = request.environ.get(REFUSED)
+        if refused is None:
+            return view(*args, **kwargs)
+        caller, error = refused
+        if caller is not None:
+            g.caller = caller
+        raise error
+
+    return wrapper
 
 
 @bp.errorhandler(StreamEnded)

@@ -1,0 +1,117 @@
+"""Opening server-sent event streams without Flask's request machinery.
+
+After a deploy or a network blip every client reconnects at once: thousands of `GET /events/stream`, and
+each paid for Flask's request context, URL routing, before- and after-request hooks and response conversion,
+about a quarter of what opening a stream cost the worker. The opener, a WSGI middleware in front of Flask,
+opens the streams it can itself: a GET of /events/stream with a user's access token and without named
+channels. It answers them as the view would (the same headers, access line and metrics) and streams the
+view's own body (`sse.stream_body`).
+
+Everything else goes to Flask. A refusal the opener meets on the way (a 401, a malformed cursor, 429) is
+handed to the view, which raises it again (`answers_what_the_opener_refused`): every error has one answer.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from urllib.parse import parse_qsl
+
+from flask import Flask, g
+from werkzeug.datastructures import MultiDict
+from werkzeug.http import parse_cookie
+from werkzeug.wsgi import get_host
+
+from ..auth.cookies import ACCESS_COOKIE
+from ..auth.guards import API_KEY_PREFIX, cors_headers, verified_caller
+from ..http import validated_args
+from ..logs import request_id_from, write_access_line
+from ..page import SECURITY_HEADERS
+from .schemas import StreamPosition
+from .sse import STREAM_CONTENT_TYPE, STREAM_HEADERS, stream_body
+from .views import REFUSED, follower_for_request
+
+PATH = "/events/stream"
+ENDPOINT = "events.stream"
+
+
+class StreamOpener:
+    """WSGI middleware: opens the event streams it can without Flask (see the module's text)."""
+
+    def __init__(self, app: Flask, wsgi_app):
+        self.app = app
+        self.wsgi_app = wsgi_app
+
+    def __call__(self, environ, start_response):
+        """The stream, opened here; or Flask's answer, for anything else and every refusal."""
+        if environ.get("PATH_INFO") != PATH or environ.get("REQUEST_METHOD") != "GET":
+            return self.wsgi_app(environ, start_response)
+        started = time.perf_counter()
+        with self.app.app_context():
+            opened = self._open(environ)
+        if opened is None:
+            return self.wsgi_app(environ, start_response)
+        caller, follower = opened
+        body = stream_body(follower, environ, self.app.config["SETTINGS"], self.app.extensions["parked_streams"])
+        request_id = request_id_from(environ.get("HTTP_X_REQUEST_ID", ""))
+        host, scheme = get_host(environ), environ["wsgi.url_scheme"]
+        access_line = functools.partial(
+            write_access_line, "GET", PATH, ENDPOINT, 200, started, request_id, caller.user_id,
+            environ.get("REMOTE_ADDR"), scheme, host,
+        )  # fmt: skip
+        body.response = ClosingCallbacks([follower.close, access_line])
+        with self.app.app_context():
+            cors = cors_headers(environ.get("HTTP_ORIGIN"))
+        headers = [("Content-Type", STREAM_CONTENT_TYPE), *STREAM_HEADERS, ("X-Request-ID", request_id)]
+        start_response("200 OK", [*headers, *cors, ("Vary", "Origin"), *SECURITY_HEADERS])
+        return body
+
+    def _open(self, environ) -> tuple | None:
+        """(caller, follower) of a stream opened here; None for Flask to answer (with what was refused, if any)."""
+        query = environ.get("QUERY_STRING", "")
+        if not query.isascii():
+            return None  # Flask decodes the odd query (and refuses it)
+        args = MultiDict(parse_qsl(query, keep_blank_values=True))
+        if "channels" in args:
+            return None  # named channels: the view checks each one's access and presence
+        token, via = self._token(environ)
+        if token is None or token.startswith(API_KEY_PREFIX):
+            return None
+        self.app.extensions["presence"].start_in_request()
+        caller = None
+        try:
+            caller = g.caller = verified_caller(token, via)
+            cursor = environ.get("HTTP_LAST_EVENT_ID") or validated_args(StreamPosition, args).cursor or None
+            return caller, follower_for_request(live=True, cursor=cursor, named={}, present=True)
+        except Exception as error:  # noqa: BLE001 - the view raises it again, where its error handlers answer it
+            environ[REFUSED] = (caller, error)
+            return None
+
+    @staticmethod
+    def _token(environ) -> tuple[str | None, str]:
+        """The access token a request carries, and how: a bearer token first, else the access cookie."""
+        header = environ.get("HTTP_AUTHORIZATION")
+        if header is not None:
+            scheme, _, value = header.partition(" ")
+            return (value.strip() or None, "bearer") if scheme.lower() == "bearer" else (None, "bearer")
+        cookie = environ.get("HTTP_COOKIE")
+        return (parse_cookie(cookie).get(ACCESS_COOKIE) or None, "cookie") if cookie else (None, "cookie")
+
+
+class ClosingCallbacks:
+    """What closing an opened stream runs (the view's response keeps the same list: `StreamBody.close`)."""
+
+    __slots__ = ("callbacks",)
+
+    def __init__(self, callbacks: list):
+        self.callbacks = callbacks
+
+    def take_close_callbacks(self) -> list:
+        """The callbacks, for whoever ends the stream later (a parked stream)."""
+        callbacks, self.callbacks = self.callbacks, []
+        return callbacks
+
+    def close(self) -> None:
+        """Run each callback once."""
+        for callback in self.take_close_callbacks():
+            callback()

@@ -1,0 +1,153 @@
+"""The stream opener (app/events/opener.py) opens plain SSE streams without Flask, and answers them as the view
+does: the same status, headers and opening. What it cannot open, and every refusal it meets, is the view's to
+answer. In-process, with the real Redis and a hub that subscribes without Redis (a process without gevent)."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+
+from app.events.hub import Subscription
+from app.events.opener import StreamOpener
+from app.redis import Keys
+from tests.conftest import https_client
+from tests.utils import DEFAULT_PASSWORD, AuthActions, bearer
+
+FRIEND = "https://friend.example"
+
+pytestmark = pytest.mark.not_on_cluster("the opener's path does not depend on the Redis mode")
+
+
+class QuietHub:
+    """Subscribes without Redis; every subscription it made is also let go in the end."""
+
+    def __init__(self):
+        self.subscribed: list[Subscription] = []
+        self.unsubscribed: list[Subscription] = []
+
+    def subscribe(self, channels, user_id, session_id, maxsize, is_admin=False) -> Subscription:
+        self.subscribed.append(Subscription(channels, user_id, session_id, maxsize, is_admin))
+        return self.subscribed[-1]
+
+    def unsubscribe(self, subscription: Subscription) -> None:
+        self.unsubscribed.append(subscription)
+
+
+class FlaskCalls:
+    """Counts the requests the opener hands to Flask."""
+
+    def __init__(self, app):
+        opener = app.wsgi_app
+        while not isinstance(opener, StreamOpener):
+            opener = getattr(opener, "wsgi_app", None) or opener.app  # ProxyFix keeps the next one as `app`
+        self.count, self.inner = 0, opener.wsgi_app
+        opener.wsgi_app = self
+
+    def __call__(self, environ, start_response):
+        self.count += 1
+        return self.inner(environ, start_response)
+
+
+@pytest.fixture
+def served(make_app):
+    app = make_app(ALLOWED_ORIGINS=FRIEND, MAX_CONNECTIONS_PER_USER=2)
+    app.extensions["event_hub"] = QuietHub()
+    client = https_client(app)
+    user = AuthActions(client).new_user_tokens()
+    return app, client, user, FlaskCalls(app)
+
+
+def opened(client, path: str, headers: dict):
+    response = client.get(path, headers=headers, buffered=False)
+    first = next(iter(response.response)) if response.status_code == 200 else None
+    return response, first
+
+
+def test_a_plain_stream_is_opened_without_flask_and_answered_as_the_view_answers(served, rdb):
+    app, client, user, flask = served
+    headers = {**bearer(user["access_token"]), "Origin": FRIEND, "X-Request-ID": "same-id"}
+
+    by_opener, opening = opened(client, "/events/stream", headers)
+    assert by_opener.status_code == 200 and flask.count == 0
+    by_view, view_opening = opened(client, "/events/stream?channels=", headers)  # a channel list: the view's
+    assert by_view.status_code == 200 and flask.count == 1
+
+    assert dict(by_opener.headers) == dict(by_view.headers)
+    assert by_opener.headers["Access-Control-Allow-Origin"] == FRIEND  # the comparison covers CORS too
+    assert opening == view_opening and opening.startswith(b"retry: ")
+    assert rdb.zcard(Keys.connection_leases(user["user"]["id"])) == 2
+    by_opener.close()
+    by_view.close()
+    assert rdb.zcard(Keys.connection_leases(user["user"]["id"])) == 0
+    hub = app.extensions["event_hub"]
+    assert len(hub.subscribed) == 2 and hub.unsubscribed == hub.subscribed
+
+
+def test_a_stream_with_the_access_cookie_is_opened_without_flask(served):
+    app, client, user, flask = served
+    login = {"email": user["email"], "password": DEFAULT_PASSWORD, "transport": "cookie"}
+    assert client.post("/auth/login", json=login).status_code == 200
+    flask.count = 0
+    response, opening = opened(client, "/events/stream", {})
+    assert response.status_code == 200 and opening.startswith(b"retry: ")
+    assert flask.count == 0
+    response.close()
+
+
+@pytest.mark.parametrize(
+    "path, headers, status, code",
+    [
+        ("/events/stream", {"Authorization": "Bearer not-a-token"}, 401, "unauthorized"),
+        ("/events/stream?cursor=%%%", None, 400, "bad_request"),
+        ("/events/stream?cursor=a&cursor=b", None, 400, "bad_request"),
+        ("/events/stream", {"Last-Event-ID": "not-a-cursor"}, 400, "bad_request"),
+    ],
+)
+def test_what_the_opener_refuses_is_answered_by_the_view(served, path, headers, status, code):
+    app, client, user, flask = served
+    headers = {**bearer(user["access_token"]), "Origin": FRIEND, **(headers or {})}
+    response = client.get(path, headers=headers)
+    assert response.status_code == status
+    assert response.get_json()["error"]["code"] == code
+    assert flask.count == 1  # the view answered, once
+    assert response.headers["Access-Control-Allow-Origin"] == FRIEND and response.headers["X-Request-ID"]
+
+
+def test_past_the_cap_the_opener_holds_nothing_and_the_view_answers_429(served, rdb):
+    app, client, user, flask = served
+    headers = bearer(user["access_token"])
+    streams = [opened(client, "/events/stream", headers)[0] for _ in range(2)]
+    assert [s.status_code for s in streams] == [200, 200] and flask.count == 0
+
+    refused = client.get("/events/stream", headers=headers)
+    assert refused.status_code == 429 and refused.get_json()["error"]["code"] == "too_many_connections"
+    assert refused.headers["Retry-After"] == "5" and flask.count == 1
+    hub = app.extensions["event_hub"]
+    assert len(hub.subscribed) == 3 and hub.unsubscribed == [hub.subscribed[2]]  # the refused one let go
+    for stream in streams:
+        stream.close()
+    assert rdb.zcard(Keys.connection_leases(user["user"]["id"])) == 0
+
+
+def test_the_opener_writes_the_views_access_line(served, caplog):
+    app, client, user, flask = served
+    access_log = logging.getLogger("access")  # the request log does not propagate: listen to it too
+    access_log.addHandler(caplog.handler)
+    try:
+        response, _ = opened(client, "/events/stream", {**bearer(user["access_token"]), "X-Request-ID": "line-id"})
+        assert flask.count == 0
+        response.close()
+    finally:
+        access_log.removeHandler(caplog.handler)
+    lines = [json.loads(record.getMessage()) for record in caplog.records if record.name == "access"]
+    (line,) = [line for line in lines if line["request_id"] == "line-id"]
+    assert {k: line[k] for k in ("method", "path", "status", "user_id", "scheme", "host")} == {
+        "method": "GET",
+        "path": "/events/stream",
+        "status": 200,
+        "user_id": user["user"]["id"],
+        "scheme": "https",
+        "host": "localhost",
+    }
