@@ -91,7 +91,12 @@ class Follower:
             # One round trip, after the subscription is confirmed: the lease, the session, where the channels
             # stand, and the history after the cursor. Events after what it reads arrive live.
             resumed = {c: p for c, p in self.positions.items() if c not in unnamed} if cursor else {}
-            opening = bus.opening(checks, self.channels, resumed)
+            try:
+                opening = bus.opening(checks, self.channels, resumed)
+            except BaseException:
+                if asked is not None:
+                    leases.withdraw(asked)
+                raise
             if asked is not None:
                 self.lease = leases.granted(asked, opening.checked[1])  # 429 when the user has too many
             if leases is not None and not bus.session_held(caller, opening.checked[0]):

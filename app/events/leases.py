@@ -86,6 +86,11 @@ class ConnectionLeases:
             self._renewer = gevent.spawn(self._renew_forever)
         return asked.lease_id
 
+    def withdraw(self, asked: LeaseAsked) -> None:
+        """Give back a lease asked for whose answer never came (the round trip failed): it may have been taken."""
+        self.held[asked.lease_id] = asked.user_id
+        self.release(asked.lease_id)
+
     def release(self, lease_id: str | None) -> None:
         """Give a lease back (idempotent); if Redis is away, the lease lapses by itself."""
         user_id = self.held.pop(lease_id, None) if lease_id else None

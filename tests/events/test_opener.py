@@ -151,3 +151,14 @@ def test_the_opener_writes_the_views_access_line(served, caplog):
         "scheme": "https",
         "host": "localhost",
     }
+
+
+def test_a_stream_whose_first_reads_fail_gives_back_the_lease_they_took(served, rdb):
+    app, client, user, flask = served
+    user_id = user["user"]["id"]
+    rdb.set(Keys.stream(f"user:{user_id}"), "not a stream")  # the reads fail after the lease was taken
+    response = client.get("/events/stream", headers=bearer(user["access_token"]))
+    assert response.status_code == 500 and response.get_json()["error"]["code"] == "internal_error"
+    assert rdb.zcard(Keys.connection_leases(user_id)) == 0
+    hub = app.extensions["event_hub"]
+    assert len(hub.subscribed) == 1 and hub.unsubscribed == hub.subscribed
