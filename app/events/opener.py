@@ -81,7 +81,8 @@ class StreamOpener:
         caller = None
         try:
             caller = g.caller = verified_caller(token, via)
-            cursor = environ.get("HTTP_LAST_EVENT_ID") or validated_args(StreamPosition, args).cursor or None
+            asked = validated_args(StreamPosition, args)  # a bad ?cursor= is refused also beside a Last-Event-ID
+            cursor = environ.get("HTTP_LAST_EVENT_ID") or asked.cursor or None
             return caller, follower_for_request(live=True, cursor=cursor, named={}, present=True)
         except Exception as error:  # noqa: BLE001 - the view raises it again, where its error handlers answer it
             environ[REFUSED] = (caller, error)

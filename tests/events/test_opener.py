@@ -11,6 +11,7 @@ import pytest
 
 from app.events.hub import Subscription
 from app.events.opener import StreamOpener
+from app.events.schemas import MAX_CURSOR_LENGTH
 from app.redis import Keys
 from tests.conftest import https_client
 from tests.utils import DEFAULT_PASSWORD, AuthActions, bearer
@@ -113,6 +114,19 @@ def test_what_the_opener_refuses_is_answered_by_the_view(served, path, headers, 
     assert response.get_json()["error"]["code"] == code
     assert flask.count == 1  # the view answered, once
     assert response.headers["Access-Control-Allow-Origin"] == FRIEND and response.headers["X-Request-ID"]
+
+
+def test_a_bad_query_cursor_is_refused_also_beside_a_good_last_event_id(served):
+    app, client, user, flask = served
+    headers = bearer(user["access_token"])
+    good = client.get("/events", headers=headers).headers["Event-Cursor"]
+    flask.count = 0
+    too_long = "a" * (MAX_CURSOR_LENGTH + 1)  # refused by the query's model, before any cursor is read
+    response = client.get(f"/events/stream?cursor={too_long}", headers={**headers, "Last-Event-ID": good})
+    assert response.status_code == 400 and flask.count == 1
+    response, _ = opened(client, "/events/stream?cursor=", {**headers, "Last-Event-ID": good})
+    assert response.status_code == 200 and flask.count == 1  # the path opens: an empty ?cursor= is none
+    response.close()
 
 
 def test_past_the_cap_the_opener_holds_nothing_and_the_view_answers_429(served, rdb):
