@@ -57,31 +57,6 @@ def channel_of_wake(name: str) -> str:
 # and the events are all appended, or none. On one Redis, while any outgoing endpoint exists, each event
 # is also appended to the dispatcher's feed in the same step (a cluster cannot: the feed is in another
 # slot, and Bus._feed_outgoing appends it as a second step).
-# KEYS: channels' streams. ARGV[1]: the most events to read of each; ARGV[1 + i]: the position after which to
-# read KEYS[i], or '' for none of its events. For each stream: {its last id (0-0 when never written), the oldest
-# id it keeps if it ever dropped entries (else ''), its entries after the position}. A reader's reads in one
-# step, and a short answer: XINFO STREAM's whole answer (with its first and last entries) stays in Redis.
-READ_STREAMS_LUA = """
-local out = {}
-for i, key in ipairs(KEYS) do
-  local last, oldest, entries = '0-0', '', {}
-  if redis.call('EXISTS', key) == 1 then
-    local info = redis.call('XINFO', 'STREAM', key)
-    local field = {}
-    for j = 1, #info, 2 do field[info[j]] = info[j + 1] end
-    last = field['last-generated-id']
-    if (field['entries-added'] or 0) > field['length'] then
-      oldest = field['recorded-first-entry-id'] or (field['first-entry'] or {'0-0'})[1]
-    end
-    if ARGV[i + 1] ~= '' then
-      entries = redis.call('XRANGE', key, '(' .. ARGV[i + 1], '+', 'COUNT', ARGV[1])
-    end
-  end
-  out[i] = {last, oldest, entries}
-end
-return out
-"""
-
 PUBLISH_LUA = """
 local count = tonumber(ARGV[4])
 local feed = #KEYS == count + 2 and redis.call('EXISTS', KEYS[count + 1]) == 1
@@ -232,6 +207,32 @@ def validate_names(channel: str, event: str) -> None:
         raise validation_failed("The channel name is not valid.")
     if not EVENT_NAME_PATTERN.fullmatch(event):
         raise validation_failed("The event name must be 1-100 letters, digits or _.:-")
+
+
+# KEYS: channels' streams. ARGV[1]: the most events to read of each; ARGV[1 + i]: the position after which to
+# read KEYS[i], or '' for none of its events. For each stream: {its last id (0-0 when never written), the oldest
+# id it keeps if it ever dropped entries (else ''), its entries after the position}. A reader's reads in one
+# step, and a short answer: XINFO STREAM's whole answer (with its first and last entries) stays in Redis.
+READ_STREAMS_LUA = """
+local out = {}
+for i, key in ipairs(KEYS) do
+  local last, oldest, entries = '0-0', '', {}
+  if redis.call('EXISTS', key) == 1 then
+    local info = redis.call('XINFO', 'STREAM', key)
+    local field = {}
+    for j = 1, #info, 2 do field[info[j]] = info[j + 1] end
+    last = field['last-generated-id']
+    if (field['entries-added'] or 0) > field['length'] then
+      oldest = field['recorded-first-entry-id'] or (field['first-entry'] or {'0-0'})[1]
+    end
+    if ARGV[i + 1] ~= '' then
+      entries = redis.call('XRANGE', key, '(' .. ARGV[i + 1], '+', 'COUNT', ARGV[1])
+    end
+  end
+  out[i] = {last, oldest, entries}
+end
+return out
+"""
 
 
 ScriptCall = tuple  # (a registered redis-py Script, its keys, its arguments)

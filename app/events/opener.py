@@ -49,6 +49,7 @@ class StreamOpener:
         started = time.perf_counter()
         with self.app.app_context():
             opened = self._open(environ)
+            cors = cors_headers(environ.get("HTTP_ORIGIN")) if opened is not None else []
         if opened is None:
             return self.wsgi_app(environ, start_response)
         caller, follower = opened
@@ -60,8 +61,6 @@ class StreamOpener:
             environ.get("REMOTE_ADDR"), scheme, host,
         )  # fmt: skip
         body.response = ClosingCallbacks([follower.close, access_line])
-        with self.app.app_context():
-            cors = cors_headers(environ.get("HTTP_ORIGIN"))
         headers = [("Content-Type", STREAM_CONTENT_TYPE), *STREAM_HEADERS, ("X-Request-ID", request_id)]
         start_response("200 OK", [*headers, *cors, ("Vary", "Origin"), *SECURITY_HEADERS])
         return body

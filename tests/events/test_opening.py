@@ -59,4 +59,4 @@ def test_a_stream_past_the_users_cap_is_refused_and_lets_its_subscription_go(sta
     # The refused stream subscribed before its lease was refused; had it kept the subscription, the worker
     # would still be subscribed to the user's channel once the stream that streamed is gone.
     wait_until(lambda: subscribers(rdb, user.channel) == 0, message="the user's channel let go")
-    assert held_leases(rdb, user.user_id) == 0
+    wait_until(lambda: held_leases(rdb, user.user_id) == 0, message="the lease given back")  # after the unsubscription
