@@ -215,9 +215,9 @@ def wait():
     if timeout > settings.long_poll_max_timeout:
         raise bad_request(f"Query parameter 'timeout' must be at most {settings.long_poll_max_timeout}.")
     named = requested_channels(asked.channels)
-    OPEN_CONNECTIONS.labels("long_poll").inc()
+    follower = follower_for_request(live=True, cursor=asked.cursor or None, named=named)
+    OPEN_CONNECTIONS.labels("long_poll").inc()  # counted once it holds its lease, as SSE and WebSocket are
     try:
-        follower = follower_for_request(live=True, cursor=asked.cursor or None, named=named)
         return _hold(follower, timeout, asked.limit)
     finally:
         OPEN_CONNECTIONS.labels("long_poll").dec()
