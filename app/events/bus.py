@@ -513,6 +513,7 @@ class Bus:
         return self.scripts.verify_access_script, keys, args
 
     @staticmethod
-    def session_held(caller, answer) -> bool:
-        """Whether the session check's answer says the caller's session is still current."""
-        return checked_user(caller.user_id, caller.token_version, answer) is not None
+    def held_user(caller, answer) -> dict | None:
+        """The user's public fields (with the stored role) from the session check's answer; None unless the
+        caller's session is still current."""
+        return checked_user(caller.user_id, caller.token_version, answer)

@@ -44,6 +44,7 @@ class Follower:
 
     presence = None  # the worker's PresenceKeeper, for connections that count as present
     present_in: dict | None = None  # channel -> presence entry, once there is one
+    user: dict | None = None  # a live connection's user, as the opening's session check found it (stored role)
     max_named = 100  # MAX_CHANNELS_PER_CONNECTION, for subscribe frames (the view sets it)
 
     def __init__(
@@ -99,8 +100,10 @@ class Follower:
                 raise
             if asked is not None:
                 self.lease = leases.granted(asked, opening.checked[1])  # 429 when the user has too many
-            if leases is not None and not bus.session_held(caller, opening.checked[0]):
-                raise StreamEnded("session_ended")
+            if leases is not None:
+                self.user = bus.held_user(caller, opening.checked[0])
+                if self.user is None:
+                    raise StreamEnded("session_ended")
             self.start_at({**resumed, **{channel: opening.present[channel] for channel in unnamed}})
             self.pending: list[Delivery] = [Delivery(reset_event(channel), self.cursor) for channel in opening.trimmed]
             self._catch_up(first=opening.first)

@@ -7,12 +7,18 @@ opens the streams it can itself: a GET of /events/stream with a user's access to
 channels. It answers them as the view would (the same headers, access line and metrics) and streams the
 view's own body (`sse.stream_body`).
 
+A stream is opened on its token's claims: subscribed first, and its session checked, with the stored user
+read, in the opening's one round trip (`Follower`), not in a round trip of its own before. A session that
+ended, a stored role other than the token's, and every other case that is not plain are opened again the
+verified way, as every request is.
+
 Everything else goes to Flask. A refusal the opener meets on the way (a 401, a malformed cursor, 429) is
 handed to the view, which raises it again (`answers_what_the_opener_refused`): every error has one answer.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from urllib.parse import parse_qsl
@@ -22,8 +28,9 @@ from werkzeug.datastructures import MultiDict
 from werkzeug.http import parse_cookie
 from werkzeug.wsgi import get_host
 
+from ..auth import tokens
 from ..auth.cookies import ACCESS_COOKIE
-from ..auth.guards import API_KEY_PREFIX, cors_headers, verified_caller
+from ..auth.guards import API_KEY_PREFIX, Caller, cors_headers, verified_caller
 from ..http import validated_args
 from ..logs import request_id_from, write_access_line
 from ..page import SECURITY_HEADERS
@@ -33,6 +40,10 @@ from .views import REFUSED, follower_for_request
 
 PATH = "/events/stream"
 ENDPOINT = "events.stream"
+
+
+class NotPlain(Exception):
+    """A stream the opener cannot open on its token's claims alone."""
 
 
 class StreamOpener:
@@ -77,6 +88,33 @@ class StreamOpener:
         if token is None or token.startswith(API_KEY_PREFIX):
             return None
         self.app.extensions["presence"].start_in_request()
+        try:
+            return self._open_on_claims(environ, token, via, args)
+        except Exception:  # noqa: BLE001 - anything but the plain case is opened (or refused) the verified way
+            return self._open_verified(environ, token, via, args)
+
+    @staticmethod
+    def _open_on_claims(environ, token: str, via: str, args: MultiDict) -> tuple:
+        """The plain case in one round trip after the subscription: subscribed as the token's claims say, with
+        the session checked (and the stored user read) in the opening. Raises for anything else, the session
+        ended or the stored role no longer the token's included, and holds nothing then."""
+        asked = validated_args(StreamPosition, args)
+        claims = tokens.decode_access_token(token)
+        caller = g.caller = Caller(
+            claims.user_id, claims.role, claims.session_id, claims.token_version, claims.expires_at, via, {}
+        )
+        cursor = environ.get("HTTP_LAST_EVENT_ID") or asked.cursor or None
+        follower = follower_for_request(live=True, cursor=cursor, named={}, present=True)
+        if follower.user["role"] != claims.role:  # the stored role decides the channels read
+            follower.close()
+            raise NotPlain("the stored role is not the token's")
+        follower.caller = g.caller = dataclasses.replace(caller, user=follower.user)
+        return follower.caller, follower
+
+    @staticmethod
+    def _open_verified(environ, token: str, via: str, args: MultiDict) -> tuple | None:
+        """Verified as every request is (the guard's `verified_caller`), then opened; None for the view to
+        answer the refusal met on the way."""
         caller = None
         try:
             caller = g.caller = verified_caller(token, via)

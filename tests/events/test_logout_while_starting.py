@@ -6,6 +6,8 @@ past its upgrade, with a stand-in for the upgraded connection."""
 
 from __future__ import annotations
 
+import pytest
+
 from app.auth.sessions import end_session
 from app.events.hub import Subscription
 from app.events.ws import guard_websocket_handshake
@@ -46,14 +48,25 @@ def start(app, client, auth, path: str, logout: bool):
     return response, hub, tokens["user"]["id"]
 
 
-def test_a_stream_whose_session_ends_while_it_subscribes_is_refused_and_holds_nothing(app, client, auth, rdb):
-    response, hub, user_id = start(app, client, auth, "/events/stream", logout=False)
+@pytest.mark.parametrize(
+    "path, message",
+    [
+        # The view authenticates, then subscribes: the second look finds the session ended meanwhile.
+        ("/events/stream?channels=", "The session has ended."),
+        # The stream opener subscribes first and checks the session in the opening: it was never verified.
+        ("/events/stream", "The session has ended; log in again."),
+    ],
+)
+def test_a_stream_whose_session_ends_while_it_subscribes_is_refused_and_holds_nothing(
+    app, client, auth, rdb, path, message
+):
+    response, hub, user_id = start(app, client, auth, path, logout=False)
     assert response.status_code == 200  # the path streams when the session lives on
     response.close()
 
-    response, hub, user_id = start(app, client, auth, "/events/stream", logout=True)
+    response, hub, user_id = start(app, client, auth, path, logout=True)
     assert response.status_code == 401
-    assert response.get_json()["error"] == {"code": "unauthorized", "message": "The session has ended."}
+    assert response.get_json()["error"] == {"code": "unauthorized", "message": message}
     assert hub.unsubscribed == hub.subscribed and len(hub.subscribed) == 1
     assert held_leases(rdb, user_id) == 0
 

@@ -9,6 +9,9 @@ import logging
 
 import pytest
 
+from app.auth import sessions
+from app.auth.users import set_role
+from app.events.bus import WEBHOOKS
 from app.events.hub import Subscription
 from app.events.opener import StreamOpener
 from app.events.schemas import MAX_CURSOR_LENGTH
@@ -139,7 +142,8 @@ def test_past_the_cap_the_opener_holds_nothing_and_the_view_answers_429(served, 
     assert refused.status_code == 429 and refused.get_json()["error"]["code"] == "too_many_connections"
     assert refused.headers["Retry-After"] == "5" and flask.count == 1
     hub = app.extensions["event_hub"]
-    assert len(hub.subscribed) == 3 and hub.unsubscribed == [hub.subscribed[2]]  # the refused one let go
+    # Refused on the token's claims, then the verified way: both of its subscriptions let go.
+    assert len(hub.subscribed) == 4 and hub.unsubscribed == hub.subscribed[2:]
     for stream in streams:
         stream.close()
     assert rdb.zcard(Keys.connection_leases(user["user"]["id"])) == 0
@@ -175,4 +179,70 @@ def test_a_stream_whose_first_reads_fail_gives_back_the_lease_they_took(served, 
     assert response.status_code == 500 and response.get_json()["error"]["code"] == "internal_error"
     assert rdb.zcard(Keys.connection_leases(user_id)) == 0
     hub = app.extensions["event_hub"]
-    assert len(hub.subscribed) == 1 and hub.unsubscribed == hub.subscribed
+    assert len(hub.subscribed) == 2 and hub.unsubscribed == hub.subscribed  # on the claims, then verified
+
+
+@pytest.fixture
+def session_lookups(monkeypatch) -> list:
+    """The session checks made in a round trip of their own (the guard's), each as (user id, session id)."""
+    lookups, verify = [], sessions.verify_session
+
+    def counted(user_id, session_id, *args, **kwargs):
+        lookups.append((user_id, session_id))
+        return verify(user_id, session_id, *args, **kwargs)
+
+    monkeypatch.setattr(sessions, "verify_session", counted)
+    return lookups
+
+
+def test_a_plain_stream_checks_its_session_in_the_opening_only(served, session_lookups, rdb):
+    app, client, user, flask = served
+    headers = bearer(user["access_token"])
+    client.get("/events", headers=headers)
+    assert len(session_lookups) == 1  # the path checks a session in a round trip of its own elsewhere
+    response, opening = opened(client, "/events/stream", headers)
+    assert response.status_code == 200 and opening.startswith(b"retry: ") and flask.count == 1
+    assert len(session_lookups) == 1  # none more: the opening checked it
+    response.close()
+
+    assert client.post("/auth/logout", headers=headers).status_code in (200, 204)
+    ended = client.get("/events/stream", headers=headers)  # the opening finds the session gone
+    assert ended.status_code == 401
+    assert ended.get_json()["error"]["message"] == "The session has ended; log in again."  # as any request
+    hub = app.extensions["event_hub"]
+    assert hub.unsubscribed == hub.subscribed and rdb.zcard(Keys.connection_leases(user["user"]["id"])) == 0
+
+
+def promoted(app, client, user_id: str) -> None:
+    with app.app_context():
+        assert set_role(user_id, "admin")
+
+
+def test_a_token_whose_role_was_raised_since_opens_with_the_stored_role(served):
+    app, client, user, flask = served
+    promoted(app, client, user["user"]["id"])  # after the token was issued with the role "user"
+    response, _ = opened(client, "/events/stream", bearer(user["access_token"]))
+    assert response.status_code == 200 and flask.count == 0
+    hub = app.extensions["event_hub"]
+    on_claims, stored = hub.subscribed
+    assert hub.unsubscribed == [on_claims] and WEBHOOKS not in on_claims.channels
+    assert stored.is_admin and WEBHOOKS in stored.channels
+    response.close()
+
+
+def test_a_token_whose_admin_role_was_taken_since_opens_without_the_admin_channel(served):
+    app, client, user, flask = served
+    other = AuthActions(client).new_user_tokens()
+    promoted(app, client, user["user"]["id"])
+    promoted(app, client, other["user"]["id"])  # so that the first one is not the last administrator
+    admin_token = AuthActions(client).login_body(user["email"])["access_token"]  # its role claim: admin
+    with app.app_context():
+        assert set_role(user["user"]["id"], "user")
+    app.extensions["event_hub"] = hub = QuietHub()
+    flask.count = 0
+    response, _ = opened(client, "/events/stream", bearer(admin_token))
+    assert response.status_code == 200 and flask.count == 0
+    on_claims, stored = hub.subscribed
+    assert on_claims.is_admin and hub.unsubscribed == [on_claims]  # the token's role: let go before any read
+    assert not stored.is_admin and WEBHOOKS not in stored.channels
+    response.close()
