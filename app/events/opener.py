@@ -31,6 +31,7 @@ from werkzeug.wsgi import get_host
 from ..auth import tokens
 from ..auth.cookies import ACCESS_COOKIE
 from ..auth.guards import API_KEY_PREFIX, Caller, cors_headers, verified_caller
+from ..errors import REDIS_UNAVAILABLE
 from ..http import validated_args
 from ..logs import request_id_from, write_access_line
 from ..page import SECURITY_HEADERS
@@ -90,6 +91,9 @@ class StreamOpener:
         self.app.extensions["presence"].start_in_request()
         try:
             return self._open_on_claims(environ, token, via, args)
+        except REDIS_UNAVAILABLE as error:  # the verified way would wait for Redis as long again: 503 now
+            environ[REFUSED] = (None, error)
+            return None
         except Exception:  # noqa: BLE001 - anything but the plain case is opened (or refused) the verified way
             return self._open_verified(environ, token, via, args)
 

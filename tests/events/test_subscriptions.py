@@ -255,7 +255,7 @@ def test_a_subscription_redis_cannot_confirm_is_a_503_in_bounded_time(start_serv
         refused = SSE(live.url, user.auth)
         waited = time.monotonic() - started
         assert refused.status == 503 and json.loads(refused.body)["error"]["code"] == "unavailable"
-        assert 4 < waited < 15  # the hub's 5 s bound, not a quick failure elsewhere and not a hang
+        assert 4 < waited < 9  # the hub's 5 s bound once, not a quick failure elsewhere, not twice, not a hang
     finally:
         redis_client.config_set("maxclients", 10000)
     stream = wait_until(lambda: (s := SSE(live.url, user.auth)).status == 200 and s, message="hub back")
