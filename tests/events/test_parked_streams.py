@@ -17,11 +17,22 @@ import requests
 
 from bench.streams import Chunked, Plain
 from tests.events.clients import SSE, Api, open_connections, open_ws, ws_json
-from tests.servers import wait_until
+from tests.events.conftest import FAST
+from tests.servers import LiveServer, wait_until
 
 pytestmark = pytest.mark.not_on_cluster(
     "parking is the worker's own socket handling: the Redis behind the hub does not enter it"
 )
+
+
+@pytest.fixture(scope="module")
+def one_worker(base_env, tmp_path_factory):
+    """One worker with the default settings, shared by the tests that only look at their own user's stream
+    (and their own request IDs in its log): none reads a server-wide count or changes a setting."""
+    live = LiveServer({**base_env, **FAST}, workers=1, log_path=tmp_path_factory.mktemp("logs") / "gunicorn.log")
+    live.start()
+    yield live
+    live.stop()
 
 
 class RawSSE:
@@ -46,6 +57,8 @@ class RawSSE:
         self.decoder = Chunked() if self.chunked else Plain()
         self.text = ""
         self.eof = False
+        self.counted_to = 0  # where in `text` the messages counted so far end
+        self.counted = 0  # complete messages with data before that: what events() would find
         while ": stream open" not in self.text:  # then the stream parks: nothing is pending
             assert self.read(10), "the stream closed before it opened"
 
@@ -68,9 +81,18 @@ class RawSSE:
                 found.append({**fields, "data": json.loads(fields["data"])})
         return found
 
+    def count_events(self) -> int:
+        """len(self.events()), counted over the text new since the last call: a megabyte stream is not
+        split and JSON-parsed again after every read."""
+        while (end := self.text.find("\n\n", self.counted_to)) != -1:
+            block = self.text[self.counted_to : end]
+            self.counted += any(line.startswith("data: ") for line in block.split("\n"))
+            self.counted_to = end + 2
+        return self.counted
+
     def read_events(self, count: int, timeout: float = 10) -> list[dict]:
         deadline = time.monotonic() + timeout
-        while len(self.events()) < count:
+        while self.count_events() < count:
             if not self.read(max(0.01, deadline - time.monotonic())):
                 break
         return self.events()
@@ -118,8 +140,8 @@ def test_a_parked_stream_that_cannot_take_a_frame_in_time_is_cut_off_while_other
     reader.close()
 
 
-def test_a_parked_http_1_0_stream_is_unframed_and_closes_after_saying_why(start_server):
-    live = start_server()
+def test_a_parked_http_1_0_stream_is_unframed_and_closes_after_saying_why(one_worker):
+    live = one_worker
     user = Api(live.url)
     stream = RawSSE(live.url, user.auth, version="HTTP/1.0")
     assert not stream.chunked
@@ -132,8 +154,8 @@ def test_a_parked_http_1_0_stream_is_unframed_and_closes_after_saying_why(start_
     assert last["event"] == "session_ended" and last["data"] == {"reason": "session_ended"}
 
 
-def test_a_chunked_stream_ends_its_response_with_the_last_chunk(start_server):
-    live = start_server()
+def test_a_chunked_stream_ends_its_response_with_the_last_chunk(one_worker):
+    live = one_worker
     user = Api(live.url)
     stream = RawSSE(live.url, user.auth)
     assert stream.chunked
@@ -227,8 +249,8 @@ def access_line(log_path, request_id: str) -> dict | None:
     return None
 
 
-def test_a_parked_websockets_access_line_is_written_when_it_ends_with_its_whole_duration(start_server):
-    live = start_server(workers=1)
+def test_a_parked_websockets_access_line_is_written_when_it_ends_with_its_whole_duration(one_worker):
+    live = one_worker
     user = Api(live.url)
     ws = open_ws(live.url, {**user.auth, "X-Request-ID": "parked-websocket"})
     assert ws_json(ws)["type"] == "welcome"  # then the connection parks

@@ -151,6 +151,9 @@ def test_the_cli_reaches_make_runs_redis_and_its_events_are_counted(start_make_r
 
     output = run.log()
     assert output.count("development secrets made") == 1, output  # two workers, one announcement
+    # The reader's idle keep-alive connection to gunicorn would hold its graceful stop (the teardown's) for
+    # the whole graceful_timeout: closed here, as a client that has finished would.
+    reader.http.close()
 
 
 @pytest.mark.slow
