@@ -209,14 +209,14 @@ def validate_names(channel: str, event: str) -> None:
         raise validation_failed("The event name must be 1-100 letters, digits or _.:-")
 
 
-# KEYS: channels' streams. ARGV[1]: the most events to read of each; ARGV[1 + i]: the position after which to
-# read KEYS[i], or '' for none of its events. For each stream: {its last id (0-0 when never written), the oldest
-# id it keeps if it ever dropped entries (else ''), its entries after the position}. A reader's reads in one
-# step, and a short answer: XINFO STREAM's whole answer (with its first and last entries) stays in Redis.
-READ_STREAMS_LUA = """
+# KEYS: channels' streams. For each: {its last id (0-0 when never written), the oldest id it keeps if it ever
+# dropped entries (else '')}. A short answer: XINFO STREAM's whole one (with its first and last entries) stays
+# in Redis. The entries themselves are read by plain XRANGEs beside it: passed through Lua, each entry's fields
+# were made into Lua strings and back, which cost Redis several times the XRANGE itself.
+STREAM_POSITIONS_LUA = """
 local out = {}
 for i, key in ipairs(KEYS) do
-  local last, oldest, entries = '0-0', '', {}
+  local last, oldest = '0-0', ''
   if redis.call('EXISTS', key) == 1 then
     local info = redis.call('XINFO', 'STREAM', key)
     local field = {}
@@ -225,11 +225,8 @@ for i, key in ipairs(KEYS) do
     if (field['entries-added'] or 0) > field['length'] then
       oldest = field['recorded-first-entry-id'] or (field['first-entry'] or {'0-0'})[1]
     end
-    if ARGV[i + 1] ~= '' then
-      entries = redis.call('XRANGE', key, '(' .. ARGV[i + 1], '+', 'COUNT', ARGV[1])
-    end
   end
-  out[i] = {last, oldest, entries}
+  out[i] = {last, oldest}
 end
 return out
 """
@@ -265,7 +262,7 @@ class Bus:
         self.cluster = is_cluster(client)
         self.replicated = durability == "replicated"
         self._publish = client.register_script(PUBLISH_LUA)
-        self._read_streams_script = client.register_script(READ_STREAMS_LUA)
+        self._stream_positions = client.register_script(STREAM_POSITIONS_LUA)
         self._read = shared_pipelines(client)  # history reads of readers resuming together share round trips
 
     def publish(self, channel: str, event: str, data, sender: str | None = None) -> Event:
@@ -448,46 +445,54 @@ class Bus:
         without one), in one round trip shared with other readers. A lost connection and a script's error are
         raised.
 
-        On one Redis this is one script (READ_STREAMS_LUA) beside the checks. A cluster's channels live in
-        different hash slots and its pipelines carry no scripts: there the checks go first, one round trip
-        each, then XINFO STREAM and XRANGE of each channel in one pipeline.
+        The entries are read before where each channel stands (and whether it was trimmed): entries trimmed in
+        between can only make the trim check answer "trimmed" (a reset the reader did not need), never hide
+        a gap. On one Redis, where each channel stands is one script (STREAM_POSITIONS_LUA), beside the checks.
+        A cluster's channels live in different hash slots and its pipelines carry no scripts: there the checks
+        go first, one round trip each, then XRANGE and XINFO STREAM of each channel in one pipeline.
         """
         after = {c: p for c, p in positions.items() if p != LAST_POSSIBLE_ID}  # nothing can follow the last id
         if self.cluster:
             checked = [script(keys=keys, args=args) for script, keys, args in checks]
             return checked, self._read_streams_apart(channels, after, limit)
-        stream_keys = [Keys.stream(channel) for channel in channels]
-        calls = [*checks, (self._read_streams_script, stream_keys, [limit, *(after.get(c, "") for c in channels)])]
-        answers = self._read([("evalsha", (script.sha, len(keys), *keys, *args), {}) for script, keys, args in calls])
+        ranged = [channel for channel in channels if channel in after]
+        calls = [*checks, (self._stream_positions, [Keys.stream(channel) for channel in channels], [])]
+        answers = self._read(
+            [("xrange", (Keys.stream(c), f"({after[c]}", "+"), {"count": limit}) for c in ranged]
+            + [("evalsha", (script.sha, len(keys), *keys, *args), {}) for script, keys, args in calls]
+        )
+        ranges, answers = answers[: len(ranged)], answers[len(ranged) :]
         answers = [
             # after a script flush: the script's own call, which loads it again (EVAL)
             script(keys=keys, args=args) if isinstance(answer, redis.exceptions.NoScriptError) else answer
             for (script, keys, args), answer in zip(calls, answers, strict=True)
         ]
-        for answer in answers:
+        for answer in ranges + answers:
             if isinstance(answer, Exception):
                 raise answer
+        entries = dict(zip(ranged, ranges, strict=True))
         streams = {
-            channel: StreamRead(last, oldest, [(i, dict(zip(f[::2], f[1::2], strict=True))) for i, f in entries])
-            for channel, (last, oldest, entries) in zip(channels, answers[-1], strict=True)
+            channel: StreamRead(last, oldest, entries.get(channel, []))
+            for channel, (last, oldest) in zip(channels, answers[-1], strict=True)
         }
         return answers[:-1], streams
 
     def _read_streams_apart(self, channels: list[str], after: dict[str, str], limit: int) -> dict[str, StreamRead]:
-        """`_read_streams` on a cluster: XINFO STREAM and XRANGE of each channel, in one pipeline."""
+        """`_read_streams` on a cluster: XRANGE and then XINFO STREAM of each channel, in one pipeline."""
         ranged = [channel for channel in channels if channel in after]
-        commands = [("xinfo_stream", (Keys.stream(channel),), {}) for channel in channels]
-        commands += [("xrange", (Keys.stream(c), f"({after[c]}", "+"), {"count": limit}) for c in ranged]
+        commands = [("xrange", (Keys.stream(c), f"({after[c]}", "+"), {"count": limit}) for c in ranged]
+        commands += [("xinfo_stream", (Keys.stream(channel),), {}) for channel in channels]
         answers = self._read(commands)
-        for answer in answers:  # XINFO of a stream never written is an error: it stands at 0-0
+        ranges, infos = answers[: len(ranged)], answers[len(ranged) :]
+        for answer in infos:  # XINFO of a stream never written is an error: it stands at 0-0
             if isinstance(answer, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
                 raise answer
-        for answer in answers[len(channels) :]:
+        for answer in ranges:
             if isinstance(answer, Exception):
                 raise answer
-        entries = dict(zip(ranged, answers[len(channels) :], strict=True))
+        entries = dict(zip(ranged, ranges, strict=True))
         streams = {}
-        for channel, info in zip(channels, answers, strict=False):
+        for channel, info in zip(channels, infos, strict=True):
             info = {} if isinstance(info, Exception) else info
             oldest = ""
             if int(info.get("entries-added", 0)) > int(info.get("length", 0)):
