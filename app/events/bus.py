@@ -252,6 +252,39 @@ class Opening(NamedTuple):
     first: tuple[list[Event], bool]  # the first events after the positions, and whether more remain
 
 
+class RecentEvents:
+    """The events history reads found lately, by channel and id, up to `max_bytes` of their data. Readers
+    resuming together (after a reload, thousands at once) read the same events: each is made, and encoded
+    for SSE and WebSocket, once for all of them rather than once per reader. A kept event is used only while
+    its entry's fields are the same (a channel deleted and written again may reuse an id)."""
+
+    def __init__(self, max_bytes: int = 4 * 1024 * 1024):
+        self.max_bytes = max_bytes
+        self.kept: dict[tuple[str, str], Event] = {}
+        self.bytes = 0
+
+    def event(self, event_id: str, channel: str, fields: dict) -> Event:
+        """The event of a stream entry: the one kept for it, or a new one (then kept, the oldest let go)."""
+        key = (channel, event_id)
+        kept = self.kept.get(key)
+        if (
+            kept is not None
+            and kept.data == fields["data"]
+            and kept.event == fields["event"]
+            and kept.ts == fields["ts"]
+            and kept.sender == fields.get("from")
+        ):
+            return kept
+        event = Event.from_entry(event_id, channel, fields)
+        if kept is not None:
+            self.bytes -= len(self.kept.pop(key).data)
+        self.kept[key] = event
+        self.bytes += len(event.data)
+        while self.bytes > self.max_bytes:
+            self.bytes -= len(self.kept.pop(next(iter(self.kept))).data)
+        return event
+
+
 class Bus:
     """Publishing and history reads over one Redis client (shared by every greenlet of the process)."""
 
@@ -264,6 +297,7 @@ class Bus:
         self._publish = client.register_script(PUBLISH_LUA)
         self._stream_positions = client.register_script(STREAM_POSITIONS_LUA)
         self._read = shared_pipelines(client)  # history reads of readers resuming together share round trips
+        self.recent = RecentEvents()
 
     def publish(self, channel: str, event: str, data, sender: str | None = None) -> Event:
         """Append an event to its channel's stream and wake live readers, in one atomic step.
@@ -500,11 +534,10 @@ class Bus:
             streams[channel] = StreamRead(info.get("last-generated-id", "0-0"), oldest, entries.get(channel, []))
         return streams
 
-    @staticmethod
-    def _events(ranges: list[tuple[str, list]], limit: int) -> tuple[list[Event], bool]:
-        events, more = [], False
+    def _events(self, ranges: list[tuple[str, list]], limit: int) -> tuple[list[Event], bool]:
+        events, more, recent = [], False, self.recent
         for channel, entries in ranges:
-            events.extend(Event.from_entry(i, channel, f) for i, f in entries)
+            events.extend(recent.event(i, channel, f) for i, f in entries)
             more = more or len(entries) == limit
         return events, more
 

@@ -274,7 +274,7 @@ class Follower:
             wanted = self.positions if channels is None else {c: self.positions[c] for c in channels}
             batch, more = first or self.bus.read_after(dict(wanted))
             first = None
-            for event in sorted(batch, key=lambda e: parse_id(e.id)):
+            for event in sorted(batch, key=lambda e: e.order):
                 self._accept(event)
             if not more:
                 return
