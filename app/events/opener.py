@@ -102,13 +102,11 @@ class StreamOpener:
         """The plain case in one round trip after the subscription: subscribed as the token's claims say, with
         the session checked (and the stored user read) in the opening. Raises for anything else, the session
         ended or the stored role no longer the token's included, and holds nothing then."""
-        asked = validated_args(StreamPosition, args)
         claims = tokens.decode_access_token(token)
         caller = g.caller = Caller(
             claims.user_id, claims.role, claims.session_id, claims.token_version, claims.expires_at, via, {}
         )
-        cursor = environ.get("HTTP_LAST_EVENT_ID") or asked.cursor or None
-        follower = follower_for_request(live=True, cursor=cursor, named={}, present=True)
+        follower = _follower(environ, args)
         if follower.user["role"] != claims.role:  # the stored role decides the channels read
             follower.close()
             raise NotPlain("the stored role is not the token's")
@@ -122,9 +120,7 @@ class StreamOpener:
         caller = None
         try:
             caller = g.caller = verified_caller(token, via)
-            asked = validated_args(StreamPosition, args)  # a bad ?cursor= is refused also beside a Last-Event-ID
-            cursor = environ.get("HTTP_LAST_EVENT_ID") or asked.cursor or None
-            return caller, follower_for_request(live=True, cursor=cursor, named={}, present=True)
+            return caller, _follower(environ, args)
         except Exception as error:  # noqa: BLE001 - the view raises it again, where its error handlers answer it
             environ[REFUSED] = (caller, error)
             return None
@@ -138,6 +134,14 @@ class StreamOpener:
             return (value.strip() or None, "bearer") if scheme.lower() == "bearer" else (None, "bearer")
         cookie = environ.get("HTTP_COOKIE")
         return (parse_cookie(cookie).get(ACCESS_COOKIE) or None, "cookie") if cookie else (None, "cookie")
+
+
+def _follower(environ, args: MultiDict):
+    """The caller's follower from the query, read with the view's model (a bad ?cursor= is refused also beside
+    a Last-Event-ID), and the Last-Event-ID a reconnecting browser sends."""
+    asked = validated_args(StreamPosition, args)
+    cursor = environ.get("HTTP_LAST_EVENT_ID") or asked.cursor or None
+    return follower_for_request(live=True, cursor=cursor, named={}, present=True)
 
 
 class ClosingCallbacks:
