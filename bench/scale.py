@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import math
 import os
@@ -314,10 +315,10 @@ def reloads(redis_server, count: int) -> list[dict]:
             # Events are published throughout: through another instance, as backends reach the instances a
             # reload leaves alone. Through the reloaded one, a publish queued behind the 20,000 reconnections.
             service.spare_publisher()
-            hup = lambda: service.app.signal(signal.SIGHUP)  # noqa: E731
+            hup = functools.partial(service.app.signal, signal.SIGHUP)
             rows.append(reload(service, service.target(), "service sse", count, hup, niceness))
         with Nchan(workers=2, buffer=1000) as peer:
-            hup = lambda: peer.nginx.process.send_signal(signal.SIGHUP)  # noqa: E731
+            hup = functools.partial(peer.nginx.process.send_signal, signal.SIGHUP)
             rows.append(reload(peer, peer.target(), "nchan", count, hup, niceness))
     return rows
 
