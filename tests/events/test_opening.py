@@ -60,3 +60,16 @@ def test_a_stream_past_the_users_cap_is_refused_and_lets_its_subscription_go(sta
     # would still be subscribed to the user's channel once the stream that streamed is gone.
     wait_until(lambda: subscribers(rdb, user.channel) == 0, message="the user's channel let go")
     wait_until(lambda: held_leases(rdb, user.user_id) == 0, message="the lease given back")  # after the unsubscription
+
+
+def test_streams_that_end_together_give_back_every_lease(server, rdb):
+    """Leases given back at once share round trips (ConnectionLeases.release); none may be lost in them."""
+    user = Api(server.url)
+    streams = [SSE(server.url, user.auth) for _ in range(30)]
+    try:
+        assert all(stream.status == 200 for stream in streams)
+        wait_until(lambda: held_leases(rdb, user.user_id) == 30, message="every stream's lease held")
+    finally:
+        for stream in streams:
+            stream.close()
+    wait_until(lambda: held_leases(rdb, user.user_id) == 0, message="every lease given back")
