@@ -36,6 +36,9 @@ class Plan:
     stop_at: float  # wall time the clients give up
     source: tuple[str, int] | None = None
     niceness: int = 0  # the client processes' (os.nice): 10 leaves the servers the CPU first
+    # A client that has read every event keeps its stream open until every client of the fleet has, as clients
+    # back after a storm stay. One leaving early costs the server a close in the middle of the storm.
+    hold: bool = False
 
 
 @dataclass
@@ -94,9 +97,10 @@ def has_read(client: Client, expected) -> bool:
     return len(client.seen) >= len(expected) and set(expected).issubset(client.seen)  # the first test is cheap
 
 
-async def run_client(plan: Plan, index: int, done, first_opened=lambda: None) -> Client:
+async def run_client(plan: Plan, index: int, done, first_opened=lambda: None, held=None) -> Client:
     """One client: connects at its time, reads, and resumes from its last `id:` until `done(client)`;
-    `first_opened()` is called when its first stream opens."""
+    `first_opened()` is called when its first stream opens; with `held` (awaitable), its last stream stays
+    open until that is done."""
     client, cursor, retry = Client(), plan.cursor, DEFAULT_RETRY
     await asyncio.sleep(max(0.0, plan.start_at + plan.spread * index / plan.count - time.time()))
     while not done(client):
@@ -117,6 +121,8 @@ async def run_client(plan: Plan, index: int, done, first_opened=lambda: None) ->
                 client.outcomes.append(failure_kind(error))
         finally:
             if stream is not None:
+                if held is not None and done(client):
+                    await held()
                 stream.writer.close()
         if not done(client):
             await asyncio.sleep(retry)
@@ -126,10 +132,10 @@ async def run_client(plan: Plan, index: int, done, first_opened=lambda: None) ->
 OPEN_TIMEOUT = 60  # seconds for one attempt to open its stream
 
 
-def _client_process(plan: Plan, ready, results, final, deadline, opened) -> None:
+def _client_process(plan: Plan, ready, results, final, deadline, opened, finished, fleet_size: int) -> None:
     """`final`: the last event number once it is known (0 before), when `plan.expected` is empty;
     `deadline`: the wall time the clients give up (the smaller of it and plan.stop_at); `opened`: counts
-    the clients whose first stream opened."""
+    the clients whose first stream opened; `finished`: the fleet's clients that have read every event."""
     raise_fd_limit()
     os.nice(plan.niceness)
 
@@ -137,15 +143,35 @@ def _client_process(plan: Plan, ready, results, final, deadline, opened) -> None
         with opened.get_lock():
             opened.value += 1
 
+    counted: set[int] = set()  # the clients (by id) counted in `finished`
+
     def done(client: Client) -> bool:
         if time.time() >= min(plan.stop_at, deadline.value):
             return True
+        if id(client) in counted:
+            return True
         if plan.expected:
-            return has_read(client, plan.expected)
-        return final.value > 0 and has_read(client, range(1, final.value + 1))
+            complete = has_read(client, plan.expected)
+        else:
+            complete = final.value > 0 and has_read(client, range(1, final.value + 1))
+        if complete:
+            counted.add(id(client))
+            with finished.get_lock():
+                finished.value += 1
+        return complete
+
+    async def release_when_all_finished(release: asyncio.Event) -> None:
+        while finished.value < fleet_size and time.time() < min(plan.stop_at, deadline.value):
+            await asyncio.sleep(0.2)
+        release.set()
 
     async def main():
-        clients = await asyncio.gather(*(run_client(plan, i, done, first_opened) for i in range(plan.count)))
+        release = asyncio.Event()  # one task watches the fleet for all the held clients
+        watcher = asyncio.create_task(release_when_all_finished(release)) if plan.hold else None
+        held = release.wait if plan.hold else None
+        clients = await asyncio.gather(*(run_client(plan, i, done, first_opened, held) for i in range(plan.count)))
+        if watcher is not None:
+            await watcher
         results.put([vars(c) for c in clients])
 
     ready.put(os.getpid())
@@ -160,6 +186,7 @@ class ResumingFleet:
         self.ready, self.results = context.Queue(), context.Queue()
         self.final, self.deadline = context.Value("q", 0), context.Value("d", math.inf)
         self.opened = context.Value("q", 0)  # clients whose first stream opened
+        self.finished = context.Value("q", 0)  # clients that have read every event
         self.workers = []
         for index in range(processes):
             share = plan.count // processes + (1 if index < plan.count % processes else 0)
@@ -170,7 +197,7 @@ class ResumingFleet:
                 start_at=plan.start_at + plan.spread * index / plan.count,
                 source=(f"127.0.2.{index + 1}", 0) if plan.target.host.startswith("127.") else None,
             )
-            args = (mine, self.ready, self.results, self.final, self.deadline, self.opened)
+            args = (mine, self.ready, self.results, self.final, self.deadline, self.opened, self.finished, plan.count)
             self.workers.append(context.Process(target=_client_process, args=args))
 
     def start(self) -> None:

@@ -143,7 +143,9 @@ def storm(
     cursor = first_cursor(system, target, token)
     start_at = time.time() + 3.0  # the client processes are up by then
     expected = list(range(1, events + 1))
-    plan = Plan(target, count, cursor, token.encode(), expected, start_at, spread, start_at + 90, niceness=niceness)
+    plan = Plan(
+        target, count, cursor, token.encode(), expected, start_at, spread, start_at + 90, niceness=niceness, hold=True
+    )
     fleet = ResumingFleet(plan, processes=4)
     fleet.start()
     publisher = Publisher(system, token, start_at, rate, first=1, last=events)
