@@ -44,8 +44,9 @@ class KeepsServerResponse:
 
 
 def is_gunicorn_response(response) -> bool:
-    """Whether `response` is gunicorn's own, with the attributes a hand-over sets."""
-    return type(response).__module__ == "gunicorn.http.wsgi" and hasattr(response, "chunked")
+    """Whether `response` is gunicorn's own (or the worker's subclass of it), with the attributes a hand-over sets."""
+    gunicorns = any(cls.__module__ == "gunicorn.http.wsgi" for cls in type(response).__mro__)
+    return gunicorns and hasattr(response, "chunked")
 
 
 class Handover:
@@ -83,7 +84,8 @@ class Handover:
     def take(self) -> gevent.socket.socket:
         """From the body's close(): the connection's socket; this takes the handler's place in the pool."""
         self.pool.add(self, blocking=False)  # can_start() said there is room, and nothing ran since
-        sock = gevent.socket.socket(fileno=self.sock.detach())
+        old = self.sock  # its family, type and protocol given spare the new socket three system calls
+        sock = gevent.socket.socket(old.family, gevent.socket.SOCK_STREAM, old.proto, fileno=old.detach())
         self.response = self.sock = None
         return sock
 

@@ -167,6 +167,7 @@ STREAM_HEADERS = [
     ("X-Accel-Buffering", "no"),
 ]
 STREAM_CONTENT_TYPE = "text/event-stream; charset=utf-8"
+OPENING_LINES = f"retry: {RETRY_MILLISECONDS}\n: stream open\n\n".encode()
 
 
 def stream_body(follower: Follower, environ: dict, settings, parking: Parking) -> StreamBody:
@@ -192,7 +193,12 @@ def stream_body(follower: Follower, environ: dict, settings, parking: Parking) -
     def generate():
         OPEN_CONNECTIONS.labels("sse").inc()
         try:
-            yield f"retry: {RETRY_MILLISECONDS}\n: stream open\n\n".encode()
+            # The opening lines and the history read with the opening go out in one write (with gunicorn's head).
+            deliveries = follower.take_ready()
+            yield OPENING_LINES + messages(deliveries)
+            if deliveries:
+                DELIVERED.inc(len(deliveries))
+            # Only once the head is out may the hub write to the socket.
             outlet = sse_outlet(follower, sock, chunked, settings.ws_send_timeout) if sock is not None else None
             deliveries, last_write = follower.take_ready(), time.monotonic()
             while True:
