@@ -44,7 +44,7 @@ $(OIDC_STAMP): tests/oidc/package.json tests/oidc/package-lock.json
 
 test: dev-deps system-deps lint $(OIDC_STAMP)
 	scripts/ensure-packages.sh $(TEST_PACKAGES)
-	$(BIN)/pytest --numprocesses 2 --dist loadfile
+	$(BIN)/pytest --numprocesses 2 --dist loadfile --durations 15
 
 BENCH_STAMP := $(VENV)/.bench-installed
 $(BENCH_STAMP): requirements-bench.txt $(DEV_STAMP)
