@@ -35,6 +35,11 @@ def proxy(app_server, tmp_path_factory):
     nginx.stop()
 
 
+# An event passed on at once arrives within this many seconds, with room for a loaded machine (one took 0.22 s with
+# three test processes on two cores); a buffering proxy holds it past the 1 s patience, so never within it.
+AT_ONCE = 0.5
+
+
 def stream_latencies(base: str, user: Api, count: int = 20, patience: float = 1.0) -> list[float]:
     """Publish `count` events one after another, each once the previous arrived; their delays.
 
@@ -74,10 +79,10 @@ def test_template_has_only_the_two_placeholders():
     assert set(re.findall(r"\$\{(\w+)\}", text)) == {"NGINX_PORT", "APP_UPSTREAM"}
 
 
-def test_every_sse_event_arrives_through_nginx_within_100ms(proxy):
+def test_every_sse_event_arrives_through_nginx_at_once(proxy):
     user = Api(proxy.url)
     delays = stream_latencies(proxy.url, user)
-    assert len(delays) == 20 and max(delays) < 0.1, delays
+    assert len(delays) == 20 and max(delays) < AT_ONCE, delays
 
 
 def test_a_buffering_proxy_would_delay_events_so_this_test_can_fail(app_server, tmp_path):
@@ -92,7 +97,7 @@ def test_a_buffering_proxy_would_delay_events_so_this_test_can_fail(app_server, 
     nginx.start()
     try:
         delays = stream_latencies(nginx.url, Api(nginx.url), patience=1.0)
-        assert max(delays) >= 0.1, delays
+        assert max(delays) >= AT_ONCE, delays
     finally:
         nginx.stop()
 
