@@ -48,6 +48,7 @@ class Client:
     opened: list[float] = field(default_factory=list)  # wall time each opened stream opened
     seen: list[int] = field(default_factory=list)
     arrivals: list[float] = field(default_factory=list)
+    complete: bool = False  # has read every event (and is counted in its fleet's `finished`)
 
 
 def failure_kind(error: BaseException) -> str:
@@ -143,22 +144,17 @@ def _client_process(plan: Plan, ready, results, final, deadline, opened, finishe
         with opened.get_lock():
             opened.value += 1
 
-    counted: set[int] = set()  # the clients (by id) counted in `finished`
-
     def done(client: Client) -> bool:
-        if time.time() >= min(plan.stop_at, deadline.value):
-            return True
-        if id(client) in counted:
+        if client.complete or time.time() >= min(plan.stop_at, deadline.value):
             return True
         if plan.expected:
-            complete = has_read(client, plan.expected)
+            client.complete = has_read(client, plan.expected)
         else:
-            complete = final.value > 0 and has_read(client, range(1, final.value + 1))
-        if complete:
-            counted.add(id(client))
+            client.complete = final.value > 0 and has_read(client, range(1, final.value + 1))
+        if client.complete:
             with finished.get_lock():
                 finished.value += 1
-        return complete
+        return client.complete
 
     async def release_when_all_finished(release: asyncio.Event) -> None:
         while finished.value < fleet_size and time.time() < min(plan.stop_at, deadline.value):

@@ -213,14 +213,14 @@ def test_a_plain_stream_checks_its_session_in_the_opening_only(served, session_l
     assert hub.unsubscribed == hub.subscribed and rdb.zcard(Keys.connection_leases(user["user"]["id"])) == 0
 
 
-def promoted(app, client, user_id: str) -> None:
+def promoted(app, user_id: str) -> None:
     with app.app_context():
         assert set_role(user_id, "admin")
 
 
 def test_a_token_whose_role_was_raised_since_opens_with_the_stored_role(served):
     app, client, user, flask = served
-    promoted(app, client, user["user"]["id"])  # after the token was issued with the role "user"
+    promoted(app, user["user"]["id"])  # after the token was issued with the role "user"
     response, _ = opened(client, "/events/stream", bearer(user["access_token"]))
     assert response.status_code == 200 and flask.count == 0
     hub = app.extensions["event_hub"]
@@ -233,8 +233,8 @@ def test_a_token_whose_role_was_raised_since_opens_with_the_stored_role(served):
 def test_a_token_whose_admin_role_was_taken_since_opens_without_the_admin_channel(served):
     app, client, user, flask = served
     other = AuthActions(client).new_user_tokens()
-    promoted(app, client, user["user"]["id"])
-    promoted(app, client, other["user"]["id"])  # so that the first one is not the last administrator
+    promoted(app, user["user"]["id"])
+    promoted(app, other["user"]["id"])  # so that the first one is not the last administrator
     admin_token = AuthActions(client).login_body(user["email"])["access_token"]  # its role claim: admin
     with app.app_context():
         assert set_role(user["user"]["id"], "user")
