@@ -8,7 +8,8 @@ the kernel's queue) got no turn for hundreds of milliseconds. `wrk -c64` on GET 
 about 1 ms and a p99 of about a second. Waiting once for the event loop between two requests of a
 connection serves every connection with a request in turn, and accepts new ones in between.
 
-Its responses also send their head with the first piece of their body in one write (HeadWithBody).
+Its responses also send their head with the first piece of their body in one write (HeadWithBody), and
+when it stops it closes the connections that wait for a request (`close_idle_connections`).
 
 Referenced by name from gunicorn.conf.py (`worker_class`). It lives outside the `app` package because
 the arbiter imports the worker class, and importing `app` there would import the whole app early. The
@@ -16,6 +17,10 @@ hub's fan-out takes its turns the same way (app/events/links.py, `next_turn`).
 """
 
 from __future__ import annotations
+
+import contextlib
+import socket
+import weakref
 
 import gevent
 import gunicorn.http.wsgi
@@ -63,7 +68,13 @@ class FairGeventWorker(GeventWorker):
     def init_process(self):
         """In the worker only (the arbiter imports this class too): gunicorn's HTTP/1 responses are HeadWithBody."""
         gunicorn.http.wsgi.Response = HeadWithBody
+        self.idle_connections = weakref.WeakSet()  # waiting for their first or next request
         super().init_process()
+
+    def handle(self, listener, client, addr):
+        """Serve a connection; until its first request it is idle."""
+        self.idle_connections.add(client)
+        super().handle(listener, client, addr)
 
     def handle_request(self, listener_name, req, sock, addr):
         """Serve one request; if the connection stays open, let the loop run once before the next.
@@ -71,6 +82,7 @@ class FairGeventWorker(GeventWorker):
         A response that closes the connection (Connection: close, a stream handed over, a worker
         shutting down) raises StopIteration out of here, and so skips the wait.
         """
+        self.idle_connections.discard(sock)
         super().handle_request(listener_name, req, sock, addr)
         # A 0 s timer rather than gevent.sleep(0): sleep(0) resumes from the loop's callbacks, which
         # run before it polls for I/O, so a greenlet that always sleeps 0 still keeps sockets waiting.
@@ -78,3 +90,14 @@ class FairGeventWorker(GeventWorker):
         hub = gevent.get_hub()
         with hub.loop.timer(0) as turn:
             hub.wait(turn)
+        self.idle_connections.add(sock)
+
+    def close_idle_connections(self) -> None:
+        """Stopping: close the keep-alive connections that wait for a request, as nginx does. Left open, each
+        held the stop for the whole graceful time-out, and was then killed with a traceback in the log.
+        A connection serving a request is closed by gunicorn when its response is done."""
+        for sock in list(self.idle_connections):
+            # The OS socket's: gevent's own shutdown() fails the waiting read with "closed in another
+            # greenlet", which gunicorn logs with a traceback. Its handler's read now returns the end.
+            with contextlib.suppress(OSError):
+                sock._sock.shutdown(socket.SHUT_RDWR)

@@ -175,7 +175,8 @@ def post_worker_init(worker):
 
     gunicorn only flips `worker.alive` and then waits up to graceful_timeout for open requests; SSE
     streams and WebSockets would hold it for all of that. Ending them at once (SSE end, WebSocket
-    close 1001) sends clients to a live worker, where they resume by cursor.
+    close 1001) sends clients to a live worker, where they resume by cursor. On a reload, the parked
+    SSE streams are carried over to the new workers first, and their clients stay connected.
     """
     import gc
 
@@ -184,6 +185,7 @@ def post_worker_init(worker):
 
     from app import mail, webhooks
     from app.events import end_live_connections
+    from app.events.carry import CarryOver
     from app.events.handover import HandlerPool
 
     # The worker makes its handler pools after this hook: of this class, a stream finds its own and
@@ -196,10 +198,20 @@ def post_worker_init(worker):
     webhooks.start_background_tasks(worker.wsgi)  # retries webhook deliveries whose publishing failed
     mail.start_background_tasks(worker.wsgi)  # sends queued mail, retrying while the SMTP server is down
 
+    # On a reload, parked SSE streams are carried over to the new workers instead (app/events/carry.py).
+    carry = CarryOver.from_environ(worker.wsgi)
+    if carry is not None:
+        carry.listen()
+
     def watch():
         while worker.alive:
             gevent.sleep(0.2)
+        if carry is not None:
+            carry.stop_adopting()
+            # Half the graceful time-out for the new workers to load the app and listen; the rest to send.
+            carry.hand_on(time.monotonic() + max(1.0, worker.cfg.graceful_timeout / 2), expected=worker.cfg.workers)
         end_live_connections(worker.wsgi)
+        worker.close_idle_connections()
 
     gevent.spawn(watch)
 
@@ -269,6 +281,29 @@ def on_starting(server):
     for stale in glob.glob(os.path.join(directory, "*.db")):  # values of a previous run
         os.remove(stale)
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = directory  # inherited by the workers forked after this
+    # Private to this gunicorn: its workers' sockets for carrying streams over on a reload (on_reload).
+    server.carry_dir = tempfile.mkdtemp(prefix="auth-rt-carry-")
+    server.generation = 0
+    write_generation(server.carry_dir, 0)
+    os.environ[CARRY_DIR_ENV] = server.carry_dir
+
+
+CARRY_DIR_ENV = "AUTH_RT_CARRY_DIR"  # app/events/carry.py reads it, and the generation file
+
+
+def write_generation(directory: str, generation: int) -> None:
+    """Record how many reloads have begun, replacing the file at once: a stopping worker of an older
+    generation then hands its open streams to the newer one's workers (app/events/carry.py)."""
+    path = os.path.join(directory, "generation")
+    with open(path + ".new", "w") as file:
+        file.write(str(generation))
+    os.replace(path + ".new", path)
+
+
+def on_reload(server):
+    """A reload (SIGHUP) begins: its new workers, forked after this, are the next generation."""
+    server.generation += 1
+    write_generation(server.carry_dir, server.generation)
 
 
 def child_exit(server, worker):
@@ -279,8 +314,11 @@ def child_exit(server, worker):
 
 
 def on_exit(server):
-    """Remove the temporary metrics directory; a given one is kept (the CLI's counts may be in it)."""
+    """Remove the temporary metrics directory (a given one is kept: the CLI's counts may be in it) and the
+    carry-over directory."""
     import shutil
 
     if getattr(server, "temporary_metrics_dir", None):
         shutil.rmtree(server.temporary_metrics_dir, ignore_errors=True)
+    if getattr(server, "carry_dir", None):
+        shutil.rmtree(server.carry_dir, ignore_errors=True)

@@ -84,10 +84,19 @@ class ConnectionLeases:
         """The lease asked for, held from now on, given the acquiring script's answer; or TooManyConnections."""
         if not answer:
             raise TooManyConnections(self.limit)
-        self.held[asked.lease_id] = asked.user_id
+        self.hold(asked.lease_id, asked.user_id)
+        return asked.lease_id
+
+    def hold(self, lease_id: str, user_id: str) -> None:
+        """Hold a lease taken (here, or by the worker a connection was carried over from: carry.py) and renew it."""
+        self.held[lease_id] = user_id
         if self._renewer is None or self._renewer.dead:
             self._renewer = gevent.spawn(self._renew_forever)
-        return asked.lease_id
+
+    def hand_off(self, lease_id: str | None) -> None:
+        """Stop holding a lease without giving it back: its connection went to another worker, which holds it."""
+        if lease_id:
+            self.held.pop(lease_id, None)
 
     def withdraw(self, asked: LeaseAsked) -> None:
         """Give back a lease asked for whose answer never came (the round trip failed): it may have been taken."""

@@ -1,0 +1,144 @@
+"""A reload carries open SSE streams over to the new workers: clients stay connected and read every event once.
+
+Each test starts its own gunicorn (two workers, as in production), sends it SIGHUP, and waits until the old
+workers have exited: from then on only the new ones can write to the streams.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import signal
+import socket
+import tempfile
+import threading
+
+from app.redis import Keys
+from tests.events.clients import SSE, Api, parse_block
+from tests.servers import wait_until
+
+STREAMS = 6
+
+
+def reload_and_wait(server) -> list[int]:
+    """SIGHUP, then wait until every old worker has exited and two new ones serve; the new workers' pids."""
+    old = set(server.worker_pids())
+    server.signal(signal.SIGHUP)
+
+    def replaced():
+        pids = set(server.worker_pids())
+        return pids if len(pids) == 2 and not pids & old else None
+
+    return sorted(wait_until(replaced, timeout=30, message="the old workers to exit"))
+
+
+def raw_http10_stream(base: str, token: str) -> socket.socket:
+    """An HTTP/1.0 stream: its body is not chunked, and must still not be after it is carried over."""
+    host, port = base.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)), timeout=10)
+    sock.sendall(f"GET /events/stream HTTP/1.0\r\nAuthorization: Bearer {token}\r\n\r\n".encode())
+    return sock
+
+
+class RawReader:
+    """Reads an HTTP/1.0 stream's bytes on a thread."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock, self.data, self.closed = sock, b"", threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        try:
+            while chunk := self.sock.recv(65536):
+                self.data += chunk
+        except OSError:
+            pass
+        self.closed.set()
+
+    def event_ids(self) -> list[str]:
+        body = self.data.partition(b"\r\n\r\n")[2].decode()
+        blocks = [parse_block(block) for block in body.split("\n\n") if block]
+        return [json.loads(block["data"])["id"] for block in blocks if "data" in block]
+
+
+def test_a_reload_carries_streams_over_and_every_event_arrives_once_on_the_same_connection(start_server, rdb):
+    server = start_server(workers=2, GRACEFUL_TIMEOUT="20")
+    user = Api(server.url)
+    streams = [SSE(server.url, user.auth) for _ in range(STREAMS)]
+    http10 = RawReader(raw_http10_stream(server.url, user.access_token))
+    before = user.publish_ok({"n": 0})
+    for stream in streams:
+        assert stream.next_event()["data"]["id"] == before
+    wait_until(lambda: before in http10.event_ids(), message="the HTTP/1.0 stream's first event")
+    assert rdb.zcard(Keys.connection_leases(user.user_id)) == STREAMS + 1
+
+    published, stop = [before], threading.Event()
+
+    def publish_throughout():  # events published while the streams are carried over, too
+        n = 1
+        while not stop.is_set():
+            published.append(user.publish_ok({"n": n}))
+            n += 1
+
+    publisher = threading.Thread(target=publish_throughout)
+    publisher.start()
+    try:
+        reload_and_wait(server)
+    finally:
+        stop.set()
+        publisher.join()
+    published.append(user.publish_ok({"n": "after"}))  # written by a new worker, or by nobody
+
+    for stream in streams:
+        ids = [event["data"]["id"] for event in stream.events(len(published) - 1, timeout=20)]
+        assert ids == published[1:]
+        assert not stream.closed.is_set()
+        assert stream.raw.count(": stream open") == 1  # one connection: never reopened
+    wait_until(lambda: http10.event_ids() == published, message="every event on the HTTP/1.0 stream")
+    assert b"\r\n0\r\n" not in http10.data and not http10.closed.is_set()
+    # The leases went with the connections: still one each, given back when they close.
+    assert rdb.zcard(Keys.connection_leases(user.user_id)) == STREAMS + 1
+    for stream in streams:
+        stream.close()
+    http10.sock.close()
+    wait_until(lambda: rdb.zcard(Keys.connection_leases(user.user_id)) == 0, message="every lease given back")
+
+
+def test_a_carried_stream_still_ends_when_its_session_does(start_server):
+    server = start_server(workers=2, GRACEFUL_TIMEOUT="20")
+    user = Api(server.url)
+    stream = SSE(server.url, user.auth)
+    first = user.publish_ok({"n": 0})
+    assert stream.next_event()["data"]["id"] == first
+    reload_and_wait(server)
+    assert user.publish_ok({"n": 1}) == stream.next_event(timeout=10)["data"]["id"]
+    user.logout_all()
+    assert stream.next(timeout=10)["event"] == "session_ended"
+    assert stream.closed.wait(10)
+
+
+def carry_socket_of(pid: int) -> str:
+    """Where a worker takes streams carried over (it listens once it serves)."""
+    pattern = os.path.join(tempfile.gettempdir(), "auth-rt-carry-*", f"*-{pid}.sock")
+    return wait_until(lambda: glob.glob(pattern), message="the worker's carry-over socket")[0]
+
+
+def test_only_a_worker_of_the_same_server_can_hand_a_connection_over(start_server):
+    server = start_server(workers=2)
+    user = Api(server.url)
+    cursor = user.current_cursor()
+    user.publish_ok({"n": "to read"})
+    # A forged hand-over: a real session and a cursor with an event after it, as if from an old worker.
+    state = {
+        "user_id": user.user_id, "role": "user", "session_id": user.session_id, "token_version": 0,
+        "expires_at": 2**31, "via": "bearer", "cursor": cursor, "chunked": False, "lease": None,
+        "family": socket.AF_UNIX,
+    }  # fmt: skip
+    ours, theirs = socket.socketpair()
+    ours.settimeout(10)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as conn:
+        conn.connect(carry_socket_of(server.worker_pids()[0]))
+        socket.send_fds(conn, [json.dumps({"v": 1, "streams": [state]}).encode()], [theirs.fileno()])
+        theirs.close()
+    assert ours.recv(65536) == b""  # closed unwritten: a worker would have written the event to it
