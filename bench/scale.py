@@ -256,6 +256,9 @@ def fair(redis_server, streams: int) -> dict:
     return {"wrk": rows, "during_broadcasts": during}
 
 
+LATE = 1.0  # seconds after its publishing: an event read later was read late (a reload's catch-up)
+
+
 def reload(system, target, name: str, count: int, send_reload, niceness: int = 0, rate: float = 4.0) -> dict:
     """`count` resuming streams, events at `rate`/s throughout, a reload once all are open; who is back when.
     The client processes run at `niceness` (as in `storm`)."""
@@ -275,17 +278,26 @@ def reload(system, target, name: str, count: int, send_reload, niceness: int = 0
     publisher.join(30)
     expected = publisher.numbers()
     clients = fleet.collect(expected, until=time.time() + 60, timeout=150)
-    back, caught_up, not_back = [], [], 0
+    back, caught_up, not_back, kept, lags = [], [], 0, 0, []
     for client in clients:
-        after = [t for t in client.opened if t > reloaded]
-        if not after:
+        reconnected = [t for t in client.opened if t > reloaded]
+        if reconnected:
+            back.append(reconnected[0] - reloaded)
+        elif client.opened and not [t for t in client.attempts if t > reloaded]:
+            kept += 1  # its stream was carried over: it never left
+        else:
             not_back += 1
             continue
-        reopened = after[0]
-        back.append(reopened - reloaded)
-        read = zip(client.seen, client.arrivals, strict=True)
-        missed = [arrival for n, arrival in read if publisher.published.get(n, math.inf) < reopened]
-        caught_up.append(max([reopened, *missed]) - reloaded)
+        # Caught up once events arrive as they are published again: after the last one that came late (over
+        # LATE after its publishing), such as those published while it was away.
+        late, worst = reloaded, 0.0
+        for n, arrival in zip(client.seen, client.arrivals, strict=True):
+            lag = arrival - publisher.published.get(n, arrival)
+            worst = max(worst, lag)
+            if lag > LATE:
+                late = max(late, arrival)
+        caught_up.append(late - reloaded)
+        lags.append(worst)
     result = {
         "system": name,
         "streams": count,
@@ -293,6 +305,7 @@ def reload(system, target, name: str, count: int, send_reload, niceness: int = 0
         "events": len(expected),
         "all_open_before_reload": opened,
         "opened_before_reload": sum(1 for c in clients if c.opened and c.opened[0] < reloaded),
+        "kept_stream": kept,
         "not_back": not_back,
         "back_after_s": round(max(back), 2) if back else None,
         "caught_up_after_s": {
@@ -302,6 +315,7 @@ def reload(system, target, name: str, count: int, send_reload, niceness: int = 0
         }
         if caught_up
         else None,
+        "event_lag_s": {"p99": round(percentile(lags, 0.99), 2), "max": round(max(lags), 2)} if lags else None,
         "connections_per_client": round(sum(len(c.opened) for c in clients) / max(1, len(clients)), 2),
         "publish_attempts_failed": len(publisher.failures),
         **exactness(clients, expected),
@@ -462,17 +476,18 @@ def tables(results: dict) -> str:
             )
         lines += table(header, rows)
     if results.get("reload"):
-        header = ["reload", "streams", "clients' nice", "opened before", "not back", "all back after"]
-        header += ["caught up p50 / p99 / last"]
+        header = ["reload", "streams", "clients' nice", "opened before", "kept their stream", "not back"]
+        header += ["all back after", "caught up p50 / p99 / last", "worst event lag p99 / max"]
         header += ["connections per client", "missing / twice / out of order / unexpected"]
         rows = []
         for r in results["reload"]:
-            c = r["caught_up_after_s"] or {}
+            c, lag = r["caught_up_after_s"] or {}, r.get("event_lag_s") or {}
+            back = f"{r['back_after_s']} s" if r["back_after_s"] is not None else "none left"
             rows.append(
                 [r["system"], f"{r['streams']:,}", r.get("client_niceness", 0), f"{r['opened_before_reload']:,}"]
-                + [r["not_back"]]
-                + [f"{r['back_after_s']} s", f"{c.get('p50')} / {c.get('p99')} / {c.get('last')} s"]
-                + [r["connections_per_client"], exact(r)]
+                + [f"{r.get('kept_stream', 0):,}", r["not_back"]]
+                + [back, f"{c.get('p50')} / {c.get('p99')} / {c.get('last')} s"]
+                + [f"{lag.get('p99')} / {lag.get('max')} s" if lag else "", r["connections_per_client"], exact(r)]
             )
         lines += table(header, rows)
     return "\n".join(lines)

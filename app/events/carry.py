@@ -17,6 +17,7 @@ worker in time) ends as before, and its client resumes by cursor.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import itertools
@@ -169,7 +170,9 @@ class CarryOver:
         self.generation = generation
         self.listener: gevent.socket.socket | None = None
         self.path = socket_path(directory, generation, os.getpid())
-        self.adopting = gevent.pool.Pool(ADOPTING_AT_ONCE)
+        # Received at once (the old worker must be done before its graceful time-out), adopted a few at a time.
+        self.waiting: collections.deque[tuple[dict, int]] = collections.deque()
+        self.adopters = 0
 
     @classmethod
     def from_environ(cls, app) -> CarryOver | None:
@@ -228,8 +231,10 @@ class CarryOver:
                     continue
                 if not data:
                     return
-                for state, fd in zip(states, fds, strict=True):
-                    self.adopting.spawn(self.adopt, state, fd)
+                self.waiting.extend(zip(states, fds, strict=True))
+                while self.adopters < min(ADOPTING_AT_ONCE, len(self.waiting)):
+                    self.adopters += 1
+                    gevent.spawn(self._adopt_waiting)
 
     @staticmethod
     def _states(data: bytes, fds: list[int], flags: int) -> list[dict] | None:
@@ -248,6 +253,13 @@ class CarryOver:
             log.warning("carry-over: a batch this worker does not read; its %d connections are closed", len(fds))
             return None
         return states
+
+    def _adopt_waiting(self) -> None:
+        try:
+            while self.waiting:
+                self.adopt(*self.waiting.popleft())
+        finally:
+            self.adopters -= 1
 
     def adopt(self, state: dict, fd: int) -> None:
         """Go on with a carried stream: follow from its cursor (session checked, history read) and park it."""
