@@ -88,10 +88,13 @@ timeout = int(os.environ.get("GUNICORN_TIMEOUT", "30"))
 
 # On SIGTERM, open streams are ended at once (SSE) or closed with 1001 (WebSocket), and clients reconnect
 # with their cursor to a live worker; idle keep-alive connections are closed. What is left are ordinary
-# requests under way. On a reload, the old workers first wait for the new ones to load the app, up to
-# this less CARRY_MARGIN, and carry their parked SSE streams over to them (post_worker_init).
-graceful_timeout = int(os.environ.get("GRACEFUL_TIMEOUT", "25"))
-CARRY_MARGIN = 5  # seconds an old worker keeps for handing 10,000 streams on (it took 1-2 s here)
+# requests under way.
+graceful_timeout = int(os.environ.get("GRACEFUL_TIMEOUT", "10"))
+
+# On a reload, an old worker waits for the new ones to load the app, then carries its parked SSE streams
+# over to them a batch at a time, serving the rest meanwhile (post_worker_init): it may take this long
+# (its own graceful time-out becomes this). 20,000 streams took 30-40 s here in a slow hour.
+carry_over_seconds = int(os.environ.get("CARRY_OVER_SECONDS", "90"))
 
 # Longer than nginx's upstream keepalive_timeout (60 s), so nginx, not gunicorn, closes idle
 # upstream connections; the other way round nginx may reuse a connection just being closed.
@@ -211,10 +214,10 @@ def post_worker_init(worker):
             gevent.sleep(0.2)
         if carry is not None:
             carry.stop_adopting()
-            # The new workers may take the graceful time-out less CARRY_MARGIN to load the app (under load that
-            # took 8 s here); the old ones serve their streams meanwhile. The margin is for sending them.
-            wait = max(1.0, worker.cfg.graceful_timeout - CARRY_MARGIN)
-            carry.hand_on(time.monotonic() + wait, expected=worker.cfg.workers)
+            if carry.reloading():
+                # This old worker's own graceful time-out, read by its main loop as it waits for open connections.
+                worker.cfg.set("graceful_timeout", carry_over_seconds)
+                carry.hand_on(time.monotonic() + carry_over_seconds - 2, expected=worker.cfg.workers)
         end_live_connections(worker.wsgi)
         worker.close_idle_connections()
 

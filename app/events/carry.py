@@ -17,7 +17,6 @@ worker in time) ends as before, and its client resumes by cursor.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import dataclasses
 import itertools
@@ -46,7 +45,6 @@ GENERATION_FILE = "generation"
 STATE_VERSION = 1
 BATCH = 200  # streams per message: below the kernel's 253 descriptors per message
 MESSAGE_BYTES = 1 << 20  # a batch's states (a plain stream's is about 300 bytes)
-ADOPTING_AT_ONCE = 256  # adoptions under way per worker: each holds a round trip to Redis
 
 
 def read_generation(directory: str) -> int:
@@ -87,10 +85,10 @@ def parent_of(pid: int) -> int | None:
         return None
 
 
-def is_sibling(conn: socket.socket) -> bool:
-    """Whether the peer of a Unix connection is another worker of this gunicorn: same user, same master."""
+def sibling(conn: socket.socket) -> int | None:
+    """The pid of a Unix connection's peer if it is another worker of this gunicorn (same user, same master)."""
     pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
-    return uid == os.getuid() and pid != os.getpid() and parent_of(pid) == os.getppid()
+    return pid if uid == os.getuid() and pid != os.getpid() and parent_of(pid) == os.getppid() else None
 
 
 @dataclasses.dataclass
@@ -110,7 +108,7 @@ class Carried:
 
     @classmethod
     def of(cls, stream: ParkedStream) -> Carried:
-        """A parked stream's state, taken off the hub (`take_carriable`)."""
+        """A parked stream's state, once taken off the hub (`take`)."""
         caller, follower = stream.follower.caller, stream.follower
         return cls(
             caller.user_id, caller.role, caller.session_id, caller.token_version, caller.expires_at, caller.via,
@@ -130,20 +128,27 @@ def carriable(stream) -> bool:
     return follower.subscription is not None and not follower.access and follower.idle()
 
 
-def take_carriable(hub) -> list[ParkedStream]:
-    """Take every carriable stream off the hub and the parking (nothing is written to them after this)."""
-    taken = []
-    for subscriptions in list(hub.by_session.values()):
-        for subscription in list(subscriptions):
-            stream = subscription.parked
-            if carriable(stream):
-                stream.done = True  # the parking's timer and the hub leave it alone from now on
-                stream.stop_watching()
-                subscription.outlet = subscription.parked = None
-                hub.unsubscribe(subscription)
-                stream.follower.subscription = None
-                taken.append(stream)
-    return taken
+def parked_streams(hub) -> list[ParkedStream]:
+    """This worker's parked SSE streams."""
+    return [
+        subscription.parked
+        for subscriptions in hub.by_session.values()
+        for subscription in subscriptions
+        if isinstance(subscription.parked, ParkedStream)
+    ]
+
+
+def take(stream: ParkedStream) -> bool:
+    """Take a stream off the hub and the parking if it is carriable now: nothing is written to it after this."""
+    if not carriable(stream):
+        return False
+    subscription = stream.follower.subscription
+    stream.done = True  # the parking's timer and the hub leave it alone from now on
+    stream.stop_watching()
+    subscription.outlet = subscription.parked = None
+    stream.follower.hub.unsubscribe(subscription)
+    stream.follower.subscription = None
+    return True
 
 
 class AdoptedPlace:
@@ -170,9 +175,6 @@ class CarryOver:
         self.generation = generation
         self.listener: gevent.socket.socket | None = None
         self.path = socket_path(directory, generation, os.getpid())
-        # Received at once (the old worker must be done before its graceful time-out), adopted a few at a time.
-        self.waiting: collections.deque[tuple[dict, int]] = collections.deque()
-        self.adopters = 0
 
     @classmethod
     def from_environ(cls, app) -> CarryOver | None:
@@ -211,30 +213,37 @@ class CarryOver:
             listener.close()
 
     def _receive(self, conn) -> None:
-        """Adopt the batches one older worker sends; refused whole from a process that is not a sibling worker."""
+        """Adopt the batches one older worker sends, answering each once it is adopted; refused whole from a
+        process that is not a sibling worker."""
+        since, received, adopted, peer = time.monotonic(), 0, 0, None
         with conn:
-            sibling = None
             while True:
                 try:
                     data, fds, flags, _ = socket.recv_fds(conn, MESSAGE_BYTES, BATCH)
                 except OSError:
-                    return
-                if sibling is None:
-                    sibling = is_sibling(conn)
-                states = self._states(data, fds, flags) if sibling else None
+                    break
+                if peer is None:
+                    peer = sibling(conn)
+                states = self._states(data, fds, flags) if peer else None
                 if states is None:
                     for fd in fds:
                         os.close(fd)
-                    if not sibling:
+                    if not peer:
                         log.warning("carry-over: refused connections from a process not a worker of this server")
                         return
                     continue
                 if not data:
-                    return
-                self.waiting.extend(zip(states, fds, strict=True))
-                while self.adopters < min(ADOPTING_AT_ONCE, len(self.waiting)):
-                    self.adopters += 1
-                    gevent.spawn(self._adopt_waiting)
+                    break
+                adopting = [gevent.spawn(self.adopt, state, fd) for state, fd in zip(states, fds, strict=True)]
+                gevent.joinall(adopting)
+                received += len(fds)
+                adopted += sum(1 for greenlet in adopting if greenlet.value)
+                try:
+                    conn.send(b"%d" % adopted)  # the sender's turn to send the next batch
+                except OSError:
+                    break
+        took = time.monotonic() - since
+        log.info("carry-over: adopted %d of %d streams from pid %s in %.1f s", adopted, received, peer, took)
 
     @staticmethod
     def _states(data: bytes, fds: list[int], flags: int) -> list[dict] | None:
@@ -254,26 +263,20 @@ class CarryOver:
             return None
         return states
 
-    def _adopt_waiting(self) -> None:
-        try:
-            while self.waiting:
-                self.adopt(*self.waiting.popleft())
-        finally:
-            self.adopters -= 1
-
-    def adopt(self, state: dict, fd: int) -> None:
-        """Go on with a carried stream: follow from its cursor (session checked, history read) and park it."""
+    def adopt(self, state: dict, fd: int) -> bool:
+        """Go on with a carried stream: follow from its cursor (session checked, history read) and park it.
+        False when it ends instead (its client then reconnects, or learns that its session ended)."""
         app = self.app
         try:
             carried = Carried(**state)
             sock = gevent.socket.socket(carried.family, socket.SOCK_STREAM, 0, fileno=fd)
         except (TypeError, ValueError, OSError):
             os.close(fd)
-            return
+            return False
         pools = [pool for pool in HANDLER_POOLS if pool.free_count() > 0]
         if not pools:
             sock.close()  # a full worker: the client reconnects to one with room
-            return
+            return False
         settings, leases = app.config["SETTINGS"], app.extensions["connection_leases"]
         if carried.lease:
             leases.hold(carried.lease, carried.user_id)
@@ -284,16 +287,16 @@ class CarryOver:
             )  # fmt: skip
         except StreamEnded as ended:
             self._end(sock, carried, ended.reason)
-            return
+            return False
         except Exception as error:  # noqa: BLE001 - Redis away, a malformed state: the client resumes elsewhere
             log.warning("carry-over: a stream could not be adopted (%s); its client reconnects", type(error).__name__)
             leases.release(carried.lease)
             sock.close()
-            return
+            return False
         if follower.user["role"] != carried.role:  # the stored role decides the channels: reopened the verified way
             follower.close()
             sock.close()
-            return
+            return False
         follower.caller = dataclasses.replace(follower.caller, user=follower.user)
         parking = app.extensions["parked_streams"]
         outlet = sse_outlet(follower, sock, carried.chunked, settings.ws_send_timeout)
@@ -305,6 +308,7 @@ class CarryOver:
 
         place = AdoptedPlace(max(pools, key=lambda pool: pool.free_count()))
         parking.add(ParkedStream(parking, follower, outlet, place, carried.chunked, [finish]))
+        return True
 
     @staticmethod
     def _end(sock, carried: Carried, reason: str) -> None:
@@ -316,22 +320,25 @@ class CarryOver:
 
     # Handing on (the old worker).
 
+    def reloading(self) -> bool:
+        """Whether the master began a reload since this worker started (or this is a stop)."""
+        return read_generation(self.directory) > self.generation
+
     def hand_on(self, deadline: float, expected: int) -> int:
         """The worker is stopping: hand its parked streams to the new generation's workers, if this is a
-        reload and they are listening by `deadline` (monotonic; all `expected` of them, or those there by
-        then). Returns how many streams were carried; the rest end as before."""
-        newest = read_generation(self.directory)
-        if newest <= self.generation:
-            return 0  # a stop, not a reload
-        successors = self._wait_for_successors(newest, deadline, expected)
+        reload and they listen in time (all `expected` of them, or those there by the deadline, monotonic).
+        Returns how many streams were carried; the rest end as before, once this returns."""
+        if not self.reloading():
+            return 0
+        successors = self._wait_for_successors(read_generation(self.directory), deadline, expected)
         if not successors:
             log.warning("carry-over: no new worker listening in time; streams end and their clients reconnect")
             return 0
-        streams = take_carriable(self.app.extensions["event_hub"])
+        streams = parked_streams(self.app.extensions["event_hub"])
         shares: dict[str, list[ParkedStream]] = {path: [] for path in successors}
-        for path, stream in zip(itertools.cycle(successors), streams):
+        for path, stream in zip(itertools.cycle(successors), streams, strict=False):
             shares[path].append(stream)
-        sending = [gevent.spawn(self._send, path, share) for path, share in shares.items()]
+        sending = [gevent.spawn(self._send, path, share, deadline) for path, share in shares.items()]
         gevent.joinall(sending)
         carried = sum(greenlet.value or 0 for greenlet in sending)
         log.info("carry-over: %d of %d streams handed to %d new workers", carried, len(streams), len(successors))
@@ -346,16 +353,21 @@ class CarryOver:
             gevent.sleep(0.05)  # a new worker is still loading the app: nothing to wait on but its socket file
         return found
 
-    def _send(self, path: str, streams: list[ParkedStream]) -> int:
-        """Send `streams` to the worker at `path`, a batch per message; those not sent end (their clients
-        reconnect). Returns how many were sent."""
+    def _send(self, path: str, streams: list[ParkedStream], deadline: float) -> int:
+        """Send `streams` to the worker at `path` a batch at a time, each once the one before is adopted: a
+        stream waits in this worker, still served, until its turn, and goes on after a pause of one batch's
+        adoption. Returns how many were sent; those not sent by the deadline stay (and end after this)."""
         leases = self.app.extensions["connection_leases"]
         sent = 0
         try:
             with gevent.socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as conn:
                 conn.connect(path)
                 for start in range(0, len(streams), BATCH):
-                    batch = streams[start : start + BATCH]
+                    if time.monotonic() >= deadline:
+                        break
+                    batch = [stream for stream in streams[start : start + BATCH] if take(stream)]
+                    if not batch:
+                        continue
                     states = {"v": STATE_VERSION, "streams": [dataclasses.asdict(Carried.of(s)) for s in batch]}
                     socket.send_fds(conn, [json.dumps(states).encode()], [s.sock.fileno() for s in batch])
                     for stream in batch:  # the new worker holds the connection and its lease now
@@ -363,8 +375,9 @@ class CarryOver:
                         stream.follower.lease = None
                         stream.close()
                     sent += len(batch)
+                    with gevent.Timeout(max(0.0, deadline - time.monotonic()), False):
+                        if not conn.recv(32):
+                            break  # the new worker went away
         except OSError as error:
-            log.warning("carry-over: handing streams to %s failed (%s); they end", path, type(error).__name__)
-        for stream in streams[sent:]:
-            stream.close()
+            log.warning("carry-over: handing streams to %s failed (%s); the rest end", path, type(error).__name__)
         return sent

@@ -63,7 +63,7 @@ class RawReader:
 
 
 def test_a_reload_carries_streams_over_and_every_event_arrives_once_on_the_same_connection(start_server, rdb):
-    server = start_server(workers=2, GRACEFUL_TIMEOUT="20")
+    server = start_server(workers=2)
     user = Api(server.url)
     streams = [SSE(server.url, user.auth) for _ in range(STREAMS)]
     http10 = RawReader(raw_http10_stream(server.url, user.access_token))
@@ -106,7 +106,7 @@ def test_a_reload_carries_streams_over_and_every_event_arrives_once_on_the_same_
 
 
 def test_a_carried_stream_still_ends_when_its_session_does(start_server):
-    server = start_server(workers=2, GRACEFUL_TIMEOUT="20")
+    server = start_server(workers=2)
     user = Api(server.url)
     stream = SSE(server.url, user.auth)
     first = user.publish_ok({"n": 0})
