@@ -10,9 +10,10 @@ the stream. The client sees a pause, not a reconnection, and reads every event o
 
 Only the master knows a reload from a stop: it counts reloads in the `generation` file of a directory
 private to this gunicorn (gunicorn.conf.py). A worker listens at `<generation>-<pid>.sock` there; a stopping
-worker of an older generation waits briefly for the new generation's sockets and hands its streams over
-round-robin. Anything not carried (a stream with named channels, a WebSocket, one being written to, no new
-worker in time) ends as before, and its client resumes by cursor.
+worker of an older generation waits for the new generation's sockets, shares its streams among them and
+sends them a batch at a time, each once the one before is adopted: a stream waiting for its turn is still
+served here, so each pauses only for its own batch. Anything not carried (a stream with named channels, a
+WebSocket, one being written to, no new worker in time) ends as before, and its client resumes by cursor.
 """
 
 from __future__ import annotations
@@ -369,7 +370,12 @@ class CarryOver:
                     if not batch:
                         continue
                     states = {"v": STATE_VERSION, "streams": [dataclasses.asdict(Carried.of(s)) for s in batch]}
-                    socket.send_fds(conn, [json.dumps(states).encode()], [s.sock.fileno() for s in batch])
+                    try:
+                        socket.send_fds(conn, [json.dumps(states).encode()], [s.sock.fileno() for s in batch])
+                    except OSError:
+                        for stream in batch:  # taken off the hub already: closed, their clients reconnect
+                            stream.close()
+                        raise
                     for stream in batch:  # the new worker holds the connection and its lease now
                         leases.hand_off(stream.follower.lease)
                         stream.follower.lease = None
