@@ -290,13 +290,21 @@ def on_starting(server):
         os.remove(stale)
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = directory  # inherited by the workers forked after this
     # Private to this gunicorn: its workers' sockets for carrying streams over on a reload (on_reload).
-    server.carry_dir = tempfile.mkdtemp(prefix="auth-rt-carry-")
+    server.carry_dir = tempfile.mkdtemp(prefix="auth-rt-carry-", dir=short_temp_dir())
     server.generation = 0
     write_generation(server.carry_dir, 0)
     os.environ[CARRY_DIR_ENV] = server.carry_dir
 
 
 CARRY_DIR_ENV = "AUTH_RT_CARRY_DIR"  # app/events/carry.py reads it, and the generation file
+
+
+def short_temp_dir() -> str:
+    """The temporary directory, or /tmp when its path leaves too little of a Unix socket's 107 bytes."""
+    import tempfile
+
+    directory = tempfile.gettempdir()
+    return directory if len(directory) <= 60 else "/tmp"  # noqa: S108 - mkdtemp makes a private directory there
 
 
 def write_generation(directory: str, generation: int) -> None:

@@ -193,10 +193,15 @@ class CarryOver:
 
     def _listen(self) -> None:
         listener = gevent.socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        listener.bind(self.path + ".new")
-        os.chmod(self.path + ".new", 0o600)
-        listener.listen(16)
-        os.replace(self.path + ".new", self.path)  # seen by the old workers only once it accepts
+        try:
+            listener.bind(self.path + ".new")
+            os.chmod(self.path + ".new", 0o600)
+            listener.listen(16)
+            os.replace(self.path + ".new", self.path)  # seen by the old workers only once it accepts
+        except OSError as error:
+            log.warning("carry-over: this worker takes no streams on a reload (%s: %s)", self.path, error)
+            listener.close()
+            return
         self.listener = listener
         while self.listener is not None:
             try:

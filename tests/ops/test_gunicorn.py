@@ -3,12 +3,16 @@ worker count from the CPUs the process may really use."""
 
 from __future__ import annotations
 
+import glob
 import json
 import logging
 import os
 import resource
 import runpy
+import signal
+import socket
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -53,7 +57,7 @@ def test_every_line_is_json_including_gunicorns_and_the_hubs_warnings(base_env, 
     assert any(line["msg"].startswith("Booting worker") for line in lines)
 
 
-def test_the_temporary_metrics_directory_is_removed_on_exit(base_env, rdb, tmp_path):
+def test_the_temporary_metrics_and_carry_over_directories_are_removed_on_exit(base_env, rdb, tmp_path):
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     env = {**base_env, "TMPDIR": str(tmp), "PROMETHEUS_MULTIPROC_DIR": ""}
@@ -63,9 +67,34 @@ def test_the_temporary_metrics_directory_is_removed_on_exit(base_env, rdb, tmp_p
         made = list(tmp.glob("auth-rt-metrics-*"))
         assert len(made) == 1 and list(made[0].glob("*.db"))  # the workers write their metrics there
         Api(server.url)  # some traffic, so the summed metrics are not empty
+
+        # Where the workers take streams on a reload: /tmp, as this TMPDIR is too long for a Unix socket's path.
+        def carry_dirs():
+            pattern = "/tmp/auth-rt-carry-*/*-{}.sock"  # noqa: S108
+            sockets = [Path(path) for pid in server.worker_pids() for path in glob.glob(pattern.format(pid))]
+            return {path.parent for path in sockets} if len(sockets) == 2 else None
+
+        carry_dir = wait_until(carry_dirs, message="both workers' carry-over sockets")
+        assert len(carry_dir) == 1
     finally:
         server.stop()
     assert list(tmp.glob("auth-rt-metrics-*")) == []
+    assert not any(directory.exists() for directory in carry_dir)
+
+
+def test_a_stop_closes_keep_alive_connections_waiting_for_a_request_at_once(base_env, tmp_path):
+    server = LiveServer({**base_env, "GRACEFUL_TIMEOUT": "60"}, workers=1, log_path=tmp_path / "gunicorn.log")
+    server.start()
+    try:
+        idle = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+        idle.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        assert idle.recv(65536).startswith(b"HTTP/1.1 200")  # answered, and kept alive for the next request
+        server.signal(signal.SIGTERM)
+        # Left open, the idle connection held the worker for all of its 60 s graceful time-out.
+        server.process.wait(20)
+        assert idle.recv(65536) == b""
+    finally:
+        server.stop()
 
 
 @pytest.mark.parametrize("cpus, expected", [("0", 1), (None, len(os.sched_getaffinity(0)))])
