@@ -14,6 +14,8 @@ import socket
 import tempfile
 import threading
 
+import pytest
+
 from app.redis import Keys
 from tests.events.clients import SSE, Api, parse_block
 from tests.servers import wait_until
@@ -105,6 +107,7 @@ def test_a_reload_carries_streams_over_and_every_event_arrives_once_on_the_same_
     wait_until(lambda: rdb.zcard(Keys.connection_leases(user.user_id)) == 0, message="every lease given back")
 
 
+@pytest.mark.not_on_cluster("the session's end reaches a carried stream as any other: the cluster's way is above")
 def test_a_carried_stream_still_ends_when_its_session_does(start_server):
     server = start_server(workers=2)
     user = Api(server.url)
@@ -124,6 +127,7 @@ def carry_socket_of(pid: int) -> str:
     return wait_until(lambda: glob.glob(pattern), message="the worker's carry-over socket")[0]
 
 
+@pytest.mark.not_on_cluster("who may hand a connection over does not depend on Redis")
 def test_only_a_worker_of_the_same_server_can_hand_a_connection_over(start_server):
     server = start_server(workers=2)
     user = Api(server.url)
