@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from bench.streams import Target, open_stream, raise_fd_limit
 
 DEFAULT_RETRY = 2.0  # seconds, until a stream's `retry:` says otherwise (browsers wait about 3 s)
+IDLE_CHECK = 5.0  # seconds a client waits for data before it looks whether it is done (a run's end is that late)
 
 
 @dataclass
@@ -72,8 +73,10 @@ async def read_events(stream, token: bytes, client: Client, done) -> tuple[str |
     while not done():
         try:
             # `done()` may turn true while nothing arrives. (Not `wait_for`: it makes a task per read, and the
-            # clients share the servers' cores: what they spend per event is taken from the servers.)
-            async with asyncio.timeout(1.0):
+            # clients share the servers' cores: what they spend per event is taken from the servers. For the same
+            # reason an idle stream wakes every IDLE_CHECK s, not every second: 20,000 waking each second took
+            # about a core.)
+            async with asyncio.timeout(IDLE_CHECK):
                 data = await stream.read()
         except TimeoutError:
             continue

@@ -69,6 +69,7 @@ def test_a_reload_carries_streams_over_and_every_event_arrives_once_on_the_same_
     user = Api(server.url)
     streams = [SSE(server.url, user.auth) for _ in range(STREAMS)]
     http10 = RawReader(raw_http10_stream(server.url, user.access_token))
+    wait_until(lambda: b": stream open" in http10.data, message="the HTTP/1.0 stream to open")  # else it starts later
     before = user.publish_ok({"n": 0})
     for stream in streams:
         assert stream.next_event()["data"]["id"] == before
