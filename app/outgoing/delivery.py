@@ -290,7 +290,12 @@ class DeliveryWorker:
     # Claiming
 
     def _take_over(self, stream: str, group: str, endpoint_id: str | None, dead: str) -> None:
-        pending = self.client.xpending_range(stream, group, "-", "+", 100, consumername=dead)
+        try:
+            pending = self.client.xpending_range(stream, group, "-", "+", 100, consumername=dead)
+        except redis.exceptions.ResponseError as error:
+            if "NOGROUP" not in str(error):
+                raise
+            return  # the queue went away since it was listed, with whatever the dead process held
         ids = [item["message_id"] for item in pending]
         if not ids:
             return
@@ -301,7 +306,12 @@ class DeliveryWorker:
         self._handle_claimed(endpoint_id, claimed, stream, group)
 
     def _take_stale(self, stream: str, group: str, endpoint_id: str | None) -> None:
-        _, claimed, *_ = self.client.xautoclaim(stream, group, self.name, self.stale_ms, "0-0", count=100)
+        try:
+            _, claimed, *_ = self.client.xautoclaim(stream, group, self.name, self.stale_ms, "0-0", count=100)
+        except redis.exceptions.ResponseError as error:
+            if "NOGROUP" not in str(error):
+                raise
+            return  # the queue went away since it was listed (its endpoint deleted): nothing is left to take
         claimed = [(entry_id, fields) for entry_id, fields in claimed if (endpoint_id, entry_id) not in self.in_flight]
         if claimed:
             log.warning("outgoing webhooks: took over %d stale entries of %s", len(claimed), stream)
