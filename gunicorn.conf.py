@@ -290,9 +290,14 @@ def on_starting(server):
         os.remove(stale)
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = directory  # inherited by the workers forked after this
     # Private to this gunicorn: its workers' sockets for carrying streams over on a reload (on_reload).
-    server.carry_dir = tempfile.mkdtemp(prefix="auth-rt-carry-", dir=short_temp_dir())
-    server.generation = 0
-    write_generation(server.carry_dir, 0)
+    server.generation, server.carry_dir = 0, None
+    try:
+        server.carry_dir = tempfile.mkdtemp(prefix="auth-rt-carry-", dir=short_temp_dir())
+        write_generation(server.carry_dir, 0)
+    except OSError as error:  # a read-only file system: reloads end streams, and clients come back
+        server.log.warning("no directory for carrying streams over on a reload (%s); reloads will end them", error)
+        os.environ.pop(CARRY_DIR_ENV, None)
+        return
     os.environ[CARRY_DIR_ENV] = server.carry_dir
 
 
@@ -319,7 +324,8 @@ def write_generation(directory: str, generation: int) -> None:
 def on_reload(server):
     """A reload (SIGHUP) begins: its new workers, forked after this, are the next generation."""
     server.generation += 1
-    write_generation(server.carry_dir, server.generation)
+    if server.carry_dir is not None:
+        write_generation(server.carry_dir, server.generation)
 
 
 def child_exit(server, worker):
