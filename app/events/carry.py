@@ -1,8 +1,8 @@
 """Carrying a reloaded worker's open SSE streams over to the workers that replace it, so clients stay connected.
 
 On a reload (SIGHUP) gunicorn starts new workers and stops the old ones. Ended streams would come back all
-at once, each paying for a new connection, a request and a catch-up: 20,000 took the two new workers 37-53 s
-of CPU here. Instead, an old worker passes each parked stream's connection (the descriptor itself, over a
+at once, each paying for a new connection, a request and a catch-up: 20,000 kept the two new workers busy
+for 37-53 s here. Instead, an old worker passes each parked stream's connection (the descriptor itself, over a
 Unix socket) to a new worker with what it needs to go on: who reads, the cursor after the last event
 written, the response's framing and the connection's lease. The new worker follows from that cursor as a
 resuming reader does (its session checked again, what was published meanwhile read from history) and parks
