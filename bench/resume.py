@@ -66,35 +66,71 @@ def failure_kind(error: BaseException) -> str:
     return type(error).__name__
 
 
-async def read_events(stream, token: bytes, client: Client, done) -> tuple[str | None, float | None]:
-    """Read SSE events until the stream ends or `done()`: the last `id:` read, and the `retry:` given."""
-    pattern = re.compile(re.escape(token) + rb":(\d+);")
-    buffer, cursor, retry = b"", None, None
-    while not done():
-        try:
-            # `done()` may turn true while nothing arrives. (Not `wait_for`: it makes a task per read, and the
-            # clients share the servers' cores: what they spend per event is taken from the servers. For the same
-            # reason an idle stream wakes every IDLE_CHECK s, not every second: 20,000 waking each second took
-            # about a core.)
-            async with asyncio.timeout(IDLE_CHECK):
-                data = await stream.read()
-        except TimeoutError:
-            continue
-        if not data:
-            break
-        buffer += data.replace(b"\r\n", b"\n")
-        *blocks, buffer = buffer.split(b"\n\n")
-        now = time.time()
+class EventReader(asyncio.Protocol):
+    """Reads an open stream's events as its data arrives, in the event loop's own callback (it takes the
+    connection over from the stream's StreamReader). No task wakes, no read is awaited and no time-out is
+    armed per event: the clients share the servers' cores, and what they spend per event is taken from the
+    servers. (Reading through the StreamReader cost about 50 us of client CPU per event: at 20,000 events a
+    second, more than half a core.)"""
+
+    def __init__(self, stream, token: bytes, client: Client, done):
+        self.decoder, self.client, self.done = stream.decoder, client, done
+        self.pattern = re.compile(re.escape(token) + rb":(\d+);")
+        self.buffer, self.cursor, self.retry = b"", None, None
+        self.ended = asyncio.get_running_loop().create_future()
+        reader, transport = stream.reader, stream.writer.transport
+        received, ended = bytes(reader._buffer), reader._eof  # what the StreamReader holds, not yet read
+        reader._buffer.clear()
+        transport.set_protocol(self)
+        if stream.pending:
+            self.events(stream.pending)
+        if received:
+            self.data_received(received)
+        if ended or transport.is_closing():
+            self.finish()
+        elif not self.ended.done():
+            transport.resume_reading()  # the StreamReader may have paused it
+
+    def data_received(self, data: bytes) -> None:
+        decoded = self.decoder.feed(data)
+        if decoded:
+            self.events(decoded)
+        if self.done():
+            self.finish()
+
+    def events(self, data: bytes) -> None:
+        self.buffer += data.replace(b"\r\n", b"\n")
+        *blocks, self.buffer = self.buffer.split(b"\n\n")
+        now, client = time.time(), self.client
         for block in blocks:
             for line in block.split(b"\n"):
                 if line.startswith(b"id:"):
-                    cursor = line[3:].strip().decode()
+                    self.cursor = line[3:].strip().decode()
                 elif line.startswith(b"retry:"):
-                    retry = int(line[6:].strip()) / 1000
-            for match in pattern.finditer(block):
+                    self.retry = int(line[6:].strip()) / 1000
+            for match in self.pattern.finditer(block):
                 client.seen.append(int(match.group(1)))
                 client.arrivals.append(now)
-    return cursor, retry
+
+    def eof_received(self) -> None:
+        self.finish()
+
+    def connection_lost(self, exc) -> None:
+        self.finish()
+
+    def finish(self) -> None:
+        if not self.ended.done():
+            self.ended.set_result(None)
+
+
+async def read_events(stream, token: bytes, client: Client, done) -> tuple[str | None, float | None]:
+    """Read SSE events until the stream ends or `done()`: the last `id:` read, and the `retry:` given."""
+    reader = EventReader(stream, token, client, done)
+    while not reader.ended.done() and not done():
+        # `done()` may turn true while nothing arrives: an idle stream looks every IDLE_CHECK s (20,000
+        # looking every second took about a core).
+        await asyncio.wait([reader.ended], timeout=IDLE_CHECK)
+    return reader.cursor, reader.retry
 
 
 def has_read(client: Client, expected) -> bool:
