@@ -17,7 +17,7 @@ import re
 import time
 from dataclasses import dataclass, field, replace
 
-from bench.streams import Target, open_stream, raise_fd_limit
+from bench.streams import Receiver, Target, open_stream, raise_fd_limit
 
 DEFAULT_RETRY = 2.0  # seconds, until a stream's `retry:` says otherwise (browsers wait about 3 s)
 IDLE_CHECK = 5.0  # seconds a client waits for data before it looks whether it is done (a run's end is that late)
@@ -66,39 +66,18 @@ def failure_kind(error: BaseException) -> str:
     return type(error).__name__
 
 
-class EventReader(asyncio.Protocol):
-    """Reads an open stream's events as its data arrives, in the event loop's own callback (it takes the
-    connection over from the stream's StreamReader). No task wakes, no read is awaited and no time-out is
-    armed per event: the clients share the servers' cores, and what they spend per event is taken from the
-    servers. (Reading through the StreamReader cost about 50 us of client CPU per event: at 20,000 events a
-    second, more than half a core.)"""
+class EventReader:
+    """An open stream's SSE events, read as its data arrives (`Receiver`): their numbers, arrival times,
+    the last `id:` and the `retry:` given."""
 
     def __init__(self, stream, token: bytes, client: Client, done):
-        self.decoder, self.client, self.done = stream.decoder, client, done
+        self.client, self.done = client, done
         self.pattern = re.compile(re.escape(token) + rb":(\d+);")
         self.buffer, self.cursor, self.retry = b"", None, None
-        self.ended = asyncio.get_running_loop().create_future()
-        reader, transport = stream.reader, stream.writer.transport
-        received, ended = bytes(reader._buffer), reader._eof  # what the StreamReader holds, not yet read
-        reader._buffer.clear()
-        transport.set_protocol(self)
-        if stream.pending:
-            self.events(stream.pending)
-        if received:
-            self.data_received(received)
-        if ended or transport.is_closing():
-            self.finish()
-        elif not self.ended.done():
-            transport.resume_reading()  # the StreamReader may have paused it
+        self.ended = Receiver(stream, self.events).ended
 
-    def data_received(self, data: bytes) -> None:
-        decoded = self.decoder.feed(data)
-        if decoded:
-            self.events(decoded)
-        if self.done():
-            self.finish()
-
-    def events(self, data: bytes) -> None:
+    def events(self, data: bytes) -> bool:
+        """Note the events in `data`; True once the client is done."""
         self.buffer += data.replace(b"\r\n", b"\n")
         *blocks, self.buffer = self.buffer.split(b"\n\n")
         now, client = time.time(), self.client
@@ -111,16 +90,7 @@ class EventReader(asyncio.Protocol):
             for match in self.pattern.finditer(block):
                 client.seen.append(int(match.group(1)))
                 client.arrivals.append(now)
-
-    def eof_received(self) -> None:
-        self.finish()
-
-    def connection_lost(self, exc) -> None:
-        self.finish()
-
-    def finish(self) -> None:
-        if not self.ended.done():
-            self.ended.set_result(None)
+        return self.done()
 
 
 async def read_events(stream, token: bytes, client: Client, done) -> tuple[str | None, float | None]:

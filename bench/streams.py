@@ -159,6 +159,47 @@ class Stream:
                 return data
 
 
+class Receiver(asyncio.Protocol):
+    """Takes an open stream's connection over from its StreamReader and passes its decoded data to
+    `on_data` as it arrives, in the event loop's own callback: no task wakes and no read is awaited per
+    event. The client processes share the servers' cores, and what they spend per event is taken from the
+    servers: reading through the StreamReader cost about 50 us of client CPU per event, this about 16.
+    `ended` is done once the server closes the connection or `on_data` returns True (it has read enough)."""
+
+    def __init__(self, stream: Stream, on_data: Callable[[bytes], bool]):
+        self.decoder, self.on_data = stream.decoder, on_data
+        self.ended = asyncio.get_running_loop().create_future()
+        reader, transport = stream.reader, stream.writer.transport
+        received, closed = bytes(reader._buffer), reader._eof  # what the StreamReader holds, not yet read
+        reader._buffer.clear()
+        transport.set_protocol(self)
+        if stream.pending and on_data(stream.pending):
+            self.finish()
+        if received:
+            self.data_received(received)
+        if closed or transport.is_closing():
+            self.finish()
+        elif not self.ended.done():
+            transport.resume_reading()  # the StreamReader may have paused it
+
+    def data_received(self, data: bytes) -> None:
+        if self.ended.done():
+            return
+        decoded = self.decoder.feed(data)
+        if decoded and self.on_data(decoded):
+            self.finish()
+
+    def eof_received(self) -> None:
+        self.finish()
+
+    def connection_lost(self, exc) -> None:
+        self.finish()
+
+    def finish(self) -> None:
+        if not self.ended.done():
+            self.ended.set_result(None)
+
+
 def source_address(index: int, target: Target) -> tuple[str, int] | None:
     """A loopback source address of its own for client process `index`.
 
@@ -239,23 +280,46 @@ async def read_tags(stream: Stream, token: bytes, expected: int, arrivals: list,
 
     False if the server closed the stream first.
     """
-    pattern = re.compile(re.escape(token) + rb":(\d+);")
-    keep = len(token) + 24  # the longest partial tag that may continue in the next read
-    window, unique = b"", set()
-    while len(unique) < expected:
+    finder = TagFinder(token, arrivals, seen)
+    while len(finder.unique) < expected:
         data = await stream.read()
         if not data:
             return False
-        window += data
-        now, last_end = time.time(), 0
-        for match in pattern.finditer(window):
-            n = int(match.group(1))
-            seen.append(n)
-            arrivals.append(now)
-            unique.add(n)
-            last_end = match.end()
-        window = window[last_end:][-keep:]
+        finder.feed(data)
     return True
+
+
+async def receive_tags(stream: Stream, token: bytes, expected: int, arrivals: list, seen: list) -> bool:
+    """`read_tags` for a stream read to its end: the stream's connection is taken over (`Receiver`), and
+    nothing else reads it afterwards."""
+    finder = TagFinder(token, arrivals, seen)
+
+    def on_data(data: bytes) -> bool:
+        finder.feed(data)
+        return len(finder.unique) >= expected
+
+    await Receiver(stream, on_data).ended
+    return len(finder.unique) >= expected
+
+
+class TagFinder:
+    """The numbered tags of a run in a stream's decoded data, each noted with the time it arrived."""
+
+    def __init__(self, token: bytes, arrivals: list, seen: list):
+        self.pattern = re.compile(re.escape(token) + rb":(\d+);")
+        self.keep = len(token) + 24  # the longest partial tag that may continue in the next data
+        self.window, self.unique, self.arrivals, self.seen = b"", set(), arrivals, seen
+
+    def feed(self, data: bytes) -> None:
+        window = self.window + data
+        now, last_end = time.time(), 0
+        for match in self.pattern.finditer(window):
+            n = int(match.group(1))
+            self.seen.append(n)
+            self.arrivals.append(now)
+            self.unique.add(n)
+            last_end = match.end()
+        self.window = window[last_end:][-self.keep :]
 
 
 def verdict(seen: list[int], expected: int, publishers: int) -> dict:
@@ -308,7 +372,7 @@ def _client_process(
         per_connection = [[] for _ in streams]
         numbers = [[] for _ in streams]
         readers = [
-            read_tags(stream, token, expected, arrivals, seen)
+            receive_tags(stream, token, expected, arrivals, seen)
             for stream, arrivals, seen in zip(streams, per_connection, numbers, strict=True)
         ]
         cpu_before = os.times()
