@@ -42,9 +42,10 @@ $(OIDC_STAMP): tests/oidc/package.json tests/oidc/package-lock.json
 	cd tests/oidc && npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
+# Three processes on two cores: the suite waits on servers, browsers and time-outs for a quarter of its time.
 test: dev-deps system-deps lint $(OIDC_STAMP)
 	scripts/ensure-packages.sh $(TEST_PACKAGES)
-	$(BIN)/pytest --numprocesses 2 --dist loadfile --durations 15
+	$(BIN)/pytest --numprocesses 3 --dist loadfile --durations 15
 
 BENCH_STAMP := $(VENV)/.bench-installed
 $(BENCH_STAMP): requirements-bench.txt $(DEV_STAMP)
