@@ -12,8 +12,9 @@ Only the master knows a reload from a stop: it counts reloads in the `generation
 private to this gunicorn (gunicorn.conf.py). A worker listens at `<generation>-<pid>.sock` there; a stopping
 worker of an older generation waits for the new generation's sockets, shares its streams among them and
 sends them a batch at a time, each once the one before is adopted: a stream waiting for its turn is still
-served here, so each pauses only for its own batch. Anything not carried (a stream with named channels, a
-WebSocket, one being written to, no new worker in time) ends as before, and its client resumes by cursor.
+served here, so each pauses only for its own batch; one with events still queued at its turn is tried
+again after the others. Anything not carried (a stream with named channels, a WebSocket, one that does not
+come to rest, no new worker in time) ends as before, and its client resumes by cursor.
 """
 
 from __future__ import annotations
@@ -46,6 +47,11 @@ GENERATION_FILE = "generation"
 STATE_VERSION = 1
 BATCH = 200  # streams per message: below the kernel's 253 descriptors per message
 MESSAGE_BYTES = 1 << 20  # a batch's states (a plain stream's is about 300 bytes)
+# A stream not at rest at its turn (events queued for it, a client reading slowly) is tried again once the
+# others have gone, every AGAIN_EVERY s for at most AGAIN_FOR s: on a machine behind with its deliveries,
+# a third of the streams were not at rest at their turn, and each would have sent its client back.
+AGAIN_EVERY = 0.5
+AGAIN_FOR = 10.0
 
 
 def read_generation(directory: str) -> int:
@@ -122,11 +128,15 @@ class Carried:
 
 
 def carriable(stream) -> bool:
-    """A parked SSE stream at rest: nothing queued, nothing half-written, no named channels."""
-    if not isinstance(stream, ParkedStream) or stream.serving or stream.done or stream.outlet.stalled:
+    """A parked SSE stream another worker can go on with: still open, and no named channels."""
+    if not isinstance(stream, ParkedStream) or stream.done:
         return False
-    follower = stream.follower
-    return follower.subscription is not None and not follower.access and follower.idle()
+    return stream.follower.subscription is not None and not stream.follower.access
+
+
+def at_rest(stream: ParkedStream) -> bool:
+    """Nothing queued for the stream, nothing half-written to it: taken now, it misses nothing."""
+    return not stream.serving and not stream.outlet.stalled and stream.follower.idle()
 
 
 def parked_streams(hub) -> list[ParkedStream]:
@@ -140,8 +150,9 @@ def parked_streams(hub) -> list[ParkedStream]:
 
 
 def take(stream: ParkedStream) -> bool:
-    """Take a stream off the hub and the parking if it is carriable now: nothing is written to it after this."""
-    if not carriable(stream):
+    """Take a stream off the hub and the parking if it is carriable and at rest: nothing is written to it after
+    this."""
+    if not (carriable(stream) and at_rest(stream)):
         return False
     subscription = stream.follower.subscription
     stream.done = True  # the parking's timer and the hub leave it alone from now on
@@ -362,33 +373,49 @@ class CarryOver:
     def _send(self, path: str, streams: list[ParkedStream], deadline: float) -> int:
         """Send `streams` to the worker at `path` a batch at a time, each once the one before is adopted: a
         stream waits in this worker, still served, until its turn, and goes on after a pause of one batch's
-        adoption. Returns how many were sent; those not sent by the deadline stay (and end after this)."""
-        leases = self.app.extensions["connection_leases"]
-        sent = 0
+        adoption. Those not at rest at their turn are tried again after the others (AGAIN_EVERY, AGAIN_FOR).
+        Returns how many were sent; those not sent by the deadline stay (and end after this)."""
+        sent, waiting, again_until = 0, streams, None
         try:
             with gevent.socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as conn:
                 conn.connect(path)
-                for start in range(0, len(streams), BATCH):
-                    if time.monotonic() >= deadline:
+                while waiting:
+                    busy: list[ParkedStream] = []
+                    for start in range(0, len(waiting), BATCH):
+                        if time.monotonic() >= deadline:
+                            return sent
+                        turn = waiting[start : start + BATCH]
+                        batch = [stream for stream in turn if take(stream)]
+                        busy += [stream for stream in turn if carriable(stream)]  # not taken: not at rest
+                        if batch and not self._send_batch(conn, batch, deadline):
+                            return sent + len(batch)  # the new worker went away
+                        sent += len(batch)
+                    waiting = busy
+                    again_until = again_until or time.monotonic() + AGAIN_FOR
+                    if waiting and time.monotonic() + AGAIN_EVERY < min(again_until, deadline):
+                        log.info("carry-over: %d stream(s) not at rest at their turn; tried again", len(waiting))
+                        gevent.sleep(AGAIN_EVERY)  # their queues drain meanwhile: nothing to wait on but time
+                    else:
                         break
-                    batch = [stream for stream in streams[start : start + BATCH] if take(stream)]
-                    if not batch:
-                        continue
-                    states = {"v": STATE_VERSION, "streams": [dataclasses.asdict(Carried.of(s)) for s in batch]}
-                    try:
-                        socket.send_fds(conn, [json.dumps(states).encode()], [s.sock.fileno() for s in batch])
-                    except OSError:
-                        for stream in batch:  # taken off the hub already: closed, their clients reconnect
-                            stream.close()
-                        raise
-                    for stream in batch:  # the new worker holds the connection and its lease now
-                        leases.hand_off(stream.follower.lease)
-                        stream.follower.lease = None
-                        stream.close()
-                    sent += len(batch)
-                    with gevent.Timeout(max(0.0, deadline - time.monotonic()), False):
-                        if not conn.recv(32):
-                            break  # the new worker went away
         except OSError as error:
             log.warning("carry-over: handing streams to %s failed (%s); the rest end", path, type(error).__name__)
         return sent
+
+    def _send_batch(self, conn, batch: list[ParkedStream], deadline: float) -> bool:
+        """Send streams taken off the hub with their states, and wait for the new worker's answer; False if it
+        went away (the streams are its own once sent)."""
+        leases = self.app.extensions["connection_leases"]
+        states = {"v": STATE_VERSION, "streams": [dataclasses.asdict(Carried.of(s)) for s in batch]}
+        try:
+            socket.send_fds(conn, [json.dumps(states).encode()], [s.sock.fileno() for s in batch])
+        except OSError:
+            for stream in batch:  # taken off the hub already: closed, their clients reconnect
+                stream.close()
+            raise
+        for stream in batch:  # the new worker holds the connection and its lease now
+            leases.hand_off(stream.follower.lease)
+            stream.follower.lease = None
+            stream.close()
+        with gevent.Timeout(max(0.0, deadline - time.monotonic()), False):
+            return bool(conn.recv(32))
+        return True  # no answer by the deadline: this worker stops sending

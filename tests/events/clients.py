@@ -6,6 +6,7 @@ import contextlib
 import http.client
 import json
 import queue
+import socket
 import threading
 import time
 import zlib
@@ -14,6 +15,7 @@ from urllib.parse import urlencode, urlparse
 import requests
 import websocket
 
+from bench.streams import Chunked, Plain
 from tests.utils import DEFAULT_PASSWORD, random_email
 
 
@@ -157,6 +159,78 @@ class SSE:
         with contextlib.suppress(OSError):
             self.conn.sock and self.conn.sock.shutdown(2)
         self.conn.close()
+
+
+class RawSSE:
+    """One SSE request on a plain socket; the body is decoded from the transfer framing as it arrives."""
+
+    def __init__(self, base: str, headers: dict, version: str = "HTTP/1.1", receive_buffer: int | None = None):
+        url = urlparse(base)
+        self.sock = socket.socket()
+        if receive_buffer:  # before connecting, so the window the server sees is small from the start
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+        self.sock.settimeout(10)
+        self.sock.connect((url.hostname, url.port))
+        lines = [f"GET /events/stream {version}", f"Host: {url.netloc}", "Accept: text/event-stream"]
+        lines += [f"{name}: {value}" for name, value in headers.items()]
+        self.sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += self.sock.recv(1)
+        self.status_line, *header_lines = head.decode().split("\r\n")
+        self.headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in header_lines if line)}
+        self.chunked = self.headers.get("transfer-encoding") == "chunked"
+        self.decoder = Chunked() if self.chunked else Plain()
+        self.text = ""
+        self.eof = False
+        self.counted_to = 0  # where in `text` the messages counted so far end
+        self.counted = 0  # complete messages with data before that: what events() would find
+        while ": stream open" not in self.text:  # then the stream parks: nothing is pending
+            assert self.read(10), "the stream closed before it opened"
+
+    def read(self, timeout: float) -> bool:
+        """Read what comes within `timeout`; False at the end of the connection."""
+        self.sock.settimeout(timeout)
+        data = self.sock.recv(65536)
+        if not data:
+            self.eof = True
+            return False
+        self.text += self.decoder.feed(data).decode()
+        return True
+
+    def events(self) -> list[dict]:
+        """The complete messages with data so far, data decoded."""
+        found = []
+        for block in self.text.split("\n\n")[:-1]:
+            fields = dict(line.split(": ", 1) for line in block.split("\n") if line and not line.startswith(":"))
+            if "data" in fields:
+                found.append({**fields, "data": json.loads(fields["data"])})
+        return found
+
+    def count_events(self) -> int:
+        """len(self.events()), counted over the text new since the last call: a megabyte stream is not
+        split and JSON-parsed again after every read."""
+        while (end := self.text.find("\n\n", self.counted_to)) != -1:
+            block = self.text[self.counted_to : end]
+            self.counted += any(line.startswith("data: ") for line in block.split("\n"))
+            self.counted_to = end + 2
+        return self.counted
+
+    def read_events(self, count: int, timeout: float = 10) -> list[dict]:
+        deadline = time.monotonic() + timeout
+        while self.count_events() < count:
+            if not self.read(max(0.01, deadline - time.monotonic())):
+                break
+        return self.events()
+
+    def read_to_end(self, timeout: float = 10) -> None:
+        """Read until the response ends (its last chunk) or the connection does."""
+        deadline = time.monotonic() + timeout
+        while not (self.chunked and self.decoder.ended) and self.read(max(0.01, deadline - time.monotonic())):
+            pass
+
+    def close(self) -> None:
+        self.sock.close()
 
 
 def parse_block(block: str) -> dict:

@@ -17,7 +17,7 @@ import threading
 import pytest
 
 from app.redis import Keys
-from tests.events.clients import SSE, Api, parse_block
+from tests.events.clients import SSE, Api, RawSSE, parse_block
 from tests.servers import wait_until
 
 STREAMS = 6
@@ -120,6 +120,30 @@ def test_a_carried_stream_still_ends_when_its_session_does(start_server):
     user.logout_all()
     assert stream.next(timeout=10)["event"] == "session_ended"
     assert stream.closed.wait(10)
+
+
+@pytest.mark.not_on_cluster("when a stream is taken is the worker's own affair: the Redis behind it does not enter it")
+def test_a_stream_not_at_rest_at_its_turn_is_carried_over_once_its_client_has_read(start_server):
+    """A client that stopped reading has events queued for it in its worker when the reload comes: taken then,
+    they would be lost. Its stream is tried again after the others, and carried over once its client has read
+    them, on the same connection."""
+    server = start_server(workers=2, LOG_LEVEL="info", WS_SEND_TIMEOUT_SECONDS="60")
+    user = Api(server.url)
+    slow = RawSSE(server.url, user.auth, receive_buffer=4096)
+    blob = "x" * 30_000
+    ids = [user.publish_ok({"n": n, "blob": blob}) for n in range(150)]  # 4.5 MB: past the socket buffers
+    old = set(server.worker_pids())
+    server.signal(signal.SIGHUP)
+    wait_until(
+        lambda: "not at rest at their turn" in server.log_path.read_text(), message="the stream passed over at its turn"
+    )
+    assert [event["data"]["id"] for event in slow.read_events(150, timeout=30)] == ids
+    wait_until(lambda: not set(server.worker_pids()) & old, timeout=30, message="the old workers to exit")
+    later = user.publish_ok({"n": 150})  # written by a new worker, or by nobody
+    assert slow.read_events(151)[-1]["data"]["id"] == later
+    assert not slow.eof and slow.text.count(": stream open") == 1  # one connection: never reopened
+    assert "carry-over: 1 of 1 streams handed to 2 new workers" in server.log_path.read_text()
+    slow.close()
 
 
 def carry_socket_of(pid: int) -> str:
