@@ -58,10 +58,13 @@ CONFIRM_TIMEOUT = 5.0
 # long fan-out or thousands of others): a storm of readers on a fresh worker must not look like a
 # silent Redis, whose replacement would resynchronise every reader of the link and add to the storm.
 CONFIRM_LIMIT = 30.0
-# Deliveries (events times readers) between two yields of the fan-out, a few milliseconds of CPU. A
-# broadcast to 10,000 readers, or a backlog of 100 events to 1,000, takes the CPU for a good part of a
-# second; in slices, a request (a publish, a login) waits for one slice, not for all of it.
-FAN_OUT_SLICE = 1000
+# Deliveries (events times readers) between two yields of the fan-out, about 2 ms of CPU. A broadcast to
+# 10,000 readers, or a backlog of 100 events to 1,000, takes the CPU for a good part of a second; in slices,
+# a request (a publish, a login) waits for one slice, not for all of it. A request needs several turns (its
+# reading, its Redis round trips, its answer): under wrk -c64 during broadcasts to 10,000 streams, slices of
+# 1,000 put the API's p99 at 453 ms, of 250 at 283 ms, of 100 at 64 ms (bench/README.md). The broadcast
+# then shares the worker with the requests, and takes longer while they keep it busy.
+FAN_OUT_SLICE = 100
 CONTROL_PREFIX = '{"control"'  # a control message on a channel's own wake-up channel, not an event
 
 

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 READERS = 200  # readers of a storm: enough that they arrive while the link connects
 USERS = 20  # their own channels: several readers of each
-SLOW_FAN_OUT_READERS = 2000  # a fan-out of two slices (FAN_OUT_SLICE = 1000), the listener yielding between
+SLOW_FAN_OUT_READERS = 2000  # a fan-out of many slices (FAN_OUT_SLICE), the listener yielding between
 REQUESTS = 100  # requests that keep the worker's CPU busy meanwhile, each in turns of CPU and Redis
 
 
