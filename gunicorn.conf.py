@@ -93,7 +93,7 @@ graceful_timeout = int(os.environ.get("GRACEFUL_TIMEOUT", "10"))
 
 # On a reload, an old worker waits for the new ones to load the app, then carries its parked SSE streams
 # over to them a batch at a time, serving the rest meanwhile (post_worker_init): it may take this long
-# (its own graceful time-out becomes this). 20,000 streams took 23-33 s here, in a slow hour.
+# (its own graceful time-out becomes this). 20,000 streams took 11-13 s here (bench/README.md).
 carry_over_seconds = int(os.environ.get("CARRY_OVER_SECONDS", "90"))
 
 # Longer than nginx's upstream keepalive_timeout (60 s), so nginx, not gunicorn, closes idle

@@ -68,6 +68,12 @@ REDIS_DOWN = (
 )
 
 
+def no_group(error) -> bool:
+    """Whether Redis answered NOGROUP: the stream or its consumer group is gone (an endpoint deleted, a
+    database flushed or restored) since this process last looked."""
+    return isinstance(error, redis.exceptions.ResponseError) and "NOGROUP" in str(error)
+
+
 class DeliveryWorker:
     """One delivery process's loops (see the module docstring)."""
 
@@ -186,7 +192,7 @@ class DeliveryWorker:
                 block=None if position == "0" else 1000,
             )
         except redis.exceptions.ResponseError as error:
-            if "NOGROUP" not in str(error):
+            if not no_group(error):
                 raise
             self._create_group(feed, DISPATCH_GROUP)
             return
@@ -237,7 +243,7 @@ class DeliveryWorker:
                 queue = {Keys.outgoing_queue(endpoint_id): "0" if own else ">"}
                 pipe.xreadgroup(DELIVER_GROUP, self.name, queue, None if own else self.bound - self.active[endpoint_id])
             for endpoint_id, found in zip(chunk, pipe.execute(raise_on_error=False), strict=True):
-                if isinstance(found, redis.exceptions.ResponseError) and "NOGROUP" in str(found):
+                if no_group(found):
                     self.store.ensure_group(endpoint_id)  # lost its group (deleted endpoint, restored Redis)
                     self.version = None
                     continue
@@ -293,7 +299,7 @@ class DeliveryWorker:
         try:
             pending = self.client.xpending_range(stream, group, "-", "+", 100, consumername=dead)
         except redis.exceptions.ResponseError as error:
-            if "NOGROUP" not in str(error):
+            if not no_group(error):
                 raise
             return  # the queue went away since it was listed, with whatever the dead process held
         ids = [item["message_id"] for item in pending]
@@ -309,7 +315,7 @@ class DeliveryWorker:
         try:
             _, claimed, *_ = self.client.xautoclaim(stream, group, self.name, self.stale_ms, "0-0", count=100)
         except redis.exceptions.ResponseError as error:
-            if "NOGROUP" not in str(error):
+            if not no_group(error):
                 raise
             return  # the queue went away since it was listed (its endpoint deleted): nothing is left to take
         claimed = [(entry_id, fields) for entry_id, fields in claimed if (endpoint_id, entry_id) not in self.in_flight]
