@@ -33,9 +33,12 @@ def catcher(smtp_certificate, redis_server):
     server.stop()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def plain_server(base_env, catcher, tmp_path_factory):
-    """gunicorn whose mail goes to the catcher in plain text, as SMTP_STARTTLS=never allows."""
+    """gunicorn whose mail goes to the catcher in plain text, as SMTP_STARTTLS=never allows.
+
+    For one test only: its mail sender would otherwise claim the jobs the later tests queue and process
+    themselves, and send them in plain text."""
     env = {
         **base_env,
         "SMTP_URL": catcher.url(),

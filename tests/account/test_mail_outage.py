@@ -23,8 +23,9 @@ def down_smtp(smtp_certificate, redis_server):
     server.stop()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def outage_server(base_env, down_smtp, smtp_certificate, tmp_path_factory):
+    """For one test only: its mail sender would otherwise claim the jobs the later tests process themselves."""
     live = LiveServer(
         {**base_env, **mail_env(down_smtp, smtp_certificate, MAIL_RETRY_SCHEDULE="1")},
         workers=2,
