@@ -146,9 +146,10 @@ def test_manual_retry_and_replay_send_again_under_the_same_webhook_id(direct):
 def test_retries_scheduled_by_an_earlier_version_move_into_their_endpoints_schedule(direct):
     endpoint_id, gone = direct.endpoint("/cl-legacy", ["z"])[0], "ep_" + "e" * 32
     msg = message_id(endpoint_id, "z", "1-0")
-    direct.client.zadd(Keys.outgoing_legacy_retries(), {f"{endpoint_id}\n{msg}": 1234.5, f"{gone}\n{msg}": 1.0})
+    due = round(time.time()) + 3600.5  # not yet: the running delivery process would release a due one at once
+    direct.client.zadd(Keys.outgoing_legacy_retries(), {f"{endpoint_id}\n{msg}": due, f"{gone}\n{msg}": 1.0})
     direct.store.migrate_legacy_retries()  # (the delivery process also does, every 10 s: either may)
-    assert direct.client.zscore(Keys.outgoing_retries(endpoint_id), msg) == 1234.5
+    assert direct.client.zscore(Keys.outgoing_retries(endpoint_id), msg) == due
     assert not direct.client.exists(Keys.outgoing_retries(gone))  # a deleted endpoint's retry is dropped
     assert not direct.client.exists(Keys.outgoing_legacy_retries())
 
