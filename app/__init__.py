@@ -13,7 +13,7 @@ from .admin import console as admin_console
 from .admin import views as admin_views
 from .apikeys import views as apikey_views
 from .audit import views as audit_views
-from .auth import account, guards, oauth, passkey_views, tokens
+from .auth import account, guards, oauth, passkey_views, passwords, tokens
 from .auth import views as auth_views
 from .channels import views as channel_views
 from .events import views as event_views
@@ -60,6 +60,7 @@ def create_app(environ: Mapping[str, str] | None = None) -> Flask:
     audit.init_app(app)
     redis_ext.init_app(app)
     tokens.init_app(app)
+    passwords.init_app(app)
     guards.init_app(app)
     # Features: each binds what it needs (providers, the event bus and hub, stores) to the app.
     oauth.init_app(app)

@@ -138,6 +138,7 @@ class Settings:
     jwt_secret: Secret
     jwt_algorithm: str
     jwt_private_key: Secret | None
+    password_hash_cost: str  # "owasp", or "minimal" for test suites (refused in production)
     jwt_issuer: str
     jwt_audience: str
     access_token_ttl: int
@@ -216,6 +217,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         jwt_secret=found.get("JWT_SECRET", Secret("")),
         jwt_algorithm=algorithm,
         jwt_private_key=Secret(private_key) if private_key else None,
+        password_hash_cost=reader.choice("PASSWORD_HASH_COST", "owasp", {"owasp", "minimal"}),
         jwt_issuer=reader.text("JWT_ISSUER", "auth-rt"),
         jwt_audience=reader.text("JWT_AUDIENCE", "auth-rt"),
         # Access tokens live 15 minutes; shorter is allowed so tests can watch expiry.
@@ -294,6 +296,8 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
             "PUBLIC_BASE_URL is required when SMTP_URL is set: links in mails point there, never at the "
             "Host header a request names"
         )
+    if settings.production and settings.password_hash_cost != "owasp":
+        raise SettingsError("PASSWORD_HASH_COST=minimal is for test suites: APP_ENV=production hashes at OWASP's cost")
     _check_redis_url(settings.redis_url, settings.redis_mode)
     if settings.long_poll_timeout > settings.long_poll_max_timeout:
         raise SettingsError("LONG_POLL_TIMEOUT_SECONDS must not exceed LONG_POLL_MAX_TIMEOUT_SECONDS")

@@ -18,6 +18,7 @@ from tests.utils import AuthActions
 
 TEST_SECRET_KEY = "test-secret-key-" + "k" * 32
 TEST_JWT_SECRET = "test-jwt-secret-" + "j" * 32
+OWASP_HASHING = {"PASSWORD_HASH_COST": "owasp"}  # production's cost, for tests of the hashing itself
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -130,6 +131,9 @@ def base_env(redis_server, tmp_path_factory) -> dict:
         "JWT_SECRET": TEST_JWT_SECRET,
         "RATE_LIMITS_ENABLED": "false",
         "LOG_LEVEL": "warning",
+        # Argon2 at its lowest cost: the suite's thousands of accounts would take minutes of CPU at OWASP's.
+        # The tests of the hashing itself ask for OWASP's (OWASP_HASHING).
+        "PASSWORD_HASH_COST": "minimal",
     }
 
 

@@ -38,6 +38,15 @@ def test_production_starts_with_strong_secrets(tmp_path):
     assert "j" * 32 not in repr(settings)
 
 
+def test_production_refuses_the_minimal_password_hashing_cost_of_test_suites(tmp_path):
+    production = {"APP_ENV": "production", "SECRET_KEY": STRONG, "JWT_SECRET": "j" * 32}
+    with pytest.raises(SettingsError, match="PASSWORD_HASH_COST=minimal"):
+        load_settings({**production, "PASSWORD_HASH_COST": "minimal"})
+    assert load_settings(production).password_hash_cost == "owasp"
+    with pytest.raises(SettingsError, match="PASSWORD_HASH_COST"):
+        load_settings({"APP_ENV": "test", "DATA_DIR": str(tmp_path), "PASSWORD_HASH_COST": "none"})
+
+
 def test_development_makes_and_keeps_secrets_announcing_them_once(tmp_path, caplog):
     env = {"APP_ENV": "development", "DATA_DIR": str(tmp_path), "SECRET_KEY": "", "JWT_SECRET": ""}
     first, second = load_settings(env), load_settings(env)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.conftest import OWASP_HASHING
 from tests.mailserver import SmtpServer
 from tests.servers import LiveServer, make_certificate
 
@@ -37,9 +38,10 @@ def smtp(smtp_certificate):
 
 @pytest.fixture(scope="module")
 def mail_server(base_env, smtp, smtp_certificate, tmp_path_factory):
-    """gunicorn (two workers) whose mail goes to `smtp`."""
+    """gunicorn (two workers) whose mail goes to `smtp`, hashing at production's cost (a timing test
+    rules out a password hash on one path of a request only)."""
     live = LiveServer(
-        {**base_env, **mail_env(smtp, smtp_certificate)},
+        {**base_env, **mail_env(smtp, smtp_certificate), **OWASP_HASHING},
         workers=2,
         log_path=tmp_path_factory.mktemp("logs") / "gunicorn.log",
     )

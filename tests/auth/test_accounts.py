@@ -9,7 +9,8 @@ from passlib.context import CryptContext
 
 from app.auth.users import create_user
 from app.redis import Keys
-from tests.utils import DEFAULT_PASSWORD, bearer, random_email, redis_snapshot
+from tests.conftest import OWASP_HASHING, https_client
+from tests.utils import DEFAULT_PASSWORD, AuthActions, bearer, random_email, redis_snapshot
 
 
 def test_register_returns_the_public_user_only(client):
@@ -78,19 +79,33 @@ def test_login_response_shape_and_access_token_claims(client, auth):
     assert me == {"user": tokens["user"], "session_id": tokens["session_id"]}
 
 
-def test_password_is_stored_as_argon2id_at_owasp_parameters(auth, rdb):
-    user = auth.register()
+@pytest.fixture
+def owasp_auth(make_app):
+    """Registrations and logins at production's hashing cost (the suite's own is the minimal one)."""
+    return AuthActions(https_client(make_app(**OWASP_HASHING)))
+
+
+def test_password_is_stored_as_argon2id_at_owasp_parameters(owasp_auth, rdb):
+    user = owasp_auth.register()
     stored = rdb.hget(Keys.user(user["id"]), "password_hash")
     assert stored.startswith("$argon2id$v=19$m=19456,t=2,p=1$")
 
 
-def test_login_rehashes_a_hash_made_with_old_parameters(auth, rdb):
-    user = auth.register()
+def test_login_rehashes_a_hash_made_with_old_parameters(owasp_auth, rdb):
+    user = owasp_auth.register()
     weak = CryptContext(schemes=["argon2"], argon2__type="ID", argon2__memory_cost=8192, argon2__time_cost=1)
     rdb.hset(Keys.user(user["id"]), "password_hash", weak.hash(DEFAULT_PASSWORD))
-    assert auth.login(user["email"]).status_code == 200
+    assert owasp_auth.login(user["email"]).status_code == 200
     assert rdb.hget(Keys.user(user["id"]), "password_hash").startswith("$argon2id$v=19$m=19456,t=2,p=1$")
-    assert auth.login(user["email"]).status_code == 200
+    assert owasp_auth.login(user["email"]).status_code == 200
+
+
+def test_the_suites_minimal_cost_is_still_argon2id_and_meets_production_hashes_at_login(auth, make_app, rdb):
+    user = auth.register()
+    assert rdb.hget(Keys.user(user["id"]), "password_hash").startswith("$argon2id$v=19$m=8,t=1,p=1$")
+    owasp = AuthActions(https_client(make_app(**OWASP_HASHING)))
+    assert owasp.login(user["email"]).status_code == 200  # a production app rehashes it at its own cost
+    assert rdb.hget(Keys.user(user["id"]), "password_hash").startswith("$argon2id$v=19$m=19456,t=2,p=1$")
 
 
 def test_password_and_raw_refresh_tokens_never_reach_redis(client, auth, rdb):

@@ -150,7 +150,7 @@ BAD_BODIES = [
 
 
 def test_bad_bodies_are_a_json_4xx_and_change_nothing(client, admin, endpoint, rdb):
-    # One account and endpoint for every case: argon2 makes each new account cost a fifth of a second.
+    # One account and endpoint for every case, made once.
     before = outgoing_keys(rdb)
     for data, content_type, status in BAD_BODIES:
         response = client.post(BASE, data=data, content_type=content_type, headers=admin)
