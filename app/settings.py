@@ -21,6 +21,7 @@ log = logging.getLogger(__name__)
 MIN_SECRET_BYTES = 32
 ASYMMETRIC_ALGORITHMS = {"EdDSA", "RS256", "ES256"}
 DEV_SECRETS_FILE = "dev-secrets.json"
+MINIMAL_HASH_COST = "minimal"  # PASSWORD_HASH_COST for test suites only
 PROVIDER_NAME = re.compile(r"[a-z0-9_-]{1,40}")
 WEBHOOK_SCHEMES = ("standard", "stripe", "github")
 # A host name or address as an RP ID: labels of letters, digits and hyphens (IDNs in their A-label form).
@@ -217,7 +218,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         jwt_secret=found.get("JWT_SECRET", Secret("")),
         jwt_algorithm=algorithm,
         jwt_private_key=Secret(private_key) if private_key else None,
-        password_hash_cost=reader.choice("PASSWORD_HASH_COST", "owasp", {"owasp", "minimal"}),
+        password_hash_cost=reader.choice("PASSWORD_HASH_COST", "owasp", {"owasp", MINIMAL_HASH_COST}),
         jwt_issuer=reader.text("JWT_ISSUER", "auth-rt"),
         jwt_audience=reader.text("JWT_AUDIENCE", "auth-rt"),
         # Access tokens live 15 minutes; shorter is allowed so tests can watch expiry.
@@ -296,7 +297,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
             "PUBLIC_BASE_URL is required when SMTP_URL is set: links in mails point there, never at the "
             "Host header a request names"
         )
-    if settings.production and settings.password_hash_cost != "owasp":
+    if settings.production and settings.password_hash_cost == MINIMAL_HASH_COST:
         raise SettingsError("PASSWORD_HASH_COST=minimal is for test suites: APP_ENV=production hashes at OWASP's cost")
     _check_redis_url(settings.redis_url, settings.redis_mode)
     if settings.long_poll_timeout > settings.long_poll_max_timeout:

@@ -37,6 +37,7 @@ CONTEXTS = {"owasp": PASSWORD_CONTEXT, "minimal": MINIMAL_CONTEXT}
 
 
 def init_app(app: Flask) -> None:
+    """Bind the hashing cost the settings chose."""
     app.extensions["password_context"] = CONTEXTS[app.config["SETTINGS"].password_hash_cost]
 
 
