@@ -139,9 +139,9 @@ class Settings:
     jwt_secret: Secret
     jwt_algorithm: str
     jwt_private_key: Secret | None
-    password_hash_cost: str  # "owasp", or "minimal" for test suites (refused in production)
     jwt_issuer: str
     jwt_audience: str
+    password_hash_cost: str  # "owasp", or "minimal" for test suites (refused in production)
     access_token_ttl: int
     refresh_token_ttl: int
     refresh_reuse_grace: int
@@ -218,9 +218,9 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         jwt_secret=found.get("JWT_SECRET", Secret("")),
         jwt_algorithm=algorithm,
         jwt_private_key=Secret(private_key) if private_key else None,
-        password_hash_cost=reader.choice("PASSWORD_HASH_COST", "owasp", {"owasp", MINIMAL_HASH_COST}),
         jwt_issuer=reader.text("JWT_ISSUER", "auth-rt"),
         jwt_audience=reader.text("JWT_AUDIENCE", "auth-rt"),
+        password_hash_cost=reader.choice("PASSWORD_HASH_COST", "owasp", {"owasp", MINIMAL_HASH_COST}),
         # Access tokens live 15 minutes; shorter is allowed so tests can watch expiry.
         access_token_ttl=reader.integer("ACCESS_TOKEN_TTL_SECONDS", 900, minimum=1, maximum=900),
         refresh_token_ttl=reader.integer("REFRESH_TOKEN_TTL_SECONDS", 30 * 24 * 3600, minimum=60),
