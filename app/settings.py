@@ -55,7 +55,11 @@ OAUTH_PRESETS = {
 
 
 class SettingsError(RuntimeError):
-    """Configuration that the service refuses to start with."""
+    """Configuration that the service refuses to start with: every problem found, each naming its setting."""
+
+    def __init__(self, *problems: str):
+        super().__init__("; ".join(problems))
+        self.problems = problems
 
 
 class Secret(str):
@@ -110,9 +114,10 @@ class OutgoingWebhooks:
 class Mail:
     """Outgoing mail: SMTP when SMTP_URL is set, else (in development) the log."""
 
+    enabled: bool  # MAIL_ENABLED=false: no mail is wanted (production then needs no SMTP_URL)
     smtp_url: Secret | None
     mail_from: str
-    public_base_url: str | None  # required with smtp_url
+    public_base_url: str | None  # required with smtp_url, and in production
     starttls: str  # smtp:// only: always (no plain-text fallback) | never (loopback relay, mail catcher)
     retry_schedule: tuple[int, ...]
     timeout_seconds: float
@@ -155,6 +160,7 @@ class Settings:
     rate_limit_password: str
     rate_limit_mail: str
     rate_limit_passkey_options: str
+    rate_limit_publish: str
     require_verified_email: bool
     mfa_max_failures: int
     max_connections_per_user: int
@@ -162,11 +168,14 @@ class Settings:
     long_poll_timeout: float
     long_poll_max_timeout: float
     event_history_maxlen: int
+    event_history_ttl: int
     audit_retention_days: float
     ws_send_queue: int
     ws_send_timeout: float
     max_channels_per_connection: int
+    ws_frame_rate: int
     presence_timeout: float
+    presence_linger: float
     prometheus_multiproc_dir: str | None
     metrics_allow_ips: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]
     metrics_token: Secret | None
@@ -191,30 +200,32 @@ class Settings:
 
 
 def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
-    """Parse an environment (the process's own when None) into Settings, or raise SettingsError.
+    """Parse an environment (the process's own when None) into Settings, or raise SettingsError naming every
+    setting that is missing or wrong, all at once: an operator fixes them in one go, not one per restart.
 
     Tests pass a complete environment, so nothing in a developer's shell changes what they test.
     """
     env = dict(os.environ if environ is None else environ)
     reader = _Reader(env)
     app_env = reader.choice("APP_ENV", "development", {"development", "production", "test"})
+    production = app_env == "production"
     data_dir = Path(reader.text("DATA_DIR", "var"))
     algorithm = reader.choice("JWT_ALGORITHM", "HS256", {"HS256", *ASYMMETRIC_ALGORITHMS})
     private_key = env.get("JWT_PRIVATE_KEY", "").replace("\\n", "\n").strip()
     if algorithm in ASYMMETRIC_ALGORITHMS and not private_key:
-        raise SettingsError(f"JWT_PRIVATE_KEY is required with JWT_ALGORITHM={algorithm}")
+        reader.refuse(f"JWT_PRIVATE_KEY is required with JWT_ALGORITHM={algorithm}")
     if private_key and algorithm not in ASYMMETRIC_ALGORITHMS:
-        raise SettingsError("JWT_PRIVATE_KEY is set but JWT_ALGORITHM is not EdDSA, RS256 or ES256")
+        reader.refuse("JWT_PRIVATE_KEY is set but JWT_ALGORITHM is not EdDSA, RS256 or ES256")
 
     secret_names = ["SECRET_KEY"] + ([] if private_key else ["JWT_SECRET"])
-    found = _secrets(env, secret_names, app_env == "production", data_dir)
+    found = reader.checked(_secrets, env, secret_names, production, data_dir, fallback={})
 
     settings = Settings(
         app_env=app_env,
         data_dir=data_dir,
         redis_url=_redis_url(reader),
         redis_max_connections=reader.integer("REDIS_MAX_CONNECTIONS", 64, minimum=4),
-        secret_key=found["SECRET_KEY"],
+        secret_key=found.get("SECRET_KEY", Secret("")),
         jwt_secret=found.get("JWT_SECRET", Secret("")),
         jwt_algorithm=algorithm,
         jwt_private_key=Secret(private_key) if private_key else None,
@@ -238,6 +249,8 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         rate_limit_mail=reader.text("RATE_LIMIT_MAIL", "5/hour"),
         # Asked by the page at every logged-out view (passkey autofill): more than logins, still bounded.
         rate_limit_passkey_options=reader.text("RATE_LIMIT_PASSKEY_OPTIONS", "60/minute"),
+        # Events a user (not an admin, not an API key) may publish, in a rolling window.
+        rate_limit_publish=reader.text("RATE_LIMIT_PUBLISH", "50/second"),
         require_verified_email=reader.boolean("REQUIRE_VERIFIED_EMAIL", False),
         # Wrong second-factor codes in a row before an account's MFA login is locked until a password reset.
         mfa_max_failures=reader.integer("MFA_MAX_FAILURES", 100, minimum=1),
@@ -247,13 +260,20 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         # Below the 30 s a PaaS router (Heroku's) allows a response to take before it cuts it off.
         long_poll_max_timeout=reader.number("LONG_POLL_MAX_TIMEOUT_SECONDS", 28, minimum=0.05),
         event_history_maxlen=reader.integer("EVENT_HISTORY_MAXLEN", 1000, minimum=1),
+        # A channel's history is deleted this long after its last publication: names nobody uses again
+        # (a user may make up channel names in an `authenticated` namespace) do not stay in Redis for good.
+        event_history_ttl=reader.integer("EVENT_HISTORY_TTL_SECONDS", 7 * 24 * 3600, minimum=1),
         # How long audit entries are kept: fractions of a day allowed (tests keep them under a second).
         audit_retention_days=reader.number("AUDIT_RETENTION_DAYS", 90, minimum=0.00001, maximum=3660),
         ws_send_queue=reader.integer("WS_SEND_QUEUE", 1000, minimum=1),
         ws_send_timeout=reader.number("WS_SEND_TIMEOUT_SECONDS", 10, minimum=0.05),
         max_channels_per_connection=reader.integer("MAX_CHANNELS_PER_CONNECTION", 100, minimum=1),
+        # Frames a WebSocket may send a second, of every type; the rest are answered `rate_limited`.
+        ws_frame_rate=reader.integer("WS_FRAME_RATE", 20, minimum=1),
         # A dead worker's connections stop counting as present within this time (their lease runs out).
         presence_timeout=reader.number("PRESENCE_TIMEOUT_SECONDS", 60, minimum=0.5),
+        # A user absent for less than this causes neither a leave nor a join (0: every change is published).
+        presence_linger=reader.number("PRESENCE_LINGER_SECONDS", 2, minimum=0, maximum=3600),
         # Set by gunicorn.conf.py for its workers (and by `make run`'s var/.env for the CLI).
         prometheus_multiproc_dir=reader.text("PROMETHEUS_MULTIPROC_DIR", "") or None,
         # Who may read /metrics: these client addresses, or whoever sends the token as a bearer.
@@ -263,8 +283,8 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         worker_metrics_port=reader.integer("WORKER_METRICS_PORT", 0, minimum=0, maximum=65535) or None,
         redis_mode=reader.choice("REDIS_MODE", "standalone", {"standalone", "cluster"}),
         event_durability=reader.choice("EVENT_DURABILITY", "async", {"async", "replicated"}),
-        oauth_providers=tuple(_oauth_provider(reader, name) for name in reader.names("OAUTH_PROVIDERS")),
-        webhook_providers=tuple(_webhook_provider(reader, name) for name in reader.names("WEBHOOK_PROVIDERS")),
+        oauth_providers=reader.provided(_oauth_provider, "OAUTH_PROVIDERS"),
+        webhook_providers=reader.provided(_webhook_provider, "WEBHOOK_PROVIDERS"),
         outgoing_webhooks=OutgoingWebhooks(
             timeout_seconds=reader.number("WEBHOOK_OUT_TIMEOUT_SECONDS", 15, minimum=0.1, maximum=300),
             connect_timeout_seconds=reader.number("WEBHOOK_OUT_CONNECT_TIMEOUT_SECONDS", 5, minimum=0.1, maximum=300),
@@ -281,30 +301,44 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
             ),
         ),
         mail=Mail(
-            smtp_url=_smtp_url(reader),
-            mail_from=_mail_from(reader),
-            public_base_url=_public_base_url(reader),
+            enabled=reader.boolean("MAIL_ENABLED", True),
+            smtp_url=reader.checked(_smtp_url, reader),
+            mail_from=reader.checked(_mail_from, reader, fallback=""),
+            public_base_url=reader.checked(_public_base_url, reader),
             starttls=reader.choice("SMTP_STARTTLS", "always", {"always", "never"}),
             retry_schedule=reader.seconds_list("MAIL_RETRY_SCHEDULE", "5,30,120,300,600"),
             timeout_seconds=reader.number("SMTP_TIMEOUT_SECONDS", 20, minimum=1, maximum=120),
         ),
-        webauthn=_webauthn(reader),
+        webauthn=reader.checked(_webauthn, reader, fallback=WebAuthn(None, (), "auth-rt")),
     )
-    if settings.mail.smtp_url and not settings.mail.public_base_url:
+    mail = settings.mail
+    if production and not mail.public_base_url:
+        reader.refuse(
+            "PUBLIC_BASE_URL is missing; production needs it (https://auth.example.com): mail links, passkeys' "
+            "RP ID and origin and the OpenID issuer come from it, never from the Host header a request names"
+        )
+    elif mail.smtp_url and not mail.public_base_url:
         # In every environment: links in mails are never built from a request's Host header, which a
         # client chooses (a forged Host would send a victim's reset link to another site).
-        raise SettingsError(
+        reader.refuse(
             "PUBLIC_BASE_URL is required when SMTP_URL is set: links in mails point there, never at the "
             "Host header a request names"
         )
-    if settings.production and settings.password_hash_cost == MINIMAL_HASH_COST:
-        raise SettingsError("PASSWORD_HASH_COST=minimal is for test suites: APP_ENV=production hashes at OWASP's cost")
-    _check_redis_url(settings.redis_url, settings.redis_mode)
+    if production and mail.enabled and not mail.smtp_url:
+        reader.refuse(
+            "SMTP_URL is missing; production sends its mail (verification, reset, MFA notices) over it, or set "
+            "MAIL_ENABLED=false to say that no mail is wanted"
+        )
+    if production and settings.password_hash_cost == MINIMAL_HASH_COST:
+        reader.refuse("PASSWORD_HASH_COST=minimal is for test suites: APP_ENV=production hashes at OWASP's cost")
+    reader.checked(_check_redis_url, settings.redis_url, settings.redis_mode)
     if settings.long_poll_timeout > settings.long_poll_max_timeout:
-        raise SettingsError("LONG_POLL_TIMEOUT_SECONDS must not exceed LONG_POLL_MAX_TIMEOUT_SECONDS")
+        reader.refuse("LONG_POLL_TIMEOUT_SECONDS must not exceed LONG_POLL_MAX_TIMEOUT_SECONDS")
     outgoing = settings.outgoing_webhooks
     if outgoing.retention_seconds <= sum(outgoing.retry_schedule):
-        raise SettingsError("WEBHOOK_OUT_RETENTION_SECONDS must be longer than WEBHOOK_OUT_RETRY_SCHEDULE's total")
+        reader.refuse("WEBHOOK_OUT_RETENTION_SECONDS must be longer than WEBHOOK_OUT_RETRY_SCHEDULE's total")
+    if reader.problems:
+        raise SettingsError(*reader.problems)
     return settings
 
 
@@ -466,13 +500,16 @@ def _without_credentials(url: str) -> str:
 def _secrets(env: dict, names: list[str], production: bool, data_dir: Path) -> dict[str, Secret]:
     """Take each secret from the environment; in development, make and keep missing ones."""
     found: dict[str, Secret] = {}
+    problems = []
     for name in names:
         value = env.get(name, "")
         if value and len(value.encode()) >= MIN_SECRET_BYTES:
             found[name] = Secret(value)
         elif production:
             problem = "is missing" if not value else f"is shorter than {MIN_SECRET_BYTES} bytes"
-            raise SettingsError(f"{name} {problem}; set it to a random value of at least {MIN_SECRET_BYTES} bytes")
+            problems.append(f"{name} {problem}; set it to a random value of at least {MIN_SECRET_BYTES} bytes")
+    if problems:
+        raise SettingsError(*problems)
     missing = [n for n in names if n not in found]
     if missing:
         kept = _development_secrets(data_dir, missing)
@@ -517,8 +554,30 @@ def _read_json(path: Path) -> dict:
 
 
 class _Reader:
+    """Reads settings, noting each problem (and going on with the default) so that all are told at once."""
+
     def __init__(self, env: dict):
         self.env = env
+        self.problems: list[str] = []
+
+    def refuse(self, problem: str) -> None:
+        """Note a problem of the configuration (once, however many readings meet it)."""
+        if problem not in self.problems:
+            self.problems.append(problem)
+
+    def checked(self, build, *args, fallback=None):
+        """`build(*args)`, or `fallback` with its SettingsError's problems noted."""
+        try:
+            return build(*args)
+        except SettingsError as error:
+            for problem in error.problems:
+                self.refuse(problem)
+            return fallback
+
+    def provided(self, build, name: str) -> tuple:
+        """One `build(reader, name)` per provider that the list `name` names, leaving out those with problems."""
+        built = (self.checked(build, self, item) for item in self.names(name))
+        return tuple(item for item in built if item is not None)
 
     def text(self, name: str, default: str) -> str:
         value = self.env.get(name)
@@ -527,7 +586,8 @@ class _Reader:
     def choice(self, name: str, default: str, allowed: set[str]) -> str:
         value = self.text(name, default)
         if value not in allowed:
-            raise SettingsError(f"{name} must be one of {', '.join(sorted(allowed))}, not {value!r}")
+            self.refuse(f"{name} must be one of {', '.join(sorted(allowed))}, not {value!r}")
+            return default
         return value
 
     def number(self, name: str, default: float, minimum: float | None = None, maximum: float | None = None) -> float:
@@ -535,15 +595,18 @@ class _Reader:
         try:
             value = float(raw)
         except ValueError:
-            raise SettingsError(f"{name} must be a number, not {raw!r}") from None
+            self.refuse(f"{name} must be a number, not {raw!r}")
+            return default
         if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
-            raise SettingsError(f"{name} must be between {minimum} and {maximum}, not {raw}")
+            self.refuse(f"{name} must be between {minimum} and {maximum}, not {raw}")
+            return default
         return value
 
     def integer(self, name: str, default: int, minimum: int | None = None, maximum: int | None = None) -> int:
         value = self.number(name, default, minimum, maximum)
         if value != int(value):
-            raise SettingsError(f"{name} must be a whole number")
+            self.refuse(f"{name} must be a whole number")
+            return default
         return int(value)
 
     def networks(self, name: str, default: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
@@ -556,7 +619,7 @@ class _Reader:
                 try:
                     found.append(ipaddress.ip_network(item, strict=False))
                 except ValueError:
-                    raise SettingsError(f"{name}: {item!r} is not an address or CIDR range") from None
+                    self.refuse(f"{name}: {item!r} is not an address or CIDR range")
         return tuple(found)
 
     def names(self, name: str) -> list[str]:
@@ -564,8 +627,8 @@ class _Reader:
         found = [item.strip().lower() for item in self.text(name, "").split(",") if item.strip()]
         for item in found:
             if not PROVIDER_NAME.fullmatch(item):
-                raise SettingsError(f"{name}: {item!r} is not a provider name (letters, digits, _ and -)")
-        return found
+                self.refuse(f"{name}: {item!r} is not a provider name (letters, digits, _ and -)")
+        return [item for item in found if PROVIDER_NAME.fullmatch(item)]
 
     def seconds_list(self, name: str, default: str) -> tuple[int, ...]:
         """Comma-separated whole seconds, each at least 1."""
@@ -573,9 +636,11 @@ class _Reader:
         try:
             values = tuple(int(item) for item in raw.split(","))
         except ValueError:
-            raise SettingsError(f"{name} must be whole seconds separated by commas, not {raw!r}") from None
+            self.refuse(f"{name} must be whole seconds separated by commas, not {raw!r}")
+            return tuple(int(item) for item in default.split(","))
         if not values or min(values) < 1:
-            raise SettingsError(f"{name}: every delay must be at least 1 second")
+            self.refuse(f"{name}: every delay must be at least 1 second")
+            return tuple(int(item) for item in default.split(","))
         return values
 
     def boolean(self, name: str, default: bool) -> bool:
@@ -584,4 +649,5 @@ class _Reader:
             return True
         if raw in {"0", "false", "no", "off"}:
             return False
-        raise SettingsError(f"{name} must be true or false, not {raw!r}")
+        self.refuse(f"{name} must be true or false, not {raw!r}")
+        return default

@@ -32,14 +32,17 @@ def test_production_refuses_missing_or_short_secrets_naming_them(tmp_path, env, 
     assert not (tmp_path / "dev-secrets.json").exists()
 
 
+PRODUCTION_ADDRESSES = {"PUBLIC_BASE_URL": "https://auth.example.test", "SMTP_URL": "smtps://mail.example.test"}
+
+
 def test_production_starts_with_strong_secrets(tmp_path):
-    settings = load_settings({"APP_ENV": "production", "SECRET_KEY": STRONG, "JWT_SECRET": "j" * 32})
+    settings = load_settings({"APP_ENV": "production", "SECRET_KEY": STRONG, "JWT_SECRET": "j" * 32, **PRODUCTION_ADDRESSES})
     assert settings.production and str(settings.jwt_secret) == "j" * 32
     assert "j" * 32 not in repr(settings)
 
 
 def test_production_refuses_the_minimal_password_hashing_cost_of_test_suites(tmp_path):
-    production = {"APP_ENV": "production", "SECRET_KEY": STRONG, "JWT_SECRET": "j" * 32}
+    production = {"APP_ENV": "production", "SECRET_KEY": STRONG, "JWT_SECRET": "j" * 32, **PRODUCTION_ADDRESSES}
     with pytest.raises(SettingsError, match="PASSWORD_HASH_COST=minimal"):
         load_settings({**production, "PASSWORD_HASH_COST": "minimal"})
     assert load_settings(production).password_hash_cost == "owasp"
