@@ -36,7 +36,9 @@ PRODUCTION_ADDRESSES = {"PUBLIC_BASE_URL": "https://auth.example.test", "SMTP_UR
 
 
 def test_production_starts_with_strong_secrets(tmp_path):
-    settings = load_settings({"APP_ENV": "production", "SECRET_KEY": STRONG, "JWT_SECRET": "j" * 32, **PRODUCTION_ADDRESSES})
+    settings = load_settings(
+        {"APP_ENV": "production", "SECRET_KEY": STRONG, "JWT_SECRET": "j" * 32, **PRODUCTION_ADDRESSES}
+    )
     assert settings.production and str(settings.jwt_secret) == "j" * 32
     assert "j" * 32 not in repr(settings)
 
