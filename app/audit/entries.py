@@ -58,7 +58,7 @@ ENTRY_ID_PATTERN = r"^[0-9]{13}-[0-9a-f]{16}$"
 ENTRY_ID = re.compile(ENTRY_ID_PATTERN)
 CLI = {"kind": "cli", "id": None}
 SYSTEM = {"kind": "system", "id": None}
-WITHOUT_ID = ("cli", "system")  # actors that are no one in particular: their entries carry no `ip` either
+WITHOUT_ID = ("cli", "system")  # actors that are no one in particular
 
 audit_log = logging.getLogger("audit")
 _sequence = itertools.count()
@@ -149,7 +149,9 @@ def new_entry(
     if entry_type not in TYPES:
         raise ValueError(f"unknown audit entry type {entry_type!r}")
     actor = dict(actor) if actor is not None else current_actor(subject)
-    ip = None if actor["kind"] in WITHOUT_ID else client_ip()
+    # Every change a request made or attempted has its client's address, a failed login's and a detected
+    # refresh-token reuse's above all (who tried); only the CLI and the service's own work have none.
+    ip = None if actor["kind"] == "cli" else client_ip()
     return Entry(new_id(at_ms), entry_type, actor, subject, ip, dict(details or {}))
 
 

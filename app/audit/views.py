@@ -50,5 +50,16 @@ def audit_log():
 def activity():
     """The caller's logins, devices and security changes: the audit entries whose subject they are."""
     query = validated_query(ActivityQuery)
-    entries, following = store.read(subject=current_caller().user_id, before=query.before, limit=query.limit)
-    return jsonify({"entries": entries, "next": following})
+    user_id = current_caller().user_id
+    entries, following = store.read(subject=user_id, before=query.before, limit=query.limit)
+    return jsonify({"entries": [_as_seen_by(user_id, entry) for entry in entries], "next": following})
+
+
+def _as_seen_by(user_id: str, entry: dict) -> dict:
+    """An entry as its subject sees it: who else made a change (an administrator, a key, someone who tried
+    the password) shows by kind only, without an id or an address."""
+    if entry["actor"] == {"kind": "user", "id": user_id}:
+        return entry
+    seen = {**entry, "actor": {"kind": entry["actor"]["kind"], "id": None}}
+    seen.pop("ip", None)
+    return seen

@@ -13,6 +13,7 @@ from app import audit
 from app.audit import store
 from app.redis import Keys
 from app.settings import SettingsError, load_settings
+from tests.audit.conftest import CLIENT_ADDRESS
 from tests.utils import bearer
 
 
@@ -270,3 +271,24 @@ def test_a_change_made_in_one_step_keeps_its_entry_when_the_next_step_fails(clie
     entry_id = member.partition(" ")[0]
     assert not [m for m in rdb.zrange(Keys.audit_log(), 0, -1) if m.startswith(entry_id)]
     assert f"audit entry {entry_id} (password.changed) not stored" in caplog.text
+
+
+def test_a_users_activity_hides_who_else_acted_and_from_where(client, auth, admin):
+    """The admin's id and address, and the address of someone guessing the password, are the admin's log's to show,
+    not the user's: the user sees their kinds only. The admin's log keeps them."""
+    user = auth.new_user_tokens()
+    uid = user["user"]["id"]
+    assert client.patch(f"/admin/users/{uid}", json={"role": "admin"}, headers=admin["headers"]).status_code == 200
+    assert auth.login(user["user"]["email"], "a wrong password").status_code == 401
+    tokens = auth.login_body(user["user"]["email"])
+    mine = client.get("/auth/activity", headers=bearer(tokens["access_token"])).get_json()["entries"]
+    by_type = {entry["type"]: entry for entry in mine}
+    assert by_type["role.changed"]["actor"] == {"kind": "user", "id": None}
+    assert by_type["login.failed"]["actor"] == {"kind": "system", "id": None}
+    assert "ip" not in by_type["role.changed"] and "ip" not in by_type["login.failed"]
+    own = by_type["login.succeeded"]
+    assert own["actor"] == {"kind": "user", "id": uid} and own["ip"] == CLIENT_ADDRESS
+    logged = client.get(f"/admin/audit?subject={uid}", headers=admin["headers"]).get_json()["entries"]
+    as_logged = {entry["type"]: entry for entry in logged}
+    assert as_logged["role.changed"]["actor"] == {"kind": "user", "id": admin["id"]}
+    assert as_logged["role.changed"]["ip"] == as_logged["login.failed"]["ip"] == CLIENT_ADDRESS

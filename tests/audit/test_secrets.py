@@ -107,7 +107,7 @@ def _a_long_session(app, client, auth, admin, make_key, rdb) -> dict[str, str]:
     used |= {"a webhook secret": endpoint["secret"], "a credential in an endpoint URL": "a-credential-in-the-url"}
     rotated = client.post(f"/admin/webhook-endpoints/{endpoint['id']}/rotate-secret", headers=key["headers"])
     used["a rotated webhook secret"] = rotated.get_json()["secret"]
-    client.put("/admin/namespaces/vault", json={}, headers=key["headers"])
+    client.put("/admin/namespaces/vault", json={"subscribe": "members", "publish": "server"}, headers=key["headers"])
     grant = {"info": {"note": "an application's own secret-ish note"}}
     client.put(f"/channels/vault:one/members/{uid}", json=grant, headers=key["headers"])
     used["a grant's info"] = "an application's own secret-ish note"

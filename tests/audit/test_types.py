@@ -22,13 +22,14 @@ CLI = {"kind": "cli", "id": None}
 
 def check(entries: list[dict], *expected: tuple) -> None:
     """`entries` are exactly the expected ones, in order: (type, actor, subject, details ⊇), with the client's
-    address when a user or an API key made the change, and none when the CLI or the system did."""
+    address when a request made or attempted the change (a failed login, a reused refresh token included), and
+    none when the CLI did."""
     assert [entry["type"] for entry in entries] == [wanted[0] for wanted in expected], entries
     for entry, (_, actor, subject, details) in zip(entries, expected, strict=True):
         assert entry["actor"] == actor, entry
         assert entry.get("subject") == subject, entry
         assert details.items() <= entry["details"].items(), entry
-        if actor["kind"] in ("cli", "system"):
+        if actor["kind"] == "cli":
             assert "ip" not in entry, entry
         else:
             assert entry["ip"] == CLIENT_ADDRESS, entry
