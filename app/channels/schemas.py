@@ -28,10 +28,11 @@ class NamespacePath(Body):
 
 
 class NamespaceRules(Body):
-    """A namespace's rules; what is absent takes its default."""
+    """A namespace's rules: who subscribes and who publishes are always said (a missing one is 422, never a
+    default nobody chose); absent booleans are false."""
 
-    subscribe: Literal[SUBSCRIBE_RULES] = "members"
-    publish: Literal[PUBLISH_RULES] = "server"
+    subscribe: Literal[SUBSCRIBE_RULES]
+    publish: Literal[PUBLISH_RULES]
     presence: bool = False
     join_leave: bool = Field(False, description="Needs presence (else 422).")
 

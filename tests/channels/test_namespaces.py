@@ -8,11 +8,12 @@ from app.redis import Keys
 from tests.utils import redis_snapshot
 
 CHAT = {"name": "chat", "subscribe": "members", "publish": "server", "presence": False, "join_leave": False}
+RULES = {"subscribe": "members", "publish": "server"}
 
 
 def test_a_namespace_is_created_listed_replaced_and_deleted(client, admin, announced):
-    created = client.put("/admin/namespaces/chat", json={}, headers=admin["headers"])
-    assert created.status_code == 200 and created.get_json() == CHAT  # absent fields take their defaults
+    created = client.put("/admin/namespaces/chat", json=RULES, headers=admin["headers"])
+    assert created.status_code == 200 and created.get_json() == CHAT  # absent booleans are false
     assert created.headers["Cache-Control"] == "no-store"
     assert announced == []  # nothing was open on it
 
@@ -23,7 +24,7 @@ def test_a_namespace_is_created_listed_replaced_and_deleted(client, admin, annou
     assert client.put("/admin/namespaces/chat", json=rules, headers=admin["headers"]).status_code == 200
     assert len(announced) == 1  # the same rules again change nothing
 
-    client.put("/admin/namespaces/alerts-2", json={"presence": True}, headers=admin["headers"])
+    client.put("/admin/namespaces/alerts-2", json={**RULES, "presence": True}, headers=admin["headers"])
     listed = client.get("/admin/namespaces", headers=admin["headers"])
     assert listed.status_code == 200 and listed.headers["Cache-Control"] == "no-store"
     assert listed.get_json() == {
@@ -46,19 +47,22 @@ def test_a_namespace_is_created_listed_replaced_and_deleted(client, admin, annou
 @pytest.mark.parametrize(
     "name, body, status",
     [
-        ("user", {}, 422),
-        ("broadcast", {}, 422),
-        ("webhooks", {}, 422),
-        ("admin", {}, 422),
-        ("Chat", {}, 422),
-        ("a" * 33, {}, 422),
-        ("a.b", {}, 422),
-        ("chat", {"join_leave": True}, 422),  # join and leave need presence
-        ("chat", {"subscribe": "everyone"}, 422),
-        ("chat", {"publish": "anyone"}, 422),
-        ("chat", {"subscribe": 1}, 400),
-        ("chat", {"presence": "yes"}, 400),
-        ("chat", {"presence": None}, 400),
+        ("user", RULES, 422),
+        ("broadcast", RULES, 422),
+        ("webhooks", RULES, 422),
+        ("admin", RULES, 422),
+        ("Chat", RULES, 422),
+        ("a" * 33, RULES, 422),
+        ("a.b", RULES, 422),
+        ("chat", {**RULES, "join_leave": True}, 422),  # join and leave need presence
+        ("chat", {**RULES, "subscribe": "everyone"}, 422),
+        ("chat", {**RULES, "publish": "anyone"}, 422),
+        ("chat", {**RULES, "subscribe": 1}, 400),
+        ("chat", {**RULES, "presence": "yes"}, 400),
+        ("chat", {}, 400),  # who subscribes and who publishes are always said: no default nobody chose
+        ("chat", {"subscribe": "authenticated", "presence": True}, 400),
+        ("chat", {"publish": "subscribers"}, 400),
+        ("chat", {**RULES, "presence": None}, 400),
     ],
 )
 def test_bad_namespaces_are_refused_and_store_nothing(client, admin, rdb, announced, name, body, status):
@@ -84,12 +88,12 @@ def test_only_admins_and_keys_with_the_scope_manage_namespaces(client, user, key
         assert getattr(client, method)("/admin/namespaces/chat", json={}, headers=user["headers"]).status_code == 403
     assert client.get("/admin/namespaces", headers=user["headers"]).status_code == 403
     other = key("events:publish", "webhooks:manage", "tokens:introspect", channels=("*",))
-    refused = client.put("/admin/namespaces/chat", json={}, headers=other)
+    refused = client.put("/admin/namespaces/chat", json=RULES, headers=other)
     assert refused.status_code == 403 and refused.get_json()["error"]["code"] == "forbidden"
     assert not rdb.exists(Keys.namespaces())
 
     manager = key("channels:manage")
-    assert client.put("/admin/namespaces/chat", json={}, headers=manager).status_code == 200
+    assert client.put("/admin/namespaces/chat", json=RULES, headers=manager).status_code == 200
     assert [n["name"] for n in client.get("/admin/namespaces", headers=manager).get_json()["namespaces"]] == ["chat"]
     assert client.delete("/admin/namespaces/chat", headers=manager).status_code == 204
 

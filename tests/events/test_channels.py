@@ -28,7 +28,8 @@ class Admin(Api):
     """An admin (made in Redis, logged in through the server) who defines namespaces and grants."""
 
     def put_namespace(self, name: str, **rules) -> None:
-        response = self.http.put(f"{self.base}/admin/namespaces/{name}", json=rules, headers=self.auth)
+        body = {"publish": "server", **rules}
+        response = self.http.put(f"{self.base}/admin/namespaces/{name}", json=body, headers=self.auth)
         assert response.status_code == 200, response.text
 
     def delete_namespace(self, name: str) -> None:
