@@ -117,9 +117,9 @@ def remove(passkey_id: str):
 )
 @rate_limited("passkey_options", per=("address",))
 def login_options():
-    """PublicKeyCredentialRequestOptionsJSON with an empty allowCredentials, the same for every address."""
-    validated(PasskeyLoginStart, optional=True)  # read, checked, and never looked up
-    return jsonify(passkeys.login_options())
+    """PublicKeyCredentialRequestOptionsJSON with an empty allowCredentials, the same for every address; with
+    an e-mail, a login for that account alone."""
+    return jsonify(passkeys.login_options(validated(PasskeyLoginStart, optional=True).email))
 
 
 @bp.post("/login")

@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import NamedTuple
 from urllib.parse import urlsplit
 
 from flask import current_app, request
@@ -81,6 +82,10 @@ MAX_PASSKEYS = 20
 CREDENTIAL_ID_MAX = 1023  # bytes: WebAuthn's bound on a credential id
 CREDENTIAL_ID_TEXT_MAX = 1364  # the same as base64url without padding
 LOGIN_ID_MAX = 200  # an issued one has 43 characters
+# A login asked for with an e-mail keeps its account beside the challenge (base64url has no ':'); an
+# address no account has keeps NO_ACCOUNT, which no credential's owner is.
+ACCOUNT_SEPARATOR = ":"
+NO_ACCOUNT = "none"
 ALGORITHMS = [COSEAlgorithmIdentifier.ECDSA_SHA_256, COSEAlgorithmIdentifier.RSASSA_PKCS1_v1_5_SHA_256]
 # What py_webauthn raises for a response it refuses, or for bytes it cannot decode on the way (CBOR,
 # base64, a key or signature of the wrong shape: ValueError and its subclasses).
@@ -403,15 +408,20 @@ def remove(user_id: str, credential_id: str) -> bool:
 # Login.
 
 
-def login_options() -> dict:
+def login_options(email: str | None = None) -> dict:
     """PublicKeyCredentialRequestOptionsJSON and the login_id its answer must name; the challenge is kept.
 
-    The same for every caller: no e-mail is looked up, and `allowCredentials` stays empty.
+    The same answer for every caller: `allowCredentials` stays empty. With an `email`, the login is for that
+    account alone (kept beside the challenge): a credential of any other account, or any credential when no
+    account has the address, is refused.
     """
     rp_id, _ = relying_party()
     challenge = secrets.token_bytes(CHALLENGE_BYTES)
     login_id = secrets.token_urlsafe(32)
-    get_redis().set(login_challenge_key(login_id), bytes_to_base64url(challenge), ex=CHALLENGE_SECONDS)
+    kept = bytes_to_base64url(challenge)
+    if email is not None:
+        kept += ACCOUNT_SEPARATOR + (users.find_user_id_by_email(email) or NO_ACCOUNT)
+    get_redis().set(login_challenge_key(login_id), kept, ex=CHALLENGE_SECONDS)
     options = generate_authentication_options(
         rp_id=rp_id,
         challenge=challenge,
@@ -420,6 +430,13 @@ def login_options() -> dict:
         user_verification=UserVerificationRequirement.REQUIRED,
     )
     return {"options": options_to_json_dict(options), "login_id": login_id}
+
+
+class LoginChallenge(NamedTuple):
+    """The challenge of one login's options, and the account the login is for (None: whoever answers)."""
+
+    challenge: str
+    account: str | None
 
 
 @dataclass(frozen=True)
@@ -432,27 +449,31 @@ class Assertion:
     backed_up: bool
 
 
-def take_login_challenge(login_id: object) -> str | None:
+def take_login_challenge(login_id: object) -> LoginChallenge | None:
     """The challenge of the login options `login_id` names, taken (so used up) for the answer at hand.
 
     Anything else than a login_id (missing, of another type, too long) names none.
     """
     if not isinstance(login_id, str) or not 0 < len(login_id) <= LOGIN_ID_MAX:
         return None
-    return get_redis().getdel(login_challenge_key(login_id))
+    kept = get_redis().getdel(login_challenge_key(login_id))
+    if kept is None:
+        return None
+    challenge, _, account = kept.partition(ACCOUNT_SEPARATOR)
+    return LoginChallenge(challenge, account or None)
 
 
-def verify_login(challenge: str | None, credential: dict, user_id: str | None = None) -> Assertion:
+def verify_login(challenge: LoginChallenge | None, credential: dict, user_id: str | None = None) -> Assertion:
     """Check an AuthenticationResponseJSON against `challenge` (taken from the login's options).
 
     400 for a malformed credential; 401 invalid_credentials for every refusal: no challenge (unknown,
-    used or expired login_id), unknown credential, a user handle other than its owner's (or, with
-    `user_id`, a passkey of another user), wrong origin or RP ID, no user verification, a bad signature,
-    a counter not greater.
+    used or expired login_id), unknown credential, a passkey of another account than the one the options
+    were asked for (or, with `user_id`, than that user), a user handle other than its owner's, wrong
+    origin or RP ID, no user verification, a bad signature, a counter not greater.
     """
     parsed = _parsed(parse_authentication_credential_json, credential)
     owner = find_owner(parsed.id) if challenge is not None else None
-    if owner is None or (user_id is not None and owner != user_id):
+    if owner is None or any(bound not in (None, owner) for bound in (user_id, challenge.account)):
         raise invalid_credentials()
     user, record = users.get_user(owner), _record(owner, parsed.id)
     handle = (user or {}).get("passkey_handle")
@@ -464,7 +485,7 @@ def verify_login(challenge: str | None, credential: dict, user_id: str | None = 
     try:
         verified = verify_authentication_response(
             credential=parsed,
-            expected_challenge=base64url_to_bytes(challenge),
+            expected_challenge=base64url_to_bytes(challenge.challenge),
             expected_rp_id=rp_id,
             expected_origin=origins,
             credential_public_key=base64url_to_bytes(record["public_key"]),
@@ -505,7 +526,7 @@ def use(assertion: Assertion) -> None:
         raise invalid_credentials()
 
 
-def authenticate(challenge: str | None, credential: dict, user_id: str | None = None) -> dict:
+def authenticate(challenge: LoginChallenge | None, credential: dict, user_id: str | None = None) -> dict:
     """verify_login, then use: the owner's stored record (for re-authentication, where nothing else applies)."""
     assertion = verify_login(challenge, credential, user_id)
     use(assertion)

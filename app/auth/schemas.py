@@ -344,7 +344,7 @@ class PasskeyPath(Body):
 
 
 class PasskeyLoginStart(Body):
-    """Who is logging in, if the page knows: it changes nothing in the answer (no address is looked up)."""
+    """Who is logging in, if the page knows: the answer looks the same, and the login is for that account alone."""
 
     email: Email | None = None
 

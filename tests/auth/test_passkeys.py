@@ -493,6 +493,25 @@ def test_login_options_never_tell_whether_an_address_has_passkeys(client, owner)
     assert len({answer.get_json()["login_id"] for answer in answers}) == 4
 
 
+def test_a_login_asked_for_with_an_e_mail_is_for_that_account_alone(client, auth, owner):
+    """A page that asked for bob's login must not log in whoever's passkey answers it: a credential of another
+    account, or any credential when no account has the address, is refused; the owner's own one passes."""
+    intruder = auth.new_user_tokens()
+    intruders_device = authenticator()
+    assert add_passkey(client, intruder["access_token"], intruders_device).status_code == 201
+
+    def login(device: Authenticator, **asked):
+        options, login_id = request_options(client, **asked)
+        return client.post("/auth/passkeys/login", json={"login_id": login_id, "credential": device.get(options)})
+
+    assert login(intruders_device).status_code == 200  # discoverable: whoever answers, as before
+    assert refused(login(intruders_device, email=owner["email"]))
+    assert refused(login(intruders_device, email="nobody-here@example.com"))
+    assert refused(login(owner["device"], email="nobody-here@example.com"))
+    signed_in = login(owner["device"], email=owner["email"].upper())
+    assert signed_in.status_code == 200 and signed_in.get_json()["user"]["id"] == owner["user"]["id"]
+
+
 # Re-authentication.
 
 
