@@ -3,19 +3,28 @@
 Each live connection reading a channel counts as an entry of the channel's sorted set `presence:{C}`:
 `<user id>|<connection id>`, scored by the end of its lease (ms, the channel's Redis node's clock). Beside
 it `presence:{C}:users` counts each present user's entries and `presence:{C}:sorted` lists the present
-users in id order. All three share the channel's hash tag with its members hash and its stream, so each
+users in id order. All of them share the channel's hash tag with its members hash and its stream, so each
 change is one Lua step that also publishes the user's `presence.join` (0 -> 1 entries) or
-`presence.leave` (1 -> 0) exactly as the bus publishes an event: XADD to `events:{C}` and the wake-up
+`presence.leave` exactly as the bus publishes an event: XADD to `events:{C}` and the wake-up
 PUBLISH (SPUBLISH on a cluster), and the outgoing-webhook feed in the same step on one Redis (a second
 step on a cluster). A connection id starts with `j` when its namespace has join_leave (else `q`), so
-whoever drops the user's last entry, its own worker or a reaper, knows whether to publish the leave.
+whoever drops the user's last entry, its own worker or a reaper, knows whether a leave is owed.
+
+Lingering: presence itself (the count, the list) follows connections at once, but a user whose last
+announcing entry goes is only put in `presence:{C}:lingering`, scored by when its leave is due
+(PRESENCE_LINGER_SECONDS on). A user present again before then is taken out of it by the step that
+enters it, and neither event is published; one still absent when it is due gets its leave from a settling
+step, which checks and publishes in one step. The keeper whose step made the user linger settles the
+channel when it is due; the channel's index score (below) is its earliest lease end or due leave, so if
+that worker dies the reapers publish the leave instead. With the linger 0 the leave goes out at once.
 
 Leases: the keeper of each worker renews the leases of its entries together (one script per channel)
 every fifth of PRESENCE_TIMEOUT_SECONDS, for 0.6 of it. Entries whose lease ran out (their worker died)
 are dropped by the reapers: every worker runs one, every tenth of the timeout, on the channels that
-`presence:channels` (its own hash slot) says have a lease ending by now, so a dead worker's users leave
-within about 0.7 of the timeout (0.9 if the reaper that took their channel died too). Every step that
-changes a channel drops its lapsed entries first, so reapers may run side by side.
+`presence:channels` (its own hash slot) says have a lease ending (or a leave due) by now, so a dead
+worker's users stop counting within about 0.7 of the timeout (0.9 if the reaper that took their channel
+died too), and their leave follows the linger later. Every step that changes a channel drops its lapsed
+entries first, so reapers may run side by side; a reaper's step also publishes the channel's due leaves.
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 import gevent
+import gevent.event
 import gevent.monkey
 import redis
 from flask import Flask
@@ -49,21 +59,26 @@ CLAIM_SHARE = 0.2  # how long a reaper keeps a due channel from the others
 REAP_BATCH = 1000  # lapsed entries dropped per step (the reaper comes back for more)
 DUE_BATCH = 100  # channels a reaper takes per step
 RENEW_BATCH = 1000  # entries of one channel renewed per script
+SETTLE_GAP = 0.05  # seconds: a channel is settled at most this often by one keeper (leaves due together go together)
+SETTLE_SLACK = 0.005  # seconds added to a settling time: gevent's cached loop clock may wake a timer early
 # What Redis being away looks like through redis-py (a cluster's slot map may be unknown, too).
 REDIS_ERRORS = (redis.exceptions.RedisError, redis.exceptions.RedisClusterException)
 
 # Helpers of the channel steps. KEYS: 1 presence:{C}, 2 presence:{C}:users, 3 presence:{C}:sorted,
-# 4 members:{C}, 5 events:{C}; on one Redis also 6 presence:channels, 7 outgoing:endpoints,
-# 8 outgoing:feed. ARGV: 1 channel, 2 its wake-up channel, 3 PUBLISH or SPUBLISH, 4 history maxlen,
-# 5 ts, 6 lease ms, 7 key ttl ms, 8 reap batch, then the step's own.
-# Each step returns {earliest lease end or false, {{id, event, data, ts}, ...}} (what it published), and
-# for a snapshot more.
+# 4 members:{C}, 5 events:{C}, 6 presence:{C}:lingering; on one Redis also 7 presence:channels,
+# 8 outgoing:endpoints, 9 outgoing:feed. ARGV: 1 channel, 2 its wake-up channel, 3 PUBLISH or SPUBLISH,
+# 4 history maxlen, 5 ts, 6 lease ms, 7 key ttl ms, 8 batch, 9 linger ms, then the step's own.
+# Each step returns {when the reapers should next look at the channel (its earliest lease end or due leave,
+# ms) or false, {{id, event, data, ts}, ...} (what it published), ms until its next leave is due or false,
+# 1 if the step made a user linger else 0}, and for a snapshot more.
 CHANNEL_STEP_LUA = r"""
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
-local indexed = #KEYS >= 6
-local feed = #KEYS >= 8 and redis.call('EXISTS', KEYS[7]) == 1
+local linger = tonumber(ARGV[9])
+local indexed = #KEYS >= 7
+local feed = #KEYS >= 9 and redis.call('EXISTS', KEYS[8]) == 1
 local published = {}
+local lingered = 0
 
 -- The raw text of a member of a JSON object (nil when absent): info reaches events as it was granted
 -- (decoding and encoding again would turn [] into {} and round long numbers).
@@ -130,7 +145,7 @@ local function publish(event, user)
   local id = redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[4], '*', 'event', event, 'data', data, 'ts', ARGV[5])
   redis.call(ARGV[3], ARGV[2], cjson.encode({id = id, channel = ARGV[1], event = event, data = data, ts = ARGV[5]}))
   if feed then
-    redis.call('XADD', KEYS[8], '*', 'id', id, 'channel', ARGV[1], 'event', event, 'data', data, 'ts', ARGV[5])
+    redis.call('XADD', KEYS[9], '*', 'id', id, 'channel', ARGV[1], 'event', event, 'data', data, 'ts', ARGV[5])
   end
   published[#published + 1] = {id, event, data, ARGV[5]}
 end
@@ -138,12 +153,24 @@ end
 local function user_of(member) return string.match(member, '^(.*)|') end
 local function announces(member, user) return string.sub(member, #user + 2, #user + 2) == 'j' end
 
+-- A user present again: back within the linger, its pending leave is forgotten and no join is owed;
+-- later (not settled yet), the leave goes out first.
+local function arrive(member, user)
+  local due = redis.call('ZSCORE', KEYS[6], user)
+  if due then
+    redis.call('ZREM', KEYS[6], user)
+    if tonumber(due) > now then return end
+    publish('presence.leave', user)
+  end
+  if announces(member, user) then publish('presence.join', user) end
+end
+
 local function add(member)
   if redis.call('ZADD', KEYS[1], now + tonumber(ARGV[6]), member) == 0 then return end
   local user = user_of(member)
   if redis.call('HINCRBY', KEYS[2], user, 1) == 1 then
     redis.call('ZADD', KEYS[3], 0, user)
-    if announces(member, user) then publish('presence.join', user) end
+    arrive(member, user)
   end
 end
 
@@ -153,7 +180,22 @@ local function drop(member)
   if redis.call('HINCRBY', KEYS[2], user, -1) <= 0 then
     redis.call('HDEL', KEYS[2], user)
     redis.call('ZREM', KEYS[3], user)
-    if announces(member, user) then publish('presence.leave', user) end
+    if announces(member, user) then
+      if linger > 0 then
+        redis.call('ZADD', KEYS[6], now + linger, user)
+        lingered = 1
+      else
+        publish('presence.leave', user)
+      end
+    end
+  end
+end
+
+-- The leaves that are due: each user still absent (as it always is: arriving takes it out) leaves now.
+local function settle()
+  for _, user in ipairs(redis.call('ZRANGEBYSCORE', KEYS[6], '-inf', now, 'LIMIT', 0, tonumber(ARGV[8]))) do
+    redis.call('ZREM', KEYS[6], user)
+    if redis.call('HEXISTS', KEYS[2], user) == 0 then publish('presence.leave', user) end
   end
 end
 
@@ -163,32 +205,37 @@ local function reap()
   end
 end
 
--- Keys live a timeout past the last change or renewal; on one Redis the index is kept exact here.
+-- Keys live a timeout past the last change or renewal (pending leaves also the linger); on one Redis the
+-- index is kept exact here.
 local function finish(...)
-  local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-  local earliest = first[2] or false
-  if earliest then
+  local lease_end = tonumber(redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')[2])
+  local due = tonumber(redis.call('ZRANGE', KEYS[6], 0, 0, 'WITHSCORES')[2])
+  if lease_end then
     for k = 1, 3 do redis.call('PEXPIRE', KEYS[k], ARGV[7]) end
-    if indexed then redis.call('ZADD', KEYS[6], earliest, ARGV[1]) end
-  elseif indexed then
-    redis.call('ZREM', KEYS[6], ARGV[1])
   end
-  return {earliest, published, ...}
+  if due then redis.call('PEXPIRE', KEYS[6], math.max(due - now, 0) + tonumber(ARGV[7])) end
+  local look = lease_end or due
+  if lease_end and due then look = math.min(lease_end, due) end
+  if indexed then
+    if look then redis.call('ZADD', KEYS[7], look, ARGV[1]) else redis.call('ZREM', KEYS[7], ARGV[1]) end
+  end
+  return {look or false, published, due and (due - now) or false, lingered, ...}
 end
 """
 
-ENTER_LUA = CHANNEL_STEP_LUA + "reap()\nadd(ARGV[9])\nreturn finish()\n"
-LEAVE_LUA = CHANNEL_STEP_LUA + "reap()\ndrop(ARGV[9])\nreturn finish()\n"
-REAP_LUA = CHANNEL_STEP_LUA + "reap()\nreturn finish()\n"
-# ARGV[9]: how many users to list. Returns also the number of present users and, per listed user,
+ENTER_LUA = CHANNEL_STEP_LUA + "reap()\nadd(ARGV[10])\nreturn finish()\n"
+LEAVE_LUA = CHANNEL_STEP_LUA + "reap()\ndrop(ARGV[10])\nreturn finish()\n"
+# The reapers' step and the settling step: due leaves, then lapsed entries.
+REAP_LUA = CHANNEL_STEP_LUA + "settle()\nreap()\nreturn finish()\n"
+# ARGV[10]: how many users to list. Returns also the number of present users and, per listed user,
 # {user id, connections, info as JSON text}.
 SNAPSHOT_LUA = (
     CHANNEL_STEP_LUA
     + """
 reap()
 local rows = {}
-if tonumber(ARGV[9]) > 0 then
-  for _, user in ipairs(redis.call('ZRANGE', KEYS[3], 0, tonumber(ARGV[9]) - 1)) do
+if tonumber(ARGV[10]) > 0 then
+  for _, user in ipairs(redis.call('ZRANGE', KEYS[3], 0, tonumber(ARGV[10]) - 1)) do
     rows[#rows + 1] = {user, redis.call('HGET', KEYS[2], user) or '0', granted_info(user)}
   end
 end
@@ -214,6 +261,15 @@ if #missing < #ARGV - 2 then
   for k = 1, 3 do redis.call('PEXPIRE', KEYS[k], ARGV[2]) end
 end
 return missing
+"""
+
+# KEYS: 1 presence:{C}, 2 presence:{C}:lingering. When the reapers should next look at the channel (as a
+# step's first answer), or false.
+NEXT_LOOK_LUA = """
+local lease_end = tonumber(redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')[2])
+local due = tonumber(redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')[2])
+if lease_end and due then return math.min(lease_end, due) end
+return lease_end or due or false
 """
 
 # KEYS[1] presence:channels. ARGV: how many, claim ms. The channels with a lease ending by now, each
@@ -264,17 +320,33 @@ class _Outage:
             log.info("presence: %s works again", self.what)
 
 
+def lingering_key(channel: str) -> str:
+    """`presence:{C}:lingering`: the channel's users whose leave is pending, by when it is due (ms)."""
+    return Keys.presence(channel) + ":lingering"
+
+
 def _timestamp() -> str:
     now = time.time()
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now * 1000) % 1000:03d}Z"
 
 
 class PresenceKeeper:
-    """One per worker: counts this worker's connections in channels, renews their leases, reaps lapsed ones."""
+    """One per worker: counts this worker's connections in channels, renews their leases, reaps lapsed ones,
+    and publishes the leaves its steps left lingering once they are due."""
 
-    def __init__(self, client, timeout_seconds: float, feed=feed_events, *, history_maxlen: int = 1000):
+    def __init__(
+        self,
+        client,
+        timeout_seconds: float,
+        feed=feed_events,
+        *,
+        history_maxlen: int = 1000,
+        linger_seconds: float = 0.0,
+    ):
         self.client = client
         self.timeout = timeout_seconds
+        self.linger = linger_seconds
+        self.linger_ms = round(linger_seconds * 1000)
         self.feed = feed  # feed(client, events): hands events to outgoing webhooks on a cluster
         self.history_maxlen = history_maxlen
         self.cluster = is_cluster(client)
@@ -289,13 +361,18 @@ class PresenceKeeper:
         self._snapshot = client.register_script(SNAPSHOT_LUA)
         self._renew = client.register_script(RENEW_LUA)
         self._claim_due = client.register_script(CLAIM_DUE_LUA)
+        self._next_look = client.register_script(NEXT_LOOK_LUA)
         self.held: dict[str, _Entry] = {}  # entry id -> entry, this process's
+        self.settle_at: dict[str, float] = {}  # channel -> when (monotonic) to publish its due leaves
         self._pid = os.getpid()
         self._renewer: gevent.Greenlet | None = None
         self._reaper: gevent.Greenlet | None = None
+        self._settler: gevent.Greenlet | None = None
+        self._settle_sooner = gevent.event.Event()
         self._renewing = _Outage("renewing leases")
         self._reaping = _Outage("reaping lapsed leases")
         self._leaving = _Outage("leaving")
+        self._settling = _Outage("publishing due leaves")
 
     # The interface of the transports and views.
 
@@ -313,8 +390,9 @@ class PresenceKeeper:
         return entry_id
 
     def leave(self, entry_id: str) -> None:
-        """Stop counting the connection at once (`presence.leave` when it was the user's last). Never raises:
-        on a failure the lease runs out instead, and a reaper drops it."""
+        """Stop counting the connection at once. When it was the user's last, `presence.leave` follows at once
+        with no linger, else once the linger is over and the user is still absent. Never raises: on a failure
+        the lease runs out instead, and a reaper drops it."""
         entry = self.held.pop(entry_id, None)
         if entry is None:
             return
@@ -328,7 +406,7 @@ class PresenceKeeper:
         users by id, `count` all of them. Lapsed entries are dropped first."""
         self.start()
         result = self._step(self._snapshot, channel, [max(0, int(limit))])
-        count, rows = result[2], result[3]
+        count, rows = result[4], result[5]
         users = [{"user_id": user, "info": json.loads(info), "connections": int(n)} for user, n, info in rows]
         return {"channel": channel, "count": int(count), "users": users}
 
@@ -336,6 +414,7 @@ class PresenceKeeper:
         """Run the reaper in this process (idempotent, cheap): at first use, after the worker's fork."""
         if self._pid != os.getpid():  # a forked copy: the parent's entries and greenlets are not ours
             self._pid, self.held, self._renewer, self._reaper = os.getpid(), {}, None, None
+            self.settle_at, self._settler, self._settle_sooner = {}, None, gevent.event.Event()
         if self._reaper is None or self._reaper.dead:
             self._reaper = gevent.spawn(self._reap_forever)
 
@@ -345,11 +424,12 @@ class PresenceKeeper:
             self.start()
 
     def stop(self) -> None:
-        """Stop renewing and reaping in this process (entries held lapse, and other reapers drop them)."""
-        for greenlet in (self._renewer, self._reaper):
+        """Stop renewing, reaping and settling in this process (entries held lapse, and other reapers drop
+        them and publish the leaves this one would have)."""
+        for greenlet in (self._renewer, self._reaper, self._settler):
             if greenlet is not None:
                 greenlet.kill(block=False)
-        self._renewer = self._reaper = None
+        self._renewer = self._reaper = self._settler = None
 
     # One pass of each background task (their loops below; tests may call them).
 
@@ -391,12 +471,56 @@ class PresenceKeeper:
         done = [
             (channel, result) for channel, result in zip(due, results, strict=True) if not isinstance(result, Exception)
         ]
-        if self.cluster:
-            self.feed(self.client, [event for channel, result in done for event in self._published(channel, result)])
-            self._reindex(done)
+        self._settled(done)
         if failure is not None:
             raise failure
         return len(due)
+
+    def settle(self) -> int:
+        """Publish the due leaves of every channel this keeper's timer says is due (and drop lapsed entries);
+        how many channels it looked at. A channel whose step failed is tried again a reaper's pass later."""
+        now = time.monotonic()
+        due = [channel for channel, at in self.settle_at.items() if at <= now]
+        if not due:
+            return 0
+        for channel in due:
+            del self.settle_at[channel]
+        keys, args = [self._channel_keys(c) for c in due], [self._channel_args(c) for c in due]
+        results = self._pipelined(self._reap, keys, args)
+        failure = None
+        done = []
+        for channel, result in zip(due, results, strict=True):
+            if isinstance(result, Exception):
+                failure = failure or result
+                self._schedule(channel, self.reap_interval)
+            else:
+                done.append((channel, result))
+        self._settled(done)
+        if failure is not None:
+            raise failure
+        return len(due)
+
+    def _settled(self, done: list[tuple[str, list]]) -> None:
+        """After reaping or settling steps: on a cluster, feed what they published to the outgoing webhooks
+        and index the channels again; leaves still pending are settled when they are due."""
+        for channel, result in done:
+            if result[2] is not None:
+                self._schedule(channel, result[2] / 1000)
+        if self.cluster:
+            self.feed(self.client, [event for channel, result in done for event in self._published(channel, result)])
+            self._reindex(done)
+
+    def _schedule(self, channel: str, seconds: float) -> None:
+        """Settle `channel` in `seconds` (not sooner than SETTLE_GAP), unless it is already due sooner."""
+        at = time.monotonic() + max(seconds, SETTLE_GAP) + SETTLE_SLACK
+        current = self.settle_at.get(channel)
+        if current is not None and current <= at:
+            return
+        self.settle_at[channel] = at
+        if self._settler is None or self._settler.dead:
+            self._settler = gevent.spawn(self._settle_forever)
+        else:
+            self._settle_sooner.set()
 
     # Steps on one channel.
 
@@ -414,7 +538,9 @@ class PresenceKeeper:
 
     def _leave_quietly(self, entry: _Entry) -> None:
         try:
-            self._step(self._leave, entry.channel, [entry.member])
+            result = self._step(self._leave, entry.channel, [entry.member])
+            if self.cluster and result[3]:  # the index is in another slot: the reapers look when the leave is due
+                self.client.zadd(Keys.presence_channels(), {entry.channel: int(result[0])}, lt=True)
         except REDIS_ERRORS as error:
             self._leaving.failed(error)
         else:
@@ -433,6 +559,8 @@ class PresenceKeeper:
         """Run one channel step; on a cluster, hand what it published to the outgoing feed (second step)
         unless the caller does (`fed=False`)."""
         result = script(keys=self._channel_keys(channel), args=self._channel_args(channel) + extra)
+        if result[3]:  # a user lingers: this keeper publishes its leave when due; if it dies, the reapers do
+            self._schedule(channel, result[2] / 1000)
         if fed:
             self._feed(channel, result)
         return result
@@ -448,6 +576,7 @@ class PresenceKeeper:
             Keys.presence_sorted(channel),
             Keys.channel_members(channel),
             Keys.stream(channel),
+            lingering_key(channel),
         ]
         if not self.cluster:  # one Redis: the index and the feed change in the same step
             keys += [Keys.presence_channels(), Keys.outgoing_endpoints(), Keys.outgoing_feed()]
@@ -464,6 +593,7 @@ class PresenceKeeper:
             self.lease_ms,
             self.key_ttl_ms,
             REAP_BATCH,
+            self.linger_ms,
         ]
 
     @staticmethod
@@ -472,8 +602,9 @@ class PresenceKeeper:
         return [Published(event_id, channel, event, data, ts) for event_id, event, data, ts in result[1]]
 
     def _reindex(self, done: list[tuple[str, list]]) -> None:
-        """On a cluster, after reaping: each channel's index score becomes its earliest lease end; a channel
-        left empty is removed, then looked at again, so an entry that came meanwhile is indexed."""
+        """On a cluster, after reaping: each channel's index score becomes when the reapers should look at it
+        next (its earliest lease end or due leave); a channel left with neither is removed, then looked at
+        again, so an entry or a pending leave that came meanwhile is indexed."""
         index = Keys.presence_channels()
         empty = [channel for channel, result in done if not result[0]]
         pipe = self.client.pipeline(transaction=False)
@@ -485,23 +616,23 @@ class PresenceKeeper:
         pipe.execute()
         if not empty:
             return
-        keys = [[Keys.presence(channel)] for channel in empty]
-        firsts = self._pipelined(None, keys, None)
+        keys = [[Keys.presence(channel), lingering_key(channel)] for channel in empty]
+        looks = self._pipelined(self._next_look, keys, [[] for _ in empty])
         again = {}
-        for channel, first in zip(empty, firsts, strict=True):
-            if isinstance(first, Exception):
-                raise first
-            if first:
-                again[channel] = int(first[0][1])
+        for channel, look in zip(empty, looks, strict=True):
+            if isinstance(look, Exception):
+                raise look
+            if look is not None:
+                again[channel] = int(look)
         if again:
             pipe = self.client.pipeline(transaction=False)
             for channel, score in again.items():
                 pipe.zadd(index, {channel: score}, lt=True)
             pipe.execute()
 
-    def _pipelined(self, script, keys: list[list[str]], args: list[list] | None) -> list:
+    def _pipelined(self, script, keys: list[list[str]], args: list[list]) -> list:
         """Per call, the script's answer or its error, in order: one pipeline on one Redis, one per node on
-        a cluster. Without a script, each call reads the first entry of its key (ZRANGE 0 0 WITHSCORES)."""
+        a cluster."""
         groups: dict[str, tuple] = {}
         for position, call_keys in enumerate(keys):
             node = self.client.get_node_from_key(call_keys[0]) if self.cluster else None
@@ -511,10 +642,7 @@ class PresenceKeeper:
             target = self.client.get_redis_connection(node) if node else self.client
             pipe = target.pipeline(transaction=False)
             for position in positions:
-                if script is None:
-                    pipe.zrange(keys[position][0], 0, 0, withscores=True)
-                else:
-                    script(keys=keys[position], args=args[position], client=pipe)
+                script(keys=keys[position], args=args[position], client=pipe)
             try:
                 answers = pipe.execute(raise_on_error=False)
             except REDIS_ERRORS as error:
@@ -543,6 +671,15 @@ class PresenceKeeper:
             gevent.sleep(self.reap_interval)
             self._run_quietly(self._reap_all_due, self._reaping)
 
+    def _settle_forever(self) -> None:
+        while self.settle_at:
+            wait = min(self.settle_at.values()) - time.monotonic()
+            if wait > 0:
+                self._settle_sooner.clear()
+                self._settle_sooner.wait(wait)  # or sooner, when a channel is due before
+                continue
+            self._run_quietly(self.settle, self._settling)
+
     def _reap_all_due(self) -> None:
         while self.reap() == DUE_BATCH:
             gevent.sleep(0)
@@ -564,7 +701,10 @@ def init_app(app: Flask) -> None:
     """Bind this worker's presence keeper; its reaper starts at the worker's first request (after the fork)."""
     settings = app.config["SETTINGS"]
     keeper = PresenceKeeper(
-        app.extensions["redis"], settings.presence_timeout, history_maxlen=settings.event_history_maxlen
+        app.extensions["redis"],
+        settings.presence_timeout,
+        history_maxlen=settings.event_history_maxlen,
+        linger_seconds=settings.presence_linger,
     )
     app.extensions["presence"] = keeper
     app.before_request(keeper.start_in_request)

@@ -2,6 +2,9 @@
 leave exactly once per change of the user, leases that outlive a crashed worker by less than the timeout,
 snapshots, and the join and leave events as ordinary events of the channel.
 
+These keepers have no linger (PRESENCE_LINGER_SECONDS=0: each leave at once), as before it existed; the
+linger has its tests in test_presence_linger.py.
+
 Against the session's Redis in both modes. The keepers of this process run their renewer and reaper as
 greenlets, which run while a test yields to gevent (`pump`); the test process is not monkey-patched, so
 "many greenlets at once" and "a worker killed" run in a child process that is (`run_worker`).
@@ -40,8 +43,8 @@ def keepers(rdb):
     """Make keepers (each as one worker's) on the session's Redis; their greenlets stop after the test."""
     made = []
 
-    def make(timeout: float = 60, client=None, **options) -> PresenceKeeper:
-        keeper = PresenceKeeper(client or rdb, timeout, **options)
+    def make(timeout: float = 60, client=None, linger: float = 0.0, **options) -> PresenceKeeper:
+        keeper = PresenceKeeper(client or rdb, timeout, linger_seconds=linger, **options)
         made.append(keeper)
         return keeper
 
@@ -258,8 +261,8 @@ import gevent
 from app.channels.presence import PresenceKeeper
 from app.redis import connect
 
-url, mode, action, channel, timeout, arg = sys.argv[1:7]
-keepers = [PresenceKeeper(connect(url, 16, mode), float(timeout)) for _ in range(3)]
+url, mode, action, channel, timeout, arg, linger = sys.argv[1:8]
+keepers = [PresenceKeeper(connect(url, 16, mode), float(timeout), linger_seconds=float(linger)) for _ in range(3)]
 if action == "churn":
     rng = random.Random(int(arg))
     users = [f"u{i}" for i in range(10)]
@@ -274,18 +277,30 @@ if action == "churn":
 
     gevent.joinall([gevent.spawn(churn) for _ in range(30)], raise_error=True)
     print(json.dumps({"enters": 30 * 20, "snapshot": keepers[0].snapshot(channel)}), flush=True)
-else:  # hold: enter the users, say so, and keep them until killed
-    for user in arg.split(","):
-        keepers[0].enter(channel, user, True)
+else:  # hold: enter the users, say so, and keep them until killed; leave: the first of them leaves first
+    entries = [keepers[0].enter(channel, user, True) for user in arg.split(",")]
+    if action == "leave":
+        keepers[0].leave(entries[0])
     print("ready", flush=True)
     gevent.sleep(3600)
 """
 
 
-def run_worker(redis_server, action: str, timeout: float, arg: str) -> subprocess.Popen:
+def run_worker(redis_server, action: str, timeout: float, arg: str, linger: float = 0.0) -> subprocess.Popen:
     """A child process running WORKER against the session's Redis."""
     return subprocess.Popen(
-        [sys.executable, "-c", WORKER, redis_server.url, redis_server.mode, action, CHANNEL, str(timeout), arg],
+        [
+            sys.executable,
+            "-c",
+            WORKER,
+            redis_server.url,
+            redis_server.mode,
+            action,
+            CHANNEL,
+            str(timeout),
+            arg,
+            str(linger),
+        ],
         cwd=ROOT,
         env=process_env(PYTHONPATH=str(ROOT)),
         stdout=subprocess.PIPE,
@@ -380,11 +395,13 @@ def test_an_outage_is_logged_once_and_held_entries_come_back(tmp_path, caplog):
 
 
 def test_init_app_binds_a_keeper_with_the_settings(make_app):
-    app = make_app(PRESENCE_TIMEOUT_SECONDS=2, EVENT_HISTORY_MAXLEN=50)
+    app = make_app(PRESENCE_TIMEOUT_SECONDS=2, EVENT_HISTORY_MAXLEN=50, PRESENCE_LINGER_SECONDS=0.25)
     init_app(app)
     keeper = app.extensions["presence"]
     assert isinstance(keeper, PresenceKeeper)
     assert (keeper.client, keeper.timeout, keeper.history_maxlen) == (app.extensions["redis"], 2, 50)
+    assert (keeper.linger, keeper.linger_ms) == (0.25, 250)
+    assert make_app().extensions["presence"].linger == 2, "two seconds unless configured"
     with app.test_request_context():
         app.preprocess_request()  # not a gevent worker: nothing is started in this process
     assert keeper._reaper is None
