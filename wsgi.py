@@ -2,7 +2,8 @@
 importing this, `python worker.py`.
 
 Before the app is imported, the settings files fill in what the real environment leaves unset (envfiles.py:
-the developer's `.env`, then `make run`'s `$DATA_DIR/.env`). So the CLI talks to the Redis `make run`
+the developer's `.env`, then `make run`'s `$DATA_DIR/.env`; none with APP_ENV=production), after what the
+`flask` command loaded from its own `.env` and `.flaskenv` is taken back. So the CLI talks to the Redis `make run`
 started and counts its metrics where that server's /metrics reads them. It has to happen first because
 prometheus_client chooses its multi-process mode from PROMETHEUS_MULTIPROC_DIR when it is imported.
 """

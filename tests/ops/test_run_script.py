@@ -362,19 +362,83 @@ def test_a_broken_env_file_stops_the_cli_with_one_sentence_that_holds_none_of_th
     assert result.stderr.strip() == f"configuration error: {developer}, line 2: expected NAME=value"
 
 
+#: Everything production needs, in the environment, but SECRET_KEY and PUBLIC_BASE_URL (the tests put those in files).
+PRODUCTION = {"APP_ENV": "production", "JWT_SECRET": "j" * 40, "MAIL_ENABLED": "false"}
+#: What the tests write into a settings file: production must refuse to start without them, naming both.
+FROM_A_FILE = {"SECRET_KEY": "s" * 40, "PUBLIC_BASE_URL": "https://auth.example.test"}
+
+
+def refused_for_want_of_the_files_settings(result: subprocess.CompletedProcess) -> bool:
+    """Whether the CLI stopped with status 4 and one line naming both settings it was given in a file only."""
+    lines = result.stderr.strip().splitlines()
+    return (
+        result.returncode == 4
+        and len(lines) == 1
+        and lines[0].startswith("configuration error: ")
+        and all(f"{name} is missing" in lines[0] for name in FROM_A_FILE)
+    )
+
+
 def test_production_reads_no_env_file(tmp_path, redis_server, rdb):
     """A working tree copied to a server must not bring make run's development defaults (loopback webhooks,
     plain-text mail) into production: with APP_ENV=production in the environment, no file is read."""
     data_dir = tmp_path / "var"
     data_dir.mkdir()
-    (data_dir / ".env").write_text(f"REDIS_URL={redis_server.url}\n")
+    developer = tmp_path / "developer.env"
+    (data_dir / ".env").write_text(f"REDIS_URL={redis_server.url}\nSECRET_KEY={FROM_A_FILE['SECRET_KEY']}\n")
+    developer.write_text(f"PUBLIC_BASE_URL={FROM_A_FILE['PUBLIC_BASE_URL']}\n")
     args = ["users", "create", "--email", "prod@example.com", "--password", "long enough pw"]
-    secrets = {"SECRET_KEY": "s" * 40, "JWT_SECRET": "j" * 40}
     developing = flask_cli(data_dir, *args)
     assert developing.returncode == 0, developing.stderr  # the file's Redis: the path reads it
     rdb.flushall()
-    flask_cli(data_dir, *args, APP_ENV="production", **secrets)  # REDIS_URL's own default, not the file's
+
+    production = {**PRODUCTION, "REDIS_URL": redis_server.url, "ENV_FILE": str(developer)}
+    from_files = flask_cli(data_dir, *args, **production)
+    assert refused_for_want_of_the_files_settings(from_files), from_files.stderr
     assert not rdb.exists("user:email:prod@example.com")
+    complete = flask_cli(data_dir, *args, **production, **FROM_A_FILE)  # the same, all in the environment
+    assert complete.returncode == 0, complete.stderr
+    assert rdb.exists("user:email:prod@example.com")
+
+
+def test_the_flask_cli_reads_no_env_file_of_its_working_directory(tmp_path, redis_server):
+    """`flask` itself loads .env and .flaskenv from the working directory upward before it imports the app:
+    in production none of it counts, and a file saying APP_ENV=production stops it. The CLI so reads what
+    gunicorn and the delivery process read, in every environment (ENV_FILE chooses the developer's file)."""
+    workdir = tmp_path / "release" / "scripts"
+    workdir.mkdir(parents=True)
+    env_file, flaskenv = tmp_path / "release" / ".env", workdir / ".flaskenv"  # .env found one directory up
+    env_file.write_text(f"SECRET_KEY={FROM_A_FILE['SECRET_KEY']}\n")
+    flaskenv.write_text(f"PUBLIC_BASE_URL={FROM_A_FILE['PUBLIC_BASE_URL']}\n")
+
+    def cli(**env: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [str(VENV_BIN / "flask"), "--app", "wsgi", "users", "list"],
+            cwd=workdir,
+            env=clean_env(PYTHONPATH=str(ROOT), DATA_DIR=str(tmp_path / "var"), REDIS_URL=redis_server.url, **env),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    complete = cli(**PRODUCTION, **FROM_A_FILE)  # the setup reaches the app: these two are all it lacks
+    assert complete.returncode == 0, complete.stderr
+    from_files = cli(**PRODUCTION)
+    assert refused_for_want_of_the_files_settings(from_files), from_files.stderr
+
+    # Production said by a file, not by the environment where production's settings come from: refused.
+    env_file.write_text("APP_ENV=production\n")
+    declared = cli()
+    assert declared.returncode == 4, declared.stderr
+    assert declared.stderr.strip() == (
+        f"configuration error: {env_file}: APP_ENV=production is set in a settings file; production reads "
+        "none: set APP_ENV=production, and every other setting, in the environment"
+    )
+    # In development too the CLI reads only what the other processes read: a value it could not start with
+    # in this directory's files changes nothing.
+    env_file.write_text("RATE_LIMITS_ENABLED=maybe\n")
+    developing = cli(APP_ENV="development")
+    assert developing.returncode == 0, developing.stderr
 
 
 def test_a_copy_of_env_example_changes_nothing(tmp_path):
