@@ -5,16 +5,25 @@ bucket: spraying one password over many accounts hits the address bucket, guessi
 password from many addresses hits the account's. A login from a device the account already used is
 counted per device instead (see `auth/devices.py`), so guesses cannot lock the owner out. An IPv6
 client is counted by its /64: one subscriber is routinely given a whole /64 and may use any address in it.
+
+Publishing is limited per user (`PublishLimit`, RATE_LIMIT_PUBLISH), by the event bus itself: every way a
+user publishes (POST /events, a batch, a WebSocket frame) goes through it. The same binding sets how long a
+channel's history outlives its last publication (EVENT_HISTORY_TTL_SECONDS): channel names are free to make
+up, and neither limit alone keeps what users push into Redis bounded.
 """
 
 from __future__ import annotations
 
 import hashlib
 import ipaddress
+import math
+import time
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from flask import Flask, g, request
 from flask_limiter import Limiter
+from limits import parse as parse_limit
+from limits.strategies import MovingWindowRateLimiter
 
 from .auth import cookies, devices, mfa, passkeys
 from .auth.guards import authenticate
@@ -142,6 +151,40 @@ def _retry_after_on_refusals_only(response):
     return response
 
 
+class PublishLimit:
+    """RATE_LIMIT_PUBLISH: how many events a user (not an admin; API keys publish without a user) may publish
+    in a rolling window, counted in Redis (one key per user, so one hash slot on a cluster). A publication
+    is counted whole or refused whole, and what is refused counts nothing."""
+
+    def __init__(self, storage, limit: str):
+        self.item = parse_limit(limit)
+        self.window = MovingWindowRateLimiter(storage)
+
+    def take(self, user_id: str, count: int) -> None:
+        """Count `count` events of the user's, or raise 429 (counting nothing) if they would pass the limit."""
+        if self.window.hit(self.item, "publish", user_id, cost=count):
+            return
+        if count > self.item.amount:
+            message = f"At most {self.item.amount} events may be published at once ({self.item})."
+        else:
+            message = f"Too many events published ({self.item}); retry later."
+        raise ApiError(429, "rate_limited", message, {"Retry-After": str(self.retry_after(user_id))})
+
+    def retry_after(self, user_id: str) -> int:
+        """Whole seconds until the oldest event counted leaves the window (at least 1)."""
+        reset_at = self.window.get_window_stats(self.item, "publish", user_id).reset_time
+        return max(1, math.ceil(reset_at - time.time()))
+
+
+def bind_publishing_limits(app: Flask, limiter: Limiter) -> None:
+    """The event bus's limits on what users push: RATE_LIMIT_PUBLISH, counted in the limiter's storage
+    (unless RATE_LIMITS_ENABLED=false: then the limiter has none), and EVENT_HISTORY_TTL_SECONDS."""
+    settings, bus = app.config["SETTINGS"], app.extensions["event_bus"]
+    bus.history_ttl = settings.event_history_ttl
+    if settings.rate_limits_enabled:
+        bus.publish_limit = PublishLimit(limiter.storage, settings.rate_limit_publish)
+
+
 def init_app(app: Flask) -> None:
     """Bind a limiter to this app and apply every limit its views declare (call after all blueprints)."""
     settings = app.config["SETTINGS"]
@@ -168,3 +211,4 @@ def init_app(app: Flask) -> None:
             view = limiter.limit(limit, key_func=KEYS[kind], scope=f"{endpoint}:{kind}")(view)
         app.view_functions[endpoint] = view
     app.extensions["rate_limiter"] = limiter
+    bind_publishing_limits(app, limiter)

@@ -34,6 +34,14 @@ DATA_LIMIT = 64 * 1024
 HISTORY_BATCH = 500
 CHANNEL_PATTERN = re.compile(r"^[A-Za-z0-9_.:=@-]{1,128}$")
 EVENT_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.:-]{1,100}$")
+# Names of what the service itself sends (control messages, frames, its own events): nobody may publish
+# them, in any letter case, or a client could take an event for the service's word (drop a room, reset).
+RESERVED_EVENT_NAMES = frozenset(
+    {"reset", "session_ended", "subscribed", "unsubscribed", "welcome", "error", "ack", "pong"}
+)
+RESERVED_EVENT_PREFIX = "presence."
+DEFAULT_HISTORY_TTL = 7 * 24 * 3600  # seconds a channel's history is kept after its last publication
+NEVER_USED = "0-0"  # where a channel that was never written stands
 REPLICA_WAIT_MILLISECONDS = 1000  # how long a replicated publication waits for a replica before its 503
 MOVED_RETRIES = 2  # a slot that moved under a publication: refresh the slot map and send it again
 # Answers to a publish script on a cluster node that no longer serves the slot: the script did not run.
@@ -52,23 +60,26 @@ def channel_of_wake(name: str) -> str:
 
 # KEYS: each event's stream, all in one hash slot; on one Redis also, last, the set of outgoing webhook
 # endpoints and their feed. ARGV: the publish command (PUBLISH or SPUBLISH), maxlen, ts, the number of
-# events, then per event: wake-up channel, event name, data (JSON), channel, sender ("" for none).
+# events, the history's time to live (ms), then per event: wake-up channel, event name, data (JSON),
+# channel, sender ("" for none).
 # Each XADD is followed by its PUBLISH in one atomic step: every subscriber sees events in stream order,
-# and the events are all appended, or none. On one Redis, while any outgoing endpoint exists, each event
-# is also appended to the dispatcher's feed in the same step (a cluster cannot: the feed is in another
-# slot, and Bus._feed_outgoing appends it as a second step).
+# and the events are all appended, or none. Each publication renews its stream's time to live, so a
+# channel nobody publishes to any more (names are free to make up) leaves Redis. On one Redis, while any
+# outgoing endpoint exists, each event is also appended to the dispatcher's feed in the same step (a
+# cluster cannot: the feed is in another slot, and Bus._feed_outgoing appends it as a second step).
 PUBLISH_LUA = """
 local count = tonumber(ARGV[4])
 local feed = #KEYS == count + 2 and redis.call('EXISTS', KEYS[count + 1]) == 1
 local ids = {}
 for i = 1, count do
-  local base = 4 + (i - 1) * 5
+  local base = 5 + (i - 1) * 5
   local fields = {'event', ARGV[base + 2], 'data', ARGV[base + 3], 'ts', ARGV[3]}
   if ARGV[base + 5] ~= '' then
     table.insert(fields, 'from')
     table.insert(fields, ARGV[base + 5])
   end
   local id = redis.call('XADD', KEYS[i], 'MAXLEN', '~', ARGV[2], '*', unpack(fields))
+  redis.call('PEXPIRE', KEYS[i], ARGV[5])
   local wire = {id = id, channel = ARGV[base + 4], event = ARGV[base + 2], data = ARGV[base + 3], ts = ARGV[3]}
   if ARGV[base + 5] ~= '' then
     wire['from'] = ARGV[base + 5]
@@ -201,22 +212,38 @@ def encode_data(data) -> str:
     return text
 
 
+def is_reserved_event_name(event: str) -> bool:
+    """Whether only the service may send an event of this name (any letter case)."""
+    name = event.lower()
+    return name in RESERVED_EVENT_NAMES or name.startswith(RESERVED_EVENT_PREFIX)
+
+
+RESERVED_MESSAGE = (
+    "The event name is reserved: the service itself sends reset, session_ended, subscribed, unsubscribed, "
+    "welcome, error, ack, pong and presence.* (in any letter case)."
+)
+
+
 def validate_names(channel: str, event: str) -> None:
-    """422 unless the channel and event names are of the allowed characters and length."""
+    """422 unless the channel and event names are of the allowed characters and length, and the event's
+    name is not one of those the service itself sends."""
     if not CHANNEL_PATTERN.fullmatch(channel):
         raise validation_failed("The channel name is not valid.")
     if not EVENT_NAME_PATTERN.fullmatch(event):
         raise validation_failed("The event name must be 1-100 letters, digits or _.:-")
+    if is_reserved_event_name(event):
+        raise validation_failed(RESERVED_MESSAGE)
 
 
 # KEYS: channels' streams. For each: {its last id (0-0 when never written), the oldest id it keeps if it ever
-# dropped entries (else '')}. A short answer: XINFO STREAM's whole one (with its first and last entries) stays
-# in Redis. The entries themselves are read by plain XRANGEs beside it: passed through Lua, each entry's fields
-# were made into Lua strings and back, which cost Redis several times the XRANGE itself.
+# dropped entries (else ''), its first entry's id if it never dropped any (else '')}. A short answer: XINFO
+# STREAM's whole one (with its first and last entries) stays in Redis. The entries themselves are read by
+# plain XRANGEs beside it: passed through Lua, each entry's fields were made into Lua strings and back, which
+# cost Redis several times the XRANGE itself.
 STREAM_POSITIONS_LUA = """
 local out = {}
 for i, key in ipairs(KEYS) do
-  local last, oldest = '0-0', ''
+  local last, oldest, first = '0-0', '', ''
   if redis.call('EXISTS', key) == 1 then
     local info = redis.call('XINFO', 'STREAM', key)
     local field = {}
@@ -224,9 +251,11 @@ for i, key in ipairs(KEYS) do
     last = field['last-generated-id']
     if (field['entries-added'] or 0) > field['length'] then
       oldest = field['recorded-first-entry-id'] or (field['first-entry'] or {'0-0'})[1]
+    elseif field['first-entry'] then
+      first = field['first-entry'][1]
     end
   end
-  out[i] = {last, oldest}
+  out[i] = {last, oldest, first}
 end
 return out
 """
@@ -240,7 +269,16 @@ class StreamRead(NamedTuple):
 
     last: str  # the position just after its newest event (0-0 for a channel never used)
     oldest: str  # the oldest id it keeps if it ever dropped entries (trimmed), else ""
+    first: str  # its first entry's id if it never dropped entries, else ""
     entries: list  # (id, fields) of the events after the reader's position
+
+    def lost_after(self, position: str) -> bool:
+        """Whether events after `position` may be gone: trimmed away, or expired with a former history of the
+        channel. A stream that never dropped entries holds no position before its first entry other than
+        0-0 (where a channel never used stands): such a position is from a history that expired since."""
+        if self.oldest:
+            return is_after(self.oldest, position)
+        return bool(self.first) and position != NEVER_USED and is_after(self.first, position)
 
 
 class Opening(NamedTuple):
@@ -288,10 +326,20 @@ class RecentEvents:
 class Bus:
     """Publishing and history reads over one Redis client (shared by every greenlet of the process)."""
 
-    def __init__(self, client: redis.Redis, scripts, history_maxlen: int, durability: str = "async"):
+    def __init__(
+        self,
+        client: redis.Redis,
+        scripts,
+        history_maxlen: int,
+        durability: str = "async",
+        history_ttl: int = DEFAULT_HISTORY_TTL,
+    ):
         self.client = client
         self.scripts = scripts
         self.history_maxlen = history_maxlen
+        self.history_ttl = history_ttl  # seconds a channel's history outlives its last publication
+        # What users (not admins) may publish: `take(user_id, count)` raises 429 past it (app/limits.py).
+        self.publish_limit = None
         self.cluster = is_cluster(client)
         self.replicated = durability == "replicated"
         self._publish = client.register_script(PUBLISH_LUA)
@@ -299,19 +347,26 @@ class Bus:
         self._read = shared_pipelines(client)  # history reads of readers resuming together share round trips
         self.recent = RecentEvents()
 
-    def publish(self, channel: str, event: str, data, sender: str | None = None) -> Event:
+    def publish(
+        self, channel: str, event: str, data, sender: str | None = None, sender_is_admin: bool = False
+    ) -> Event:
         """Append an event to its channel's stream and wake live readers, in one atomic step.
 
-        `sender`: the user publishing with an access token (E's `from`); None for keys, the CLI, webhooks."""
+        `sender`: the user publishing with an access token (E's `from`); None for keys, the CLI, webhooks.
+        A sender other than an admin (`sender_is_admin`) is held to the publish limit (429)."""
         validate_names(channel, event)
         encoded, ts = encode_data(data), _now()
+        self._count_against_limit(sender, sender_is_admin, 1)
         (event_id,) = self._append([(channel, event, encoded)], ts, sender)
         return Event(event_id, channel, event, encoded, ts, sender)
 
-    def publish_many(self, events: list[tuple[str, str, object]], sender: str | None = None) -> list[str]:
+    def publish_many(
+        self, events: list[tuple[str, str, object]], sender: str | None = None, sender_is_admin: bool = False
+    ) -> list[str]:
         """Publish (channel, event, data) triples all together or not at all; their ids, in order.
 
-        Every event is checked before anything is written, so a refused batch writes nothing. On one
+        Every event is checked before anything is written, so a refused batch writes nothing (and counts
+        nothing against the publish limit, which counts each of its events). On one
         Redis the batch is then one atomic step. On a cluster an atomic step cannot span hash slots: the
         events of each slot (all of a channel's) are one atomic step, in batch order; if Redis fails
         between two steps the answer is 503 with the first steps published (a retry may publish those
@@ -320,7 +375,13 @@ class Bus:
         for channel, event, _ in events:
             validate_names(channel, event)
         checked = [(channel, event, encode_data(data)) for channel, event, data in events]
+        self._count_against_limit(sender, sender_is_admin, len(checked))
         return self._append(checked, _now(), sender)
+
+    def _count_against_limit(self, sender: str | None, sender_is_admin: bool, count: int) -> None:
+        """Count a user's events once they are otherwise accepted: what is refused never counts."""
+        if sender is not None and not sender_is_admin and self.publish_limit is not None:
+            self.publish_limit.take(sender, count)
 
     def _append(self, events: list[tuple[str, str, str]], ts: str, sender: str | None = None) -> list[str]:
         """Run the publish script for (channel, event, encoded data) triples; their ids, in order."""
@@ -339,7 +400,13 @@ class Bus:
         keys = [Keys.stream(channel) for channel, _, _ in events]
         if not self.cluster:  # the feed is fed in the same step (see _feed_outgoing)
             keys += [Keys.outgoing_endpoints(), Keys.outgoing_feed()]
-        args = ["SPUBLISH" if self.cluster else "PUBLISH", self.history_maxlen, ts, len(events)]
+        args = [
+            "SPUBLISH" if self.cluster else "PUBLISH",
+            self.history_maxlen,
+            ts,
+            len(events),
+            self.history_ttl * 1000,
+        ]
         for channel, event, data in events:
             args += [wake_channel(channel), event, data, channel, sender or ""]
         return {"keys": keys, "args": args}
@@ -458,11 +525,14 @@ class Bus:
 
         Trimming removes the oldest entries, so events after a position were lost when entries were
         trimmed and the oldest kept entry is after the position. (A position exactly on the newest
-        trimmed entry also counts: at worst an unneeded reset, never a silent gap.)
+        trimmed entry also counts: at worst an unneeded reset, never a silent gap.) A history that expired
+        (EVENT_HISTORY_TTL_SECONDS) and was begun again by a later publication counts too: the position is
+        before its first entry (`StreamRead.lost_after`). While the channel has no history at all there is
+        nothing to read and no reset: a reader opening after the next publication gets it.
         """
         wanted = channels + [channel for channel in positions if channel not in channels]
         checked, streams = self._read_streams(wanted, positions, HISTORY_BATCH, checks)
-        trimmed = [c for c, at in positions.items() if streams[c].oldest and is_after(streams[c].oldest, at)]
+        trimmed = [channel for channel, at in positions.items() if streams[channel].lost_after(at)]
         events = self._events([(channel, streams[channel].entries) for channel in positions], HISTORY_BATCH)
         return Opening(checked, {channel: streams[channel].last for channel in channels}, trimmed, events)
 
@@ -506,8 +576,8 @@ class Bus:
                 raise answer
         entries = dict(zip(ranged, ranges, strict=True))
         streams = {
-            channel: StreamRead(last, oldest, entries.get(channel, []))
-            for channel, (last, oldest) in zip(channels, answers[-1], strict=True)
+            channel: StreamRead(last, oldest, first, entries.get(channel, []))
+            for channel, (last, oldest, first) in zip(channels, answers[-1], strict=True)
         }
         return answers[:-1], streams
 
@@ -528,10 +598,13 @@ class Bus:
         streams = {}
         for channel, info in zip(channels, infos, strict=True):
             info = {} if isinstance(info, Exception) else info
-            oldest = ""
+            oldest = first = ""
             if int(info.get("entries-added", 0)) > int(info.get("length", 0)):
                 oldest = info.get("recorded-first-entry-id") or (info.get("first-entry") or ["0-0"])[0]
-            streams[channel] = StreamRead(info.get("last-generated-id", "0-0"), oldest, entries.get(channel, []))
+            elif info.get("first-entry"):
+                first = info["first-entry"][0]
+            last = info.get("last-generated-id", NEVER_USED)
+            streams[channel] = StreamRead(last, oldest, first, entries.get(channel, []))
         return streams
 
     def _events(self, ranges: list[tuple[str, list]], limit: int) -> tuple[list[Event], bool]:

@@ -4,17 +4,35 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import Field
+from pydantic import AfterValidator, Field
 
 from ..schemas import Answer, Body, JsonValue
-from .bus import CHANNEL_PATTERN, EVENT_NAME_PATTERN
+from .bus import CHANNEL_PATTERN, EVENT_NAME_PATTERN, RESERVED_MESSAGE, is_reserved_event_name
 from .cursor import MAX_CURSOR_LENGTH
 
 BATCH_LIMIT = 100
 POLL_LIMIT_DEFAULT, POLL_LIMIT_MAX = 100, 1000
 
 Channel = Annotated[str, Field(pattern=CHANNEL_PATTERN.pattern, examples=["broadcast"])]
-EventName = Annotated[str, Field(pattern=EVENT_NAME_PATTERN.pattern, examples=["order.created"])]
+
+
+def not_reserved(event: str) -> str:
+    """An event name anyone may publish: not one of those the service itself sends (422)."""
+    if is_reserved_event_name(event):
+        raise ValueError(RESERVED_MESSAGE)
+    return event
+
+
+EventName = Annotated[
+    str,
+    Field(
+        pattern=EVENT_NAME_PATTERN.pattern,
+        examples=["order.created"],
+        description="Not one the service itself sends, in any letter case: reset, session_ended, subscribed, "
+        "unsubscribed, welcome, error, ack, pong, presence.*",
+    ),
+    AfterValidator(not_reserved),
+]
 Cursor = Annotated[str, Field(max_length=MAX_CURSOR_LENGTH, description="Where the previous answer ended (opaque).")]
 ChannelList = Annotated[
     str,

@@ -12,6 +12,7 @@ import logging
 import socket
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 
 import gevent
@@ -159,7 +160,7 @@ def websocket(ws):
         offered = "permessage-deflate" in request.headers.get("Sec-WebSocket-Extensions", "")
         settings = current_app.config["SETTINGS"]
         handover = Handover.possible(request.environ)
-        connection = Connection(ws, follower, settings.ws_send_timeout, offered)
+        connection = Connection(ws, follower, settings.ws_send_timeout, offered, settings.ws_frame_rate)
         connection.serve(handover, current_app.extensions["parked_streams"])
     except StreamEnded as ended:  # the session ended while the connection was subscribing
         with contextlib.suppress(Exception):
@@ -367,11 +368,14 @@ class Connection:
         "done",
         "visit",
         "access_line",
+        "frames",
     )
 
-    def __init__(self, ws, follower: Follower, send_timeout: float, compressed: bool = True):
-        """`compressed`: whether the client may have agreed to permessage-deflate (then wsproto frames)."""
+    def __init__(self, ws, follower: Follower, send_timeout: float, compressed: bool = True, frame_rate: int = 20):
+        """`compressed`: whether the client may have agreed to permessage-deflate (then wsproto frames);
+        `frame_rate`: how many frames the client may send a second (WS_FRAME_RATE)."""
         self.ws = ws
+        self.frames = FrameWindow(frame_rate)
         self.compressed = compressed
         self.follower = follower
         self.caller = follower.caller
@@ -468,6 +472,7 @@ class Connection:
             return
         self.follower.subscription.outlet = self.writes
         self.socket.let_parser_go()
+        self.frames.forget_old(time.monotonic())
         self.socket.watch_reads()
         self.parking.schedule(self)
 
@@ -523,7 +528,10 @@ class Connection:
         """Every frame the client has sent so far (ConnectionClosed once it has left)."""
         self.socket.take_in()
         while (message := self.ws.receive(timeout=0)) is not None:
-            reply = handle_client_message(self.follower, message)
+            if self.frames.admit(time.monotonic()):
+                reply = handle_client_message(self.follower, message)
+            else:  # not even parsed: a flood costs no more than its answer
+                reply = too_many_frames(self.frames.rate)
             if reply is not None:
                 self.socket.writer.send(self.socket.text_frame(json.dumps(reply)))
 
@@ -567,6 +575,47 @@ class Connection:
             except LocalProtocolError:  # the client's close came first: nothing more to say, just hang up
                 frame = b""
             self.socket.writer.finish_and_close(frame, grace=self.send_timeout)
+
+
+class FrameWindow:
+    """At most `rate` client frames in any second: the times of those let through in the last second (a
+    frame refused is not counted, so a client that keeps sending gets each second's share, no more)."""
+
+    __slots__ = ("rate", "times")
+
+    def __init__(self, rate: int):
+        self.rate = rate
+        self.times: deque[float] | None = None  # made at the first frame, let go once a second has passed
+
+    def admit(self, now: float) -> bool:
+        """Whether a frame arriving `now` (monotonic seconds) may be acted on; counts it if so."""
+        self.forget_old(now)
+        if self.times is None:
+            self.times = deque()
+        elif len(self.times) >= self.rate:
+            return False
+        self.times.append(now)
+        return True
+
+    def forget_old(self, now: float) -> None:
+        """Drop the times more than a second old (the whole record once none is left: a parked connection
+        keeps nothing)."""
+        times = self.times
+        if times is None:
+            return
+        while times and now - times[0] >= 1.0:
+            times.popleft()
+        if not times:
+            self.times = None
+
+
+def too_many_frames(rate: int) -> dict:
+    """The answer to a frame past the connection's frame rate."""
+    return {
+        "type": "error",
+        "code": "rate_limited",
+        "message": f"Too many frames: at most {rate} a second (WS_FRAME_RATE); this one was not acted on.",
+    }
 
 
 def text_frame(payload: bytes) -> bytes:
@@ -629,7 +678,7 @@ def publish_frame(follower: Follower, frame: dict, channel: str | None) -> dict:
         raise bad_request("'event' must be a string.")
     channel = channel or user_channel(caller.user_id)
     check_publish(bus.client, channel, user_id=caller.user_id, is_admin=caller.is_admin, api_key=None)
-    published = bus.publish(channel, event, frame.get("data"), caller.user_id)
+    published = bus.publish(channel, event, frame.get("data"), caller.user_id, caller.is_admin)
     return {"type": "ack", "id": published.id}
 
 
