@@ -107,27 +107,90 @@ def test_invalid_values_stop_start_up_naming_the_variable(tmp_path, name, value)
         load_settings({"APP_ENV": "test", "DATA_DIR": str(tmp_path), name: value})
 
 
+#: A production environment with five things wrong: each process must name every one in its one start.
+FIVE_PROBLEMS = {"APP_ENV": "production", "SECRET_KEY": "", "JWT_SECRET": "short", "WS_FRAME_RATE": "fast"}
+NAMED = (
+    "SECRET_KEY is missing",
+    "JWT_SECRET is shorter than 32 bytes",
+    "PUBLIC_BASE_URL is missing",
+    "SMTP_URL is missing",
+    "WS_FRAME_RATE must be a number",
+)
+
+
 @pytest.mark.slow
-def test_the_real_processes_refuse_to_start_in_production_without_secrets_in_one_sentence(tmp_path):
-    env = process_env(APP_ENV="production", SECRET_KEY="", JWT_SECRET="", DATA_DIR=str(tmp_path), PORT=str(free_port()))
+def test_the_real_processes_refuse_to_start_in_production_naming_every_problem_in_one_start(tmp_path):
+    env = process_env(FIVE_PROBLEMS, DATA_DIR=str(tmp_path), PORT=str(free_port()))
     gunicorn = [str(ROOT / ".venv/bin/gunicorn"), "-c", "gunicorn.conf.py", "--workers", "2", "wsgi:app"]
+    worker = [sys.executable, "worker.py"]
     for command in (
         [sys.executable, "-c", "import wsgi"],
         [sys.executable, "-m", "flask", "--app", "wsgi", "users", "list"],
         gunicorn,
+        worker,
     ):
         # gunicorn stops by itself: the arbiter checks the settings before it starts any worker (workers that
         # each failed to load the app made the arbiter raise again while stopping, now and then).
         result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
-        assert result.returncode != 0, command
-        assert "configuration error: SECRET_KEY is missing" in result.stderr, (command, result.stderr)
+        assert result.returncode == 4, (command, result.stderr)
+        refusals = [line for line in result.stderr.splitlines() if "configuration error: " in line]
+        assert len(refusals) == 1, (command, result.stderr)
+        assert all(problem in refusals[0] for problem in NAMED), (command, result.stderr)
         lines = result.stderr.strip().splitlines()
-        if command is gunicorn:  # every line JSON, as its log pipeline expects
+        if command in (gunicorn, worker):  # every line JSON, as their log pipeline expects
             assert all(json.loads(line) for line in lines), result.stderr
             assert "Booting worker" not in result.stderr
         else:
             assert len(lines) == 1, result.stderr
         assert "Traceback" not in result.stderr, result.stderr
+        assert not (tmp_path / "dev-secrets.json").exists()  # production makes no secrets
+
+    # Put right, it starts: no mail wanted needs no SMTP_URL.
+    right = {"SECRET_KEY": STRONG, "JWT_SECRET": "j" * 32, "WS_FRAME_RATE": "20", "MAIL_ENABLED": "false"}
+    started = subprocess.run(
+        [sys.executable, "-c", "import wsgi"],
+        cwd=ROOT,
+        env={**env, **right, "PUBLIC_BASE_URL": "https://auth.example.test"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (started.returncode, started.stderr) == (0, "")
+
+
+def test_production_wants_mail_unless_mail_enabled_says_it_does_not(tmp_path):
+    production = {"APP_ENV": "production", "SECRET_KEY": STRONG, "JWT_SECRET": "j" * 32}
+    public = {"PUBLIC_BASE_URL": "https://auth.example.test"}
+    with pytest.raises(SettingsError, match="SMTP_URL is missing.*MAIL_ENABLED=false"):
+        load_settings({**production, **public})
+    with pytest.raises(SettingsError, match="SMTP_URL is missing"):
+        load_settings({**production, **public, "MAIL_ENABLED": "true"})
+    without_mail = load_settings({**production, **public, "MAIL_ENABLED": "false"})
+    assert (without_mail.mail.enabled, without_mail.mail.smtp_url) == (False, None)
+    with pytest.raises(SettingsError, match="PUBLIC_BASE_URL is missing") as refusal:  # mail or none, it wants it
+        load_settings({**production, "MAIL_ENABLED": "false"})
+    assert "SMTP_URL" not in str(refusal.value)
+
+
+@pytest.mark.parametrize(
+    "public, rp_id",
+    [("https://auth.example.test", "auth.example.test"), ("https://203.0.113.7", None)],  # an IP: no RP ID
+)
+def test_production_passkeys_never_take_their_rp_id_from_the_host_a_request_names(make_app, public, rp_id):
+    """A forged Host once gave `"rpId": "evil.example"`: passkeys registered for another site."""
+    forged = {"Host": "evil.example"}
+    developing = make_app().test_client().post("/auth/passkeys/login/options", json={}, headers=forged)
+    assert developing.get_json()["options"]["rpId"] == "evil.example"  # no PUBLIC_BASE_URL: the request's
+
+    production = make_app(
+        APP_ENV="production", PASSWORD_HASH_COST="owasp", MAIL_ENABLED="false", PUBLIC_BASE_URL=public
+    )
+    answer = production.test_client().post("/auth/passkeys/login/options", json={}, headers=forged)
+    assert "evil.example" not in answer.get_data(as_text=True)
+    if rp_id is None:  # browsers bind no passkey to an IP address, and production never takes the Host's
+        assert answer.status_code == 404 and answer.get_json()["error"]["code"] == "not_found", answer.get_json()
+    else:
+        assert answer.get_json()["options"]["rpId"] == rp_id
 
 
 def flask_cli(base_env, *args):

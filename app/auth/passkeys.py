@@ -64,7 +64,7 @@ from webauthn.helpers.structs import (
 )
 
 from .. import audit, mail
-from ..errors import ApiError, bad_request, unauthorized, validation_failed
+from ..errors import ApiError, bad_request, not_found, unauthorized, validation_failed
 from ..http import has_control_characters, json_body, rfc3339
 from ..mail.messages import PASSKEY_ADDED
 from ..redis import AUDIT_LUA, Keys, get_redis, get_script
@@ -103,11 +103,18 @@ def _conflict() -> ApiError:
 
 
 def relying_party() -> tuple[str, list[str]]:
-    """(RP ID, accepted origins): WEBAUTHN_RP_ID and WEBAUTHN_ORIGINS, else this request's host and origin.
+    """(RP ID, accepted origins): WEBAUTHN_RP_ID and WEBAUTHN_ORIGINS, else (not in production) this request's
+    host and origin.
 
-    400 when the RP ID would come from a request whose Host is no host name (a browser never sends one).
+    400 when the RP ID would come from a request whose Host is no host name (a browser never sends one); 404 in
+    production when the configuration names no RP ID (PUBLIC_BASE_URL an IP address and WEBAUTHN_RP_ID unset).
     """
-    configured = current_app.config["SETTINGS"].webauthn
+    settings = current_app.config["SETTINGS"]
+    configured = settings.webauthn
+    if settings.production:  # never the request's: its Host is the client's to choose, a forged one included
+        if configured.rp_id is None or not configured.origins:
+            raise not_found("Passkeys are not available: this service has no domain name to bind them to.")
+        return configured.rp_id, list(configured.origins)
     rp_id = configured.rp_id or _request_host()
     if rp_id is None:
         raise bad_request("The Host header names no host that passkeys could be bound to.")
