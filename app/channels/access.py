@@ -1,19 +1,23 @@
 """Who may subscribe to and publish on a channel: section-4 channels and the channels of namespaces.
 
 `current_access` never raises an ApiError (open subscriptions re-check with it); `check_subscribe` and
-`check_publish` answer a request with 400, 404 or 403.
+`check_publish` answer a request with 400, 404 or 403; `recheck` reads access again inside a reader's
+opening round trip, once its subscription is in force.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..errors import bad_request, forbidden, not_found
 from ..events.bus import BROADCAST, USER_CHANNEL_PREFIX, WEBHOOKS, user_channel
 from ..redis import Keys
-from .grants import live_grant
+from .grants import grant_start, live_grant
 from .namespaces import RESERVED, Namespace, get_namespace, get_namespaces, split_channel
+from .namespaces import _parse as parse_namespace
 
 NO_NAMESPACE = "namespace_deleted"
 
@@ -26,6 +30,7 @@ class Access:
     reason: str | None = None  # when not allowed: "namespace_deleted" | "revoked" | "expired" | "access_changed"
     expires_at: float | None = None  # epoch seconds when the caller's grant runs out (members namespaces)
     namespace: Namespace | None = None  # None for section-4 channels (user:<id>, broadcast)
+    start: str | None = None  # a member's grant's start (a stream id): it reads from there on; None: all history
 
 
 def _own_channel(channel: str) -> bool:
@@ -48,7 +53,7 @@ def _read_named(namespace: Namespace | None, stored_grant: str | None, is_admin:
     grant = live_grant(stored_grant, now)
     if grant is None:
         return Access(False, "expired" if stored_grant else "revoked", namespace=namespace)
-    return Access(True, expires_at=grant["expires_at"], namespace=namespace)
+    return Access(True, expires_at=grant["expires_at"], namespace=namespace, start=grant_start(grant))
 
 
 def current_access(client, user_id: str, is_admin: bool, channels: list[str]) -> dict[str, Access]:
@@ -77,6 +82,52 @@ def current_access(client, user_id: str, is_admin: bool, channels: list[str]) ->
         )
         for channel in channels
     }
+
+
+class Recheck(NamedTuple):
+    """Access read again inside a reader's opening round trip: the commands to send, and the judge of their answers."""
+
+    commands: list  # (name, args, kwargs) of plain Redis commands
+    judge: Callable[[list], dict[str, Access]]  # their answers -> each channel's Access now
+
+
+def recheck(client, user_id: str, is_admin: bool, checked: dict[str, Access]) -> Recheck:
+    """Read again what decides the user's access to the channels of `checked` (each with the Access its check
+    found): one HMGET of their namespaces, and one HGET of the grant of each channel whose namespace admitted
+    members only. A namespace opened to `authenticated` users since is judged by its new rules; one closed to
+    members since (no grant was read) is asked about in a round trip of its own (`current_access`)."""
+    named = {channel: split_channel(channel) for channel in checked if not _own_channel(channel)}
+    names = sorted({split[0] for split in named.values() if split and split[0] not in RESERVED})
+    granted = [
+        channel
+        for channel, access in checked.items()
+        if channel in named
+        and not is_admin
+        and access.namespace is not None
+        and access.namespace.subscribe == "members"
+    ]
+    commands = [("hmget", (Keys.namespaces(), names), {})] if names else []
+    commands += [("hget", (Keys.channel_members(channel), user_id), {}) for channel in granted]
+
+    def judge(answers: list) -> dict[str, Access]:
+        stored = dict(zip(granted, answers[1:] if names else answers, strict=True))
+        namespaces = dict(zip(names, answers[0], strict=True)) if names else {}
+        now, found, unknown = time.time(), {}, []
+        for channel in checked:
+            if channel not in named:
+                found[channel] = _read_default(channel, user_id, is_admin)
+                continue
+            split = named[channel]
+            namespace = parse_namespace(split[0], namespaces.get(split[0])) if split else None
+            if not is_admin and namespace is not None and namespace.subscribe == "members" and channel not in stored:
+                unknown.append(channel)
+            else:
+                found[channel] = _read_named(namespace, stored.get(channel), is_admin, now)
+        if unknown:
+            found.update(current_access(client, user_id, is_admin, unknown))
+        return found
+
+    return Recheck(commands, judge)
 
 
 def check_subscribe(client, user_id: str, is_admin: bool, channels: list[str]) -> dict[str, Access]:

@@ -6,6 +6,11 @@ when the account is deleted. Writes go in an order that keeps every member of a 
 index, whatever interleaves: a grant writes the members hash, then the index; a revocation the index,
 then the members hash. The index may hold a channel for a while that the members hash no longer does,
 so readers of the index check each channel against the members hash.
+
+A grant starts where the channel's stream stood when it was made (`start`, a stream id): its member reads
+what is published from then on, not what was said before, nor while it was excluded. A grant made again
+while in force keeps its start. Grants stored before starts were kept have none: their members read all
+kept history, as they did.
 """
 
 from __future__ import annotations
@@ -29,6 +34,37 @@ return 1
 """
 
 
+# KEYS[1] the channel's members hash, KEYS[2] its stream (the same hash slot). ARGV: user id, now (epoch
+# seconds), the grant's JSON without its closing brace. Stores the grant with its start, in one step with
+# reading where the stream stands: the start of the user's grant if one is in force (granting again keeps
+# it), else the stream's last id (0-0 when it has none). Returns the start.
+GRANT_LUA = """
+local start
+local held = redis.call('HGET', KEYS[1], ARGV[1])
+if held then
+  local ok, grant = pcall(cjson.decode, held)
+  if ok and type(grant) == 'table' then
+    local expires = grant['expires_at']
+    if type(expires) ~= 'number' or expires > tonumber(ARGV[2]) then
+      start = type(grant['start']) == 'string' and grant['start'] or '0-0'
+    end
+  end
+end
+if not start then
+  start = '0-0'
+  if redis.call('EXISTS', KEYS[2]) == 1 then
+    local info = redis.call('XINFO', 'STREAM', KEYS[2])
+    for i = 1, #info, 2 do
+      if info[i] == 'last-generated-id' then start = info[i + 1] end
+    end
+  end
+end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[3] .. ',"start":"' .. start .. '"}')
+return start
+"""
+NO_START = "0-0"  # a grant's start before anything was published: its member reads all of the channel
+
+
 def compact(value) -> str:
     """JSON as stored and measured: no spaces, non-ASCII kept as it is."""
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
@@ -43,7 +79,7 @@ def check_grant(info: dict | None, expires_in: float | None) -> None:
 
 
 def live_grant(stored: str | None, now: float) -> dict | None:
-    """A members-hash entry {"info", "expires_at"} while it is in force, else None."""
+    """A members-hash entry {"info", "expires_at", "start"?} while it is in force, else None."""
     grant = json.loads(stored) if stored else None
     if grant is None or (grant["expires_at"] is not None and grant["expires_at"] <= now):
         return None
@@ -51,18 +87,26 @@ def live_grant(stored: str | None, now: float) -> dict | None:
 
 
 def grant(client, channel: str, user_id: str, info: dict | None, expires_in: float | None) -> bool:
-    """Grant (or grant again, replacing info and expiry) one user one channel; False, with nothing
-    kept, when the user does not exist."""
+    """Grant (or grant again, replacing info and expiry, keeping the start of a grant in force) one user one
+    channel; False, with nothing kept, when the user does not exist."""
     check_grant(info, expires_in)
-    expires_at = round(time.time() + expires_in, 3) if expires_in is not None else None
+    now = time.time()
+    expires_at = round(now + expires_in, 3) if expires_in is not None else None
     members = Keys.channel_members(channel)
-    client.hset(members, user_id, compact({"info": info, "expires_at": expires_at}))
+    head = compact({"info": info, "expires_at": expires_at})[:-1]  # the script adds the start
+    client.register_script(GRANT_LUA)(keys=[members, Keys.stream(channel)], args=[user_id, repr(now), head])
     index = client.register_script(INDEX_GRANT_LUA)
     expiry = f"{expires_at:.3f}" if expires_at is not None else ""
     if index(keys=[Keys.user(user_id), Keys.user_grants(user_id)], args=[channel, expiry]):
         return True
     client.hdel(members, user_id)  # the account is gone: forget_user may already have run
     return False
+
+
+def grant_start(grant: dict) -> str | None:
+    """Where a grant in force starts its member's reading (a stream id), None for all kept history."""
+    start = grant.get("start")
+    return None if start in (None, NO_START) else start
 
 
 def revoke(client, channel: str, user_id: str) -> bool:

@@ -284,7 +284,7 @@ class StreamRead(NamedTuple):
 class Opening(NamedTuple):
     """A reader's first reads (`Bus.opening`)."""
 
-    checked: list  # each check's answer, in order
+    checked: list  # each check's answer, then each of its plain reads' (`reads`), in order
     present: dict[str, str]  # channel -> the position just after its newest event
     trimmed: list[str]  # channels whose kept history no longer reaches back to the reader's position
     first: tuple[list[Event], bool]  # the first events after the positions, and whether more remain
@@ -517,11 +517,14 @@ class Bus:
         """The position just after the newest event of each channel (0-0 for a channel never used)."""
         return self.opening([], channels, {}).present
 
-    def opening(self, checks: list[ScriptCall], channels: list[str], positions: dict[str, str]) -> Opening:
+    def opening(
+        self, checks: list[ScriptCall], channels: list[str], positions: dict[str, str], reads: list = ()
+    ) -> Opening:
         """What a reader reads as it starts, in one round trip shared with other readers starting at the same
-        moment: the answers of `checks` (a live connection's lease and session), where each of `channels`
-        stands now, the channels of `positions` whose kept history no longer reaches back to their position,
-        and the first events after each position (as `read_after`).
+        moment: the answers of `checks` (a live connection's lease and session) and of the plain commands
+        `reads` (its access to named channels, read after the history of their streams), where each of
+        `channels` stands now, the channels of `positions` whose kept history no longer reaches back to their
+        position, and the first events after each position (as `read_after`).
 
         Trimming removes the oldest entries, so events after a position were lost when entries were
         trimmed and the oldest kept entry is after the position. (A position exactly on the newest
@@ -531,7 +534,7 @@ class Bus:
         nothing to read and no reset: a reader opening after the next publication gets it.
         """
         wanted = channels + [channel for channel in positions if channel not in channels]
-        checked, streams = self._read_streams(wanted, positions, HISTORY_BATCH, checks)
+        checked, streams = self._read_streams(wanted, positions, HISTORY_BATCH, checks, reads)
         trimmed = [channel for channel, at in positions.items() if streams[channel].lost_after(at)]
         events = self._events([(channel, streams[channel].entries) for channel in positions], HISTORY_BATCH)
         return Opening(checked, {channel: streams[channel].last for channel in channels}, trimmed, events)
@@ -542,36 +545,40 @@ class Bus:
         return self._events([(channel, streams[channel].entries) for channel in positions], limit)
 
     def _read_streams(
-        self, channels: list[str], positions: dict[str, str], limit: int, checks: list[ScriptCall] = ()
+        self, channels: list[str], positions: dict[str, str], limit: int, checks: list[ScriptCall] = (), reads=()
     ) -> tuple[list, dict[str, StreamRead]]:
-        """The answers of the `checks` scripts, and of each channel where it stands, the oldest id it keeps if
-        it ever dropped any, and up to `limit` events after its position in `positions` (none for a channel
-        without one), in one round trip shared with other readers. A lost connection and a script's error are
-        raised.
+        """The answers of the `checks` scripts and then of the commands `reads`, and of each channel where it
+        stands, the oldest id it keeps if it ever dropped any, and up to `limit` events after its position in
+        `positions` (none for a channel without one), in one round trip shared with other readers. A lost
+        connection and a script's or read's error are raised.
 
         The entries are read before where each channel stands (and whether it was trimmed): entries trimmed in
         between can only make the trim check answer "trimmed" (a reset the reader did not need), never hide
         a gap. On one Redis, where each channel stands is one script (STREAM_POSITIONS_LUA), beside the checks.
         A cluster's channels live in different hash slots and its pipelines carry no scripts: there the checks
-        go first, one round trip each, then XRANGE and XINFO STREAM of each channel in one pipeline.
+        go first, one round trip each, then XRANGE and XINFO STREAM of each channel in one pipeline. The
+        `reads` follow the XRANGEs, on the same connection as each stream's on a cluster (for keys of its slot).
         """
         after = {c: p for c, p in positions.items() if p != LAST_POSSIBLE_ID}  # nothing can follow the last id
         if self.cluster:
             checked = [script(keys=keys, args=args) for script, keys, args in checks]
-            return checked, self._read_streams_apart(channels, after, limit)
+            streams, read = self._read_streams_apart(channels, after, limit, reads)
+            return checked + read, streams
         ranged = [channel for channel in channels if channel in after]
         calls = [*checks, (self._stream_positions, [Keys.stream(channel) for channel in channels], [])]
         answers = self._read(
             [("xrange", (Keys.stream(c), f"({after[c]}", "+"), {"count": limit}) for c in ranged]
+            + list(reads)
             + [("evalsha", (script.sha, len(keys), *keys, *args), {}) for script, keys, args in calls]
         )
-        ranges, answers = answers[: len(ranged)], answers[len(ranged) :]
+        cut = len(ranged) + len(reads)
+        ranges, read, answers = answers[: len(ranged)], answers[len(ranged) : cut], answers[cut:]
         answers = [
             # after a script flush: the script's own call, which loads it again (EVAL)
             script(keys=keys, args=args) if isinstance(answer, redis.exceptions.NoScriptError) else answer
             for (script, keys, args), answer in zip(calls, answers, strict=True)
         ]
-        for answer in ranges + answers:
+        for answer in ranges + read + answers:
             if isinstance(answer, Exception):
                 raise answer
         entries = dict(zip(ranged, ranges, strict=True))
@@ -579,19 +586,23 @@ class Bus:
             channel: StreamRead(last, oldest, first, entries.get(channel, []))
             for channel, (last, oldest, first) in zip(channels, answers[-1], strict=True)
         }
-        return answers[:-1], streams
+        return answers[:-1] + read, streams
 
-    def _read_streams_apart(self, channels: list[str], after: dict[str, str], limit: int) -> dict[str, StreamRead]:
-        """`_read_streams` on a cluster: XRANGE and then XINFO STREAM of each channel, in one pipeline."""
+    def _read_streams_apart(
+        self, channels: list[str], after: dict[str, str], limit: int, reads=()
+    ) -> tuple[dict[str, StreamRead], list]:
+        """`_read_streams` on a cluster: XRANGE of each channel, the `reads`, then XINFO STREAM of each channel,
+        in one pipeline; and the answers of the `reads`."""
         ranged = [channel for channel in channels if channel in after]
         commands = [("xrange", (Keys.stream(c), f"({after[c]}", "+"), {"count": limit}) for c in ranged]
-        commands += [("xinfo_stream", (Keys.stream(channel),), {}) for channel in channels]
+        commands += [*reads, *[("xinfo_stream", (Keys.stream(channel),), {}) for channel in channels]]
         answers = self._read(commands)
-        ranges, infos = answers[: len(ranged)], answers[len(ranged) :]
+        cut = len(ranged) + len(reads)
+        ranges, read, infos = answers[: len(ranged)], answers[len(ranged) : cut], answers[cut:]
         for answer in infos:  # XINFO of a stream never written is an error: it stands at 0-0
             if isinstance(answer, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
                 raise answer
-        for answer in ranges:
+        for answer in ranges + read:
             if isinstance(answer, Exception):
                 raise answer
         entries = dict(zip(ranged, ranges, strict=True))
@@ -605,7 +616,7 @@ class Bus:
                 first = info["first-entry"][0]
             last = info.get("last-generated-id", NEVER_USED)
             streams[channel] = StreamRead(last, oldest, first, entries.get(channel, []))
-        return streams
+        return streams, read
 
     def _events(self, ranges: list[tuple[str, list]], limit: int) -> tuple[list[Event], bool]:
         events, more, recent = [], False, self.recent

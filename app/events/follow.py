@@ -3,6 +3,10 @@
 All four transports read through this; they differ only in framing and in how long they wait.
 Order of operations matters: subscribe locally, then read history, then take live events, dropping
 any whose id is not after the position already delivered for its channel.
+
+Access to named channels is checked by the caller before anything is held, and read again once the
+subscription is in force, in the same round trip as the history: a revocation (or a role change) before
+then reached no one, one after it reaches the hub. A member reads a channel from its grant's start on.
 """
 
 from __future__ import annotations
@@ -11,8 +15,10 @@ import logging
 import time
 from typing import NamedTuple
 
+from ..channels.access import Access, recheck
+from ..errors import forbidden
 from .bus import Bus, Event, channels_for, reset_event
-from .cursor import cursor_writer, decode_cursor, named_in, parse_id
+from .cursor import cursor_writer, decode_cursor, is_after, named_in, parse_id
 from .hub import RESYNC, Hub, Unsubscribed
 from .leases import ConnectionLeases
 
@@ -63,9 +69,11 @@ class Follower:
 
         With `leases`, this is a live connection: it holds a lease (taken here unless `lease` is one
         already taken) and a hub subscription until `close()`, and raises StreamEnded("session_ended")
-        if the session ended while it was subscribing. Without, it reads history only (polling).
-        `named`: the named channels asked for, each with the caller's Access (checked by the caller);
-        `presence`: the worker's PresenceKeeper, for a connection that counts as present (SSE, WebSocket).
+        if the session ended, or the user's role changed, while it was subscribing. Without, it reads
+        history only (polling). `named`: the named channels asked for, each with the caller's Access
+        (checked by the caller); one whose access ended meanwhile is taken as a revocation takes it (the
+        first delivery says so). `presence`: the worker's PresenceKeeper, for a connection that counts as
+        present (SSE, WebSocket).
         """
         self.bus = bus
         self.hub = hub
@@ -90,10 +98,13 @@ class Follower:
                 # A logout between authentication and the subscription reached no one: look once more.
                 checks = [bus.session_check(caller)] + ([asked.call] if asked else [])
             # One round trip, after the subscription is confirmed: the lease, the session, where the channels
-            # stand, and the history after the cursor. Events after what it reads arrive live.
+            # stand, the history after the cursor (a member's from its grant's start on), and access to the
+            # named channels once more. Events after what it reads arrive live.
             resumed = {c: p for c, p in self.positions.items() if c not in unnamed} if cursor else {}
+            resumed = from_grant_starts(resumed, self.access)
+            again = recheck(bus.client, caller.user_id, caller.is_admin, self.access) if self.access else None
             try:
-                opening = bus.opening(checks, self.channels, resumed)
+                opening = bus.opening(checks, self.channels, resumed, again.commands if again else ())
             except BaseException:
                 if asked is not None:
                     leases.withdraw(asked)
@@ -102,10 +113,14 @@ class Follower:
                 self.lease = leases.granted(asked, opening.checked[1])  # 429 when the user has too many
             if leases is not None:
                 self.user = bus.held_user(caller, opening.checked[0])
-                if self.user is None:
+                # A role change closes live connections so that they open again with the new role's channels.
+                if self.user is None or self.user["role"] != caller.role:
                     raise StreamEnded("session_ended")
             self.start_at({**resumed, **{channel: opening.present[channel] for channel in unnamed}})
-            self.pending: list[Delivery] = [Delivery(reset_event(channel), self.cursor) for channel in opening.trimmed]
+            self.pending: list[Delivery] = []
+            if again is not None:
+                self._access_again(again.judge(opening.checked[len(checks) :]))
+            self.pending += [Delivery(reset_event(c), self.cursor) for c in opening.trimmed if c in self.after]
             self._catch_up(first=opening.first)
             for channel, access in self.access.items():
                 self._hold_access(channel, access)
@@ -118,27 +133,36 @@ class Follower:
         """The named channels read now."""
         return list(self.access)
 
-    def add_channel(self, channel: str, access, cursor: str | None = None) -> str:
-        """Read one more named channel (a WebSocket's subscribe frame): from the cursor's position for it,
-        else from the present; its history after that comes next. Returns the cursor at that start, before
-        any of its history is delivered (a client that resumes from it misses none)."""
+    def add_channel(self, channel: str, access: Access, cursor: str | None = None) -> str:
+        """Read one more named channel (a WebSocket's subscribe frame): from the cursor's position for it
+        (not before the reader's grant's start), else from the present; its history after that comes next.
+        Returns the cursor at that start, before any of its history is delivered (a client that resumes from
+        it misses none). 403 if its access ended while the hub subscribed to it (`access` was checked before)."""
         if channel in self.access:
             return self.cursor
         if self.subscription is not None:
             self.hub.add_channel(self.subscription, channel)
         try:
+            resumed = {}
             if cursor and channel in named_in(cursor, [channel]):
-                position = decode_cursor(cursor, [channel])[channel]
-            else:
-                position = self.bus.present([channel])[channel]
+                resumed = from_grant_starts({channel: decode_cursor(cursor, [channel])[channel]}, {channel: access})
+            # As an opening does: where it stands, its history, and its access once more, in one round trip.
+            again = recheck(self.bus.client, self.caller.user_id, self.caller.is_admin, {channel: access})
+            opening = self.bus.opening([], [channel], resumed, again.commands)
+            access = again.judge(opening.checked)[channel]
+            if not access.allowed:
+                raise forbidden(f"You may not subscribe to {channel!r}.")
+            position = resumed.get(channel) or opening.present[channel]
             if self.access is NO_CHANNELS:
                 self.access = {}
             self.access[channel] = access
             self.channels.append(channel)
             self.write_cursor = cursor_writer(self.channels, compact=True)
-            self.start_at({**self.positions, channel: position})
+            self.start_at(from_grant_starts({**self.positions, channel: position}, {channel: access}))
             started = self.cursor
-            self._catch_up([channel])
+            if channel in opening.trimmed:
+                self.pending.append(Delivery(reset_event(channel), started))
+            self._catch_up([channel], first=opening.first)
             self._hold_access(channel, access)
         except BaseException:
             self.remove_channel(channel)
@@ -157,6 +181,26 @@ class Follower:
         self.write_cursor = cursor_writer(self.channels, compact=bool(self.access))
         self.positions.pop(channel, None)
         self.after.pop(channel, None)
+
+    def _access_again(self, found: dict[str, Access]) -> None:
+        """Access to named channels as read again: one no longer allowed is taken as a revocation takes it (the
+        client is told first); one still allowed keeps its latest terms, and is read from its grant's start on."""
+        allowed = {}
+        for channel, access in found.items():
+            checked = self.access.get(channel)
+            if checked is None:
+                continue
+            if access.allowed:
+                self.access[channel] = allowed[channel] = access
+                continue
+            # A grant missing where the check found none needed: the namespace's rules changed, not a grant.
+            granted = checked.namespace is not None and checked.namespace.subscribe == "members"
+            reason = "access_changed" if access.reason == "revoked" and not granted else access.reason
+            self.remove_channel(channel)
+            self.pending.append(Delivery(Unsubscribed(channel, reason or "access_changed"), self.cursor))
+        moved = from_grant_starts(self.positions, allowed)
+        if moved is not self.positions:
+            self.start_at(moved)
 
     def _hold_access(self, channel: str, access) -> None:
         """For a live connection: watch the grant's end, and count as present where the namespace asks."""
@@ -243,7 +287,8 @@ class Follower:
                 if not self.bus.session_is_valid(self.caller):
                     raise StreamEnded("session_ended")  # a control message may have been missed
                 if self.access:  # so may a revocation: ask again before reading what was missed
-                    self.hub.recheck([(self.subscription, channel) for channel in self.access], "resync")
+                    found = self.hub.recheck([(self.subscription, channel) for channel in self.access], "resync")
+                    self._access_again({channel: access for (_, channel), access in found.items() if access})
                 self._catch_up()
             elif item.__class__ is Unsubscribed:
                 if item.channel in self.access:
@@ -278,3 +323,14 @@ class Follower:
                 self._accept(event)
             if not more:
                 return
+
+
+def from_grant_starts(positions: dict[str, str], access: dict[str, Access]) -> dict[str, str]:
+    """The positions, each moved up to the start of the reader's grant of its channel where that is later: a
+    member reads a channel from its grant on, not what was said before it (nor while it was excluded)."""
+    moved = positions
+    for channel, position in positions.items():
+        found = access.get(channel)
+        if found is not None and found.start is not None and is_after(found.start, position):
+            moved = {**moved, channel: found.start}
+    return moved
