@@ -26,8 +26,13 @@ def init_app(app: Flask) -> None:
     @_one_line_errors
     def create_user_command(email: str, password: str, role: str, verified: bool):
         """Create a user with a password."""
+        from .auth.emails import NotPlainAddress, plain_address
         from .auth.users import create_user
 
+        try:
+            email = plain_address(email)
+        except NotPlainAddress as refusal:
+            raise click.ClickException(f"The e-mail address is refused: {refusal}.") from None
         user = create_user(email, password, role, email_verified=verified)
         click.echo(f"created {user['role']} {user['email']} ({user['id']})")
 

@@ -26,7 +26,7 @@ from ..http import validated_query
 from ..openapi import operation
 from ..redis import AUDIT_LUA, END_SESSION_FUNCTION_LUA, Keys, get_redis, get_script
 from ..settings import OAuthProvider
-from . import account, cookies, indexes, mailtokens, mfa, sessions, tokens, users
+from . import account, cookies, emails, indexes, mailtokens, mfa, sessions, tokens, users
 from .schemas import NextPage, OAuthProviderPath, ProviderReturn
 
 bp = Blueprint("oauth", __name__, url_prefix="/auth/oauth")
@@ -246,10 +246,11 @@ def find_or_create_user(provider: str, identity: Identity) -> dict:
     (`take_over`): whoever registered it first never proved the address, and keeps no way in.
     """
     client = get_redis()
+    address = _plain_or_none(identity.email)
     identity_key = Keys.user_by_identity(provider, identity.subject)
     user_id = indexes.holder(client.get(identity_key))
     if user_id and (user := users.get_user(user_id)):
-        same_address = users.normalise_email(identity.email or "") == user["email"]
+        same_address = address is not None and address == user["email"]
         if identity.email_verified and same_address and user.get("email_verified") != "1":
             details = {"method": "oauth", "provider": provider}
             entry = audit.new_entry("email.verified", subject=user_id, details=details)
@@ -262,7 +263,10 @@ def find_or_create_user(provider: str, identity: Identity) -> dict:
         return user
     if not identity.email:
         raise validation_failed("The provider did not share an e-mail address.")
-    existing_id = users.find_user_id_by_email(identity.email)
+    if address is None:
+        # Never stored, linked by, or mailed: a header parser may read other mailboxes in it.
+        raise validation_failed(f"The provider's e-mail address cannot be used: {emails.RULE}.")
+    existing_id = users.find_user_id_by_email(address)
     if existing_id and users.get_user(existing_id) is not None:
         if not identity.email_verified:
             raise ApiError(
@@ -274,7 +278,15 @@ def find_or_create_user(provider: str, identity: Identity) -> dict:
         _link(identity_key, existing_id, provider)
         return users.get_user(existing_id)
     # The account's address counts as verified only when the provider says it verified it.
-    return users.create_user(identity.email, None, identities=(identity_key,), email_verified=identity.email_verified)
+    return users.create_user(address, None, identities=(identity_key,), email_verified=identity.email_verified)
+
+
+def _plain_or_none(email: str | None) -> str | None:
+    """A provider's address as stored, or None when it gave none or one that is not one plain address."""
+    try:
+        return emails.plain_address(email) if isinstance(email, str) else None
+    except emails.NotPlainAddress:
+        return None
 
 
 def _link(identity_key: str, user_id: str, provider: str | None = None) -> None:

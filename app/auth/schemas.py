@@ -4,14 +4,40 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import AfterValidator, Field
+from pydantic_core import PydanticCustomError
 
 from ..schemas import Answer, Body, JsonValue, PlainText, ProviderName
+from . import emails
 from .devices import DEVICE_TOKEN_MAX
 from .passkeys import CREDENTIAL_ID_TEXT_MAX, LOGIN_ID_MAX, NAME_MAX
 from .users import PASSWORD_MAX, PASSWORD_MIN, ROLES
 
-Email = Annotated[str, Field(max_length=254, examples=["ada@example.com"])]
+
+def _plain_address(value: str) -> str:
+    try:
+        return emails.plain_address(value)
+    except emails.NotPlainAddress as refusal:
+        raise PydanticCustomError("email", str(refusal)) from None
+
+
+# An address the service stores or mails: one plain address (422 otherwise), normalised as stored.
+Email = Annotated[
+    str,
+    Field(
+        max_length=emails.ADDRESS_MAX,
+        examples=["ada@example.com"],
+        description="One plain `local@domain`: a dot-atom local part of ASCII letters, digits and "
+        "``!#$%&'*+/=?^_`{|}~-`` (no quoted strings, encoded words `=?...?=`, spaces, commas, colons, "
+        "semicolons, angle brackets or parentheses) and host name labels (an internationalised domain is "
+        "kept as given and mailed in its IDNA form). Surrounding spaces are dropped; letters are kept in "
+        "lower case.",
+    ),
+    AfterValidator(_plain_address),
+]
+# An address only compared with the accounts' own: one no account has, well-formed or not, is answered
+# as an unknown address (it stores and mails nothing).
+GivenEmail = Annotated[str, Field(max_length=emails.ADDRESS_MAX, examples=["ada@example.com"])]
 NewPassword = Annotated[str, Field(min_length=PASSWORD_MIN, max_length=PASSWORD_MAX)]
 # Any length: a password longer than any stored one is simply wrong (401), and is never hashed.
 GivenPassword = Annotated[str, Field(description=f"Longer than {PASSWORD_MAX} characters: never matches.")]
@@ -40,7 +66,7 @@ class TokensFor(Body):
 class Login(TokensFor):
     """Credentials, where the tokens should go, and a name for this device."""
 
-    email: Email
+    email: GivenEmail
     password: GivenPassword
     device_token: DeviceToken | None = Field(
         None, description="The device_token of this account's last body-transport login on this device, if any."
@@ -346,7 +372,7 @@ class PasskeyPath(Body):
 class PasskeyLoginStart(Body):
     """Who is logging in, if the page knows: the answer looks the same, and the login is for that account alone."""
 
-    email: Email | None = None
+    email: GivenEmail | None = None
 
 
 class PasskeyLogin(TokensFor):

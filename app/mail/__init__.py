@@ -1,6 +1,9 @@
-"""Outgoing mail: a durable queue in Redis, sent by a background greenlet over SMTP (or to the log)."""
+"""Outgoing mail: a durable queue in Redis, sent by a background greenlet over SMTP (or, in development,
+to the log). With MAIL_ENABLED=false no mail is queued or sent at all."""
 
 from __future__ import annotations
+
+import logging
 
 from flask import Flask, current_app
 
@@ -10,32 +13,44 @@ from .queue import MailQueue
 
 __all__ = ["PASSWORD_RESET", "VERIFY_EMAIL", "init_app", "queue_mail", "start_background_tasks"]
 
+log = logging.getLogger(__name__)
+
 #: Where links point without PUBLIC_BASE_URL, which only development and tests may leave unset (mail then
 #: goes to the log): the address `make run` serves the browser page at, through nginx (README).
 DEVELOPMENT_BASE_URL = "http://127.0.0.1:8080"
 
 
 def init_app(app: Flask) -> None:
-    """Choose the back-end (SMTP_URL, else the log) and bind the queue."""
-    settings = app.config["SETTINGS"]
-    mail = settings.mail
+    """Choose the back-end (SMTP_URL, else the log) and bind the queue; none with MAIL_ENABLED=false."""
+    mail = app.config["SETTINGS"].mail
+    if not mail.enabled:
+        app.extensions["mail_queue"] = None
+        return
     if mail.smtp_url:
         backend = SmtpBackend(str(mail.smtp_url), mail.mail_from, mail.timeout_seconds, starttls=mail.starttls)
-    else:
-        backend = LogBackend(include_body=not settings.production)
+    else:  # development and tests: production refuses to start without SMTP_URL while mail is enabled
+        backend = LogBackend()
     app.extensions["mail_queue"] = MailQueue(app, app.extensions["redis"], backend)
 
 
 def start_background_tasks(app: Flask) -> None:
-    """Start this worker's mail sender (called once per gunicorn worker)."""
-    app.extensions["mail_queue"].start()
+    """Start this worker's mail sender (called once per gunicorn worker); none with MAIL_ENABLED=false."""
+    queue = app.extensions["mail_queue"]
+    if queue is None:
+        log.info("mail is off (MAIL_ENABLED=false): nothing is queued or sent")
+        return
+    queue.start()
 
 
-def queue_mail(kind: str, *, user_id: str | None = None, email: str | None = None) -> str:
-    """Queue a mail of `kind` for a user (or, for a reset, an address as typed); never waits for sending."""
-    return current_app.extensions["mail_queue"].enqueue(
-        kind, GIVE_UP_AFTER[kind], user_id=user_id, email=email, base_url=_base_url()
-    )
+def queue_mail(kind: str, *, user_id: str | None = None, email: str | None = None) -> str | None:
+    """Queue a mail of `kind` for a user (or, for a reset, an address as typed); never waits for sending.
+
+    Returns the job's id, or None when mail is off (MAIL_ENABLED=false): nothing is queued.
+    """
+    queue = current_app.extensions["mail_queue"]
+    if queue is None:
+        return None
+    return queue.enqueue(kind, GIVE_UP_AFTER[kind], user_id=user_id, email=email, base_url=_base_url())
 
 
 def _base_url() -> str:

@@ -6,6 +6,8 @@ mail catcher); with the default, a server that offers no STARTTLS gets nothing, 
 Both raise `TransientMailError` for what may work later (the server is down, says 4xx, the connection
 breaks) and `PermanentMailError` for what never will (5xx for this message); the queue retries only the
 first. Sockets are gevent's in the workers, so a slow server blocks nobody but the sending greenlet.
+
+A message is a `Mail`: it names its one recipient, and the envelope goes to that address alone.
 """
 
 from __future__ import annotations
@@ -18,6 +20,18 @@ from email.utils import parseaddr
 from urllib.parse import unquote, urlsplit
 
 log = logging.getLogger(__name__)
+
+
+class Mail(EmailMessage):
+    """A message for one mailbox. The envelope recipient and the `To` header are both that address, set
+    here; neither is ever read back out of a header (a parser may find other mailboxes in one)."""
+
+    def __init__(self, recipient: str = "", *, policy=None):
+        # `policy` alone: how the email package makes the parts of a multipart message, which have none.
+        super().__init__(policy=policy)
+        self.recipient = recipient
+        if recipient:
+            self["To"] = recipient
 
 
 class TransientMailError(Exception):
@@ -43,15 +57,17 @@ class SmtpBackend:
         self.username = unquote(parts.username) if parts.username else None
         self.password = unquote(parts.password or "")
         self.timeout = timeout
-        self.local_hostname = parseaddr(mail_from)[1].rpartition("@")[2] or "localhost"
+        self.envelope_from = parseaddr(mail_from)[1]
+        self.local_hostname = self.envelope_from.rpartition("@")[2] or "localhost"
 
     def describe(self) -> str:
         """Where mail goes, without credentials (for the log)."""
         plain = "" if self.implicit_tls or self.starttls else " (plain text: SMTP_STARTTLS=never)"
         return f"{'smtps' if self.implicit_tls else 'smtp'}://{self.host}:{self.port}{plain}"
 
-    def send(self, message: EmailMessage) -> None:
-        """Hand one message to the server; raise Transient/PermanentMailError when it is not taken."""
+    def send(self, mail: Mail) -> None:
+        """Hand one message to the server, for its one recipient; raise Transient/PermanentMailError when it
+        is not taken."""
         # Certificates are verified against the system's CAs (SSL_CERT_FILE names another bundle).
         context = ssl.create_default_context()
         try:
@@ -73,7 +89,8 @@ class SmtpBackend:
                 smtp.ehlo()
             if self.username:
                 smtp.login(self.username, self.password)
-            smtp.send_message(message)
+            # The envelope named outright: smtplib would otherwise take it from the To header as parsed.
+            smtp.send_message(mail, from_addr=self.envelope_from, to_addrs=[_recipient(mail)])
         except smtplib.SMTPRecipientsRefused as error:
             codes = [code for code, _ in error.recipients.values()]
             kind = TransientMailError if all(400 <= code < 500 for code in codes) else PermanentMailError
@@ -94,20 +111,23 @@ class SmtpBackend:
 
 
 class LogBackend:
-    """No SMTP server configured: write mail to the log (whole in development, headers only in production)."""
-
-    def __init__(self, include_body: bool):
-        self.include_body = include_body
+    """No SMTP server configured (development and tests; production requires one while mail is enabled):
+    write whole mails to the log."""
 
     def describe(self) -> str:
         """Where mail goes (for the log)."""
-        return "the log" if self.include_body else "nowhere (SMTP_URL is not set)"
+        return "the log"
 
-    def send(self, message: EmailMessage) -> None:
-        """Log the message; in production without SMTP only that it was not sent (links hold tokens)."""
-        if self.include_body:
-            body = message.get_body(("plain",))
-            text = body.get_content() if body is not None else ""
-            log.info("mail to %s: %s\n%s", message["To"], message["Subject"], text)
-        else:
-            log.warning("mail %r not sent: SMTP_URL is not set", message["Subject"])
+    def send(self, mail: Mail) -> None:
+        """Log the message: its recipient, subject and plain-text body."""
+        body = mail.get_body(("plain",))
+        text = body.get_content() if body is not None else ""
+        log.info("mail to %s: %s\n%s", _recipient(mail), mail["Subject"], text)
+
+
+def _recipient(mail: Mail) -> str:
+    """The one address a message is for; a message that names none is never sent."""
+    recipient = getattr(mail, "recipient", None)
+    if not recipient:
+        raise PermanentMailError("the message names no recipient")
+    return recipient

@@ -2,17 +2,19 @@
 
 A job names a kind and a recipient; building it issues the token its link carries, so the token
 exists only in the message. A job whose recipient no longer needs it (account deleted, address
-already verified, no account with that address) builds nothing.
+already verified, no account with that address) builds nothing. A message goes to the account's
+stored address alone, its domain in IDNA form; an account stored before addresses had to be one plain
+address, with one that is not, is never mailed.
 """
 
 from __future__ import annotations
 
-from email.message import EmailMessage
 from email.utils import formatdate, parseaddr
 
 from flask import current_app, render_template
 
-from ..auth import mailtokens, users
+from ..auth import emails, mailtokens, users
+from .backends import Mail, PermanentMailError
 
 VERIFY_EMAIL, PASSWORD_RESET = "verify_email", "password_reset"
 #: Notices to an account's owner of a change to how it signs in; they carry no token.
@@ -33,7 +35,7 @@ SUBJECTS = {
 PAGES = {VERIFY_EMAIL: "verify-email", PASSWORD_RESET: "reset-password"}
 
 
-def build(job: dict) -> EmailMessage | None:
+def build(job: dict) -> Mail | None:
     """The message for a job, with a fresh token in its link, or None when there is nothing to send."""
     kind = job["kind"]
     if kind in NOTICES:
@@ -41,17 +43,19 @@ def build(job: dict) -> EmailMessage | None:
         if not user:
             return None
         context = {"email": user["email"], "link": f"{job['base_url']}/"}
-        return compose(job["id"], user["email"], SUBJECTS[kind], f"mail/{kind}", context)
+        return compose(job["id"], mailbox(user), SUBJECTS[kind], f"mail/{kind}", context)
     if kind == VERIFY_EMAIL:
         user = users.get_user(job.get("user_id", ""))
         if not user or user.get("email_verified") == "1":
             return None
+        to = mailbox(user)  # before a token is issued: none is made for a mail that is never sent
         token = mailtokens.issue_token(user["id"], user["email"], mailtokens.VERIFY)
     elif kind == PASSWORD_RESET:
         user_id = users.find_user_id_by_email(job.get("email", ""))
         user = users.get_user(user_id) if user_id else None
         if not user:
             return None  # forgot answers alike for unknown addresses, and mails only known ones
+        to = mailbox(user)
         token = mailtokens.issue_token(user["id"], user["email"], mailtokens.RESET)
     else:
         raise ValueError(f"unknown mail kind {kind!r}")
@@ -64,16 +68,25 @@ def build(job: dict) -> EmailMessage | None:
         "hours": mailtokens.LIFETIMES[mailtokens.VERIFY] // 3600,
         "minutes": mailtokens.LIFETIMES[mailtokens.RESET] // 60,
     }
-    return compose(job["id"], user["email"], SUBJECTS[kind], f"mail/{kind}", context)
+    return compose(job["id"], to, SUBJECTS[kind], f"mail/{kind}", context)
 
 
-def compose(job_id: str, to: str, subject: str, template: str, context: dict) -> EmailMessage:
-    """A multipart/alternative message: the text template first, the HTML one as the alternative."""
+def mailbox(user: dict) -> str:
+    """Where a user's mail goes: their stored address, its domain in IDNA form; PermanentMailError when
+    the stored address is not one plain address (kept from before the rule: mailing it could reach others)."""
+    try:
+        return emails.mailbox(user["email"])
+    except emails.NotPlainAddress:
+        raise PermanentMailError("the account's stored address is not one plain address; it is never mailed") from None
+
+
+def compose(job_id: str, to: str, subject: str, template: str, context: dict) -> Mail:
+    """A multipart/alternative message for the one address `to`: the text template first, the HTML one as
+    the alternative."""
     mail_from = current_app.config["SETTINGS"].mail.mail_from
     domain = parseaddr(mail_from)[1].rpartition("@")[2] or "localhost"
-    message = EmailMessage()
+    message = Mail(to)
     message["From"] = mail_from
-    message["To"] = to
     message["Subject"] = subject
     message["Date"] = formatdate(usegmt=True)
     message["Message-ID"] = f"<{job_id}@{domain}>"  # the same for every attempt at this job

@@ -7,16 +7,16 @@ from email.message import EmailMessage
 
 import pytest
 
-from app.mail.backends import LogBackend, PermanentMailError, SmtpBackend, TransientMailError
+from app.mail.backends import LogBackend, Mail, PermanentMailError, SmtpBackend, TransientMailError
 from app.settings import SettingsError, load_settings
 from tests.mailserver import SMTP_PASSWORD, SMTP_USER, SmtpServer
 
 STRONG = "s" * 32
 
 
-def message(to: str = "someone@example.com") -> EmailMessage:
-    mail = EmailMessage()
-    mail["From"], mail["To"], mail["Subject"] = "a@example.test", to, "Hello"
+def message(to: str = "someone@example.com") -> Mail:
+    mail = Mail(to)
+    mail["From"], mail["Subject"] = "a@example.test", "Hello"
     mail.set_content("https://auth.example.test/reset-password#token=secret-token")
     return mail
 
@@ -36,6 +36,42 @@ def test_starttls_with_auth_delivers(smtp_certificate, trusted):
         backend(server).send(message())
         assert server.wait_for("someone@example.com")[0].message["Subject"] == "Hello"
         assert server.logins == [SMTP_USER]
+    finally:
+        server.stop()
+
+
+# A To header that parses into other mailboxes: an encoded word decodes to a comma and a second address.
+TAMPERED_TO = "=?utf-8?q?attacker=40evil.example=2c_?=victim@example.com"
+
+
+def test_the_envelope_goes_to_the_message_recipient_alone_whatever_its_to_header_says(smtp_certificate, trusted):
+    tampered = message("victim@example.com")
+    tampered.replace_header("To", TAMPERED_TO)
+    parsed = {address.addr_spec for address in tampered["To"].addresses}
+    assert parsed == {"attacker@evil.example", "victim@example.com"}  # what smtplib alone would mail
+    server = SmtpServer(smtp_certificate).start()
+    try:
+        backend(server).send(tampered)
+        [received] = server.wait_for("victim@example.com")
+        assert received.recipients == ["victim@example.com"] and received.mail_from == "a@example.test"
+        assert server.to("attacker@evil.example") == []
+    finally:
+        server.stop()
+
+
+def test_a_message_that_names_no_recipient_is_never_sent(smtp_certificate, trusted):
+    untold = EmailMessage()
+    untold["From"], untold["To"], untold["Subject"] = "a@example.test", "someone@example.com", "Hello"
+    untold.set_content("no recipient but the header")
+    server = SmtpServer(smtp_certificate).start()
+    try:
+        with pytest.raises(PermanentMailError, match="no recipient"):
+            backend(server).send(untold)
+        with pytest.raises(PermanentMailError, match="no recipient"):
+            LogBackend().send(untold)
+        assert server.received == []
+        backend(server).send(message())  # the same server takes a message that names its recipient
+        assert server.wait_for("someone@example.com")
     finally:
         server.stop()
 
@@ -107,14 +143,13 @@ def test_nothing_listening_is_transient():
         closed.send(message())
 
 
-def test_the_log_backend_writes_whole_mails_only_outside_production(caplog):
+def test_the_log_backend_writes_whole_mails_to_their_recipient(caplog):
+    """Development and tests only: production refuses to start without SMTP_URL while mail is enabled."""
+    tampered = message("someone@example.com")
+    tampered.replace_header("To", TAMPERED_TO)
     with caplog.at_level(logging.INFO, logger="app.mail.backends"):
-        LogBackend(include_body=True).send(message())
-    assert "#token=secret-token" in caplog.text
-    caplog.clear()
-    with caplog.at_level(logging.INFO, logger="app.mail.backends"):
-        LogBackend(include_body=False).send(message())
-    assert "not sent" in caplog.text and "secret-token" not in caplog.text
+        LogBackend().send(tampered)
+    assert "mail to someone@example.com: Hello" in caplog.text and "#token=secret-token" in caplog.text
 
 
 @pytest.mark.parametrize(
