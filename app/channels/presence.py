@@ -193,8 +193,10 @@ end
 
 -- The leaves that are due: each user still absent (as it always is: arriving takes it out) leaves now.
 local function settle()
-  for _, user in ipairs(redis.call('ZRANGEBYSCORE', KEYS[6], '-inf', now, 'LIMIT', 0, tonumber(ARGV[8]))) do
-    redis.call('ZREM', KEYS[6], user)
+  local due = redis.call('ZRANGEBYSCORE', KEYS[6], '-inf', now, 'LIMIT', 0, tonumber(ARGV[8]))
+  if #due == 0 then return end
+  redis.call('ZREM', KEYS[6], unpack(due))
+  for _, user in ipairs(due) do
     if redis.call('HEXISTS', KEYS[2], user) == 0 then publish('presence.leave', user) end
   end
 end
