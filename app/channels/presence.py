@@ -463,7 +463,7 @@ class PresenceKeeper:
             raise failure
 
     def reap(self) -> int:
-        """Drop the lapsed entries of every channel due (its leaves published); how many channels were due."""
+        """Publish the due leaves and drop the lapsed entries of every channel due; how many channels were due."""
         due = self._claim_due(keys=[Keys.presence_channels()], args=[DUE_BATCH, self.claim_ms])
         if not due:
             return 0
