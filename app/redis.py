@@ -6,8 +6,10 @@ share a hash tag, so each script runs on one hash slot of a Redis Cluster as wel
 
 from __future__ import annotations
 
+import logging
 import os
 import select
+import time
 from urllib.parse import urlsplit
 
 import gevent
@@ -217,8 +219,14 @@ class Keys:
         return f"presence:{{{channel}}}:sorted"
 
     @staticmethod
+    def presence_lingering(channel: str) -> str:
+        """A channel's users whose leave is pending, scored by when it is due (ms): PRESENCE_LINGER_SECONDS."""
+        return f"presence:{{{channel}}}:lingering"
+
+    @staticmethod
     def presence_channels() -> str:
-        """Channels with present connections, scored by their earliest lease expiry (ms), for the reaper."""
+        """Channels with present connections, scored by their earliest lease end or due leave (ms), for the
+        reaper."""
         return "presence:channels"
 
     # Received webhooks: one provider's keys share its hash tag.
@@ -787,6 +795,78 @@ def is_cluster(client) -> bool:
 def _host_port(url: str) -> tuple[str, int]:
     parts = urlsplit(url)
     return parts.hostname or "127.0.0.1", parts.port or 6379
+
+
+def redis_addresses(url: str) -> str:
+    """host:port of a Redis URL, never its credentials; of every seed in a cluster's comma-separated list."""
+    return ", ".join(_address(seed.strip()) for seed in url.split(",") if seed.strip())
+
+
+def _address(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.scheme == "unix":
+        return parts.path
+    try:
+        port = parts.port or 6379
+    except ValueError:  # not a number: shown as written (redis-py refuses it when it connects)
+        return parts.netloc.rpartition("@")[2]
+    host = parts.hostname or "127.0.0.1"
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def redis_url_setting() -> str:
+    """The setting the service's Redis URL comes from: REDIS_TLS_URL when it is set (it wins over REDIS_URL)."""
+    return "REDIS_TLS_URL" if os.environ.get("REDIS_TLS_URL", "").strip() else "REDIS_URL"
+
+
+def describe_redis(url: str) -> str:
+    """Where a Redis is looked for, for a log line: `127.0.0.1:6390 (REDIS_URL)`, a cluster's seeds, or the one
+    cluster node `url` names; never a password."""
+    return f"{redis_addresses(url)} ({redis_url_setting()})"
+
+
+def redis_error(error: Exception) -> str:
+    """An error from Redis in a few words: its type and its message's first line (which holds no password)."""
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0]}" if text else type(error).__name__
+
+
+class Outage:
+    """A background task's Redis outage, told without flooding the log: when the task first fails to reach Redis
+    (where it looked, and why), again at most once a minute while that lasts, and once Redis answers again."""
+
+    REMIND_EVERY = 60.0  # seconds
+
+    def __init__(self, logger: logging.Logger, what: str, url: str):
+        self.log = logger
+        self.what = what
+        self.where = describe_redis(url)
+        self.since: float | None = None
+        self.told = 0.0
+
+    def failed(self, error: Exception) -> None:
+        """The task could not reach Redis (this time): tell it if it is news, or if a minute has passed."""
+        now = time.monotonic()
+        if self.since is None:
+            self.since = self.told = now
+            self.log.warning("%s cannot reach redis at %s (%s); retrying", self.what, self.where, redis_error(error))
+        elif now - self.told >= self.REMIND_EVERY:
+            self.told = now
+            self.log.warning(
+                "%s still cannot reach redis at %s (%s), for %.0f s now; retrying",
+                self.what,
+                self.where,
+                redis_error(error),
+                now - self.since,
+            )
+
+    def succeeded(self) -> None:
+        """The task reached Redis: tell it if it had not."""
+        if self.since is not None:
+            self.log.info(
+                "%s reaches redis at %s again, after %.0f s", self.what, self.where, time.monotonic() - self.since
+            )
+            self.since = None
 
 
 def connect_pubsub(url: str) -> redis.Redis:

@@ -329,6 +329,10 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
             "SMTP_URL is missing; production sends its mail (verification, reset, MFA notices) over it, or set "
             "MAIL_ENABLED=false to say that no mail is wanted"
         )
+    if settings.require_verified_email and not mail.enabled:
+        reader.refuse(
+            "REQUIRE_VERIFIED_EMAIL=true needs mail: with MAIL_ENABLED=false no account could verify its address"
+        )
     if production and settings.password_hash_cost == MINIMAL_HASH_COST:
         reader.refuse("PASSWORD_HASH_COST=minimal is for test suites: APP_ENV=production hashes at OWASP's cost")
     reader.checked(_check_redis_url, settings.redis_url, settings.redis_mode)

@@ -117,8 +117,7 @@ def forgot_password():
     The request only records a job for the address as typed; whether an account has it is looked up
     by the mail sender, after the answer.
     """
-    email = users.validate_email(validated(ForgottenPassword).email)
-    mail.queue_mail(mail.PASSWORD_RESET, email=email)
+    mail.queue_mail(mail.PASSWORD_RESET, email=validated(ForgottenPassword).email)
     return _empty(202)
 
 

@@ -14,12 +14,11 @@ from flask import current_app
 from .. import audit
 from ..channels.grants import forget_user as forget_user_grants
 from ..errors import ApiError, validation_failed
-from ..http import has_control_characters, rfc3339
+from ..http import rfc3339
 from ..redis import AUDIT_LUA, END_SESSION_FUNCTION_LUA, Keys, get_redis, get_script
-from . import indexes, passwords
+from . import emails, indexes, passwords
 from .sessions import run_listed, sessions_ended
 
-EMAIL_PATTERN = re.compile(r"^[^@\s]{1,64}@[^@\s]+\.[^@\s]+$")
 PASSWORD_MIN, PASSWORD_MAX = 8, 1024
 ROLES = ("user", "admin")
 USER_ID = re.compile(r"[0-9a-f]{32}")
@@ -27,15 +26,15 @@ USER_ID = re.compile(r"[0-9a-f]{32}")
 
 def normalise_email(email: str) -> str:
     """The form e-mail addresses are compared and stored in."""
-    return email.strip().lower()
+    return emails.normalise(email)
 
 
 def validate_email(email: str) -> str:
-    """The normalised address, or 422 when it is not one (or holds control characters)."""
-    email = normalise_email(email)
-    if len(email) > 254 or not EMAIL_PATTERN.fullmatch(email) or has_control_characters(email):
-        raise validation_failed("The e-mail address is not valid.")
-    return email
+    """The normalised address, or 422 when it is not one plain address (emails.py)."""
+    try:
+        return emails.plain_address(email)
+    except emails.NotPlainAddress as error:
+        raise validation_failed(f"The e-mail address is not valid: {error}.") from None
 
 
 def validate_password(password: str) -> str:

@@ -322,11 +322,6 @@ class _Outage:
             log.info("presence: %s works again", self.what)
 
 
-def lingering_key(channel: str) -> str:
-    """`presence:{C}:lingering`: the channel's users whose leave is pending, by when it is due (ms)."""
-    return Keys.presence(channel) + ":lingering"
-
-
 def _timestamp() -> str:
     now = time.time()
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now * 1000) % 1000:03d}Z"
@@ -578,7 +573,7 @@ class PresenceKeeper:
             Keys.presence_sorted(channel),
             Keys.channel_members(channel),
             Keys.stream(channel),
-            lingering_key(channel),
+            Keys.presence_lingering(channel),
         ]
         if not self.cluster:  # one Redis: the index and the feed change in the same step
             keys += [Keys.presence_channels(), Keys.outgoing_endpoints(), Keys.outgoing_feed()]
@@ -618,7 +613,7 @@ class PresenceKeeper:
         pipe.execute()
         if not empty:
             return
-        keys = [[Keys.presence(channel), lingering_key(channel)] for channel in empty]
+        keys = [[Keys.presence(channel), Keys.presence_lingering(channel)] for channel in empty]
         looks = self._pipelined(self._next_look, keys, [[] for _ in empty])
         again = {}
         for channel, look in zip(empty, looks, strict=True):

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from app.channels.presence import PresenceKeeper, lingering_key
+from app.channels.presence import PresenceKeeper
 from app.redis import Keys
 from tests.channels.test_presence import CHANNEL, SHORT_TIMEOUT, changes, present, pump, run_worker
 from tests.events.clients import SSE, Api, open_ws, ws_json
@@ -58,12 +58,12 @@ def test_a_user_who_leaves_for_good_leaves_after_the_linger_and_stops_counting_a
     keeper.leave(entry)
     assert keeper.snapshot(CHANNEL) == {"channel": CHANNEL, "count": 0, "users": []}, "the list follows at once"
     assert changes(rdb) == [(JOIN, "ann")], "the leave lingers"
-    assert rdb.zscore(lingering_key(CHANNEL), "ann") is not None
+    assert rdb.zscore(Keys.presence_lingering(CHANNEL), "ann") is not None
     elapsed = await_leave(rdb, "ann", left_at)
     assert LINGER - 0.05 <= elapsed < LINGER + MARGIN
     assert changes(rdb) == [(JOIN, "ann"), (LEAVE, "ann")]
     pump(lambda: rdb.zscore(Keys.presence_channels(), CHANNEL) is None, message="the channel out of the index")
-    assert rdb.exists(lingering_key(CHANNEL), Keys.presence(CHANNEL), Keys.presence_users(CHANNEL)) == 0
+    assert rdb.exists(Keys.presence_lingering(CHANNEL), Keys.presence(CHANNEL), Keys.presence_users(CHANNEL)) == 0
 
 
 def test_back_within_the_linger_on_another_worker_causes_neither_leave_nor_join(keepers, rdb):
@@ -104,14 +104,16 @@ def test_without_a_linger_the_leave_is_published_at_once(keepers, rdb):
     keeper.leave(keeper.enter(CHANNEL, "ann", True))
     keeper.leave(keeper.enter(CHANNEL, "ann", True))
     assert changes(rdb) == [(JOIN, "ann"), (LEAVE, "ann")] * 2
-    assert rdb.exists(lingering_key(CHANNEL)) == 0 and not keeper.settle_at
+    assert rdb.exists(Keys.presence_lingering(CHANNEL)) == 0 and not keeper.settle_at
 
 
 def test_a_leave_due_but_not_yet_published_goes_out_before_the_users_next_join(keepers, rdb):
     keeper = keepers(linger=0.2)
     keeper.leave(keeper.enter(CHANNEL, "ann", True))
     keeper.stop()  # its settler is gone: nobody publishes the leave when it is due
-    wait_until(lambda: rdb.zscore(lingering_key(CHANNEL), "ann") < time.time() * 1000 - 50, message="the leave due")
+    wait_until(
+        lambda: rdb.zscore(Keys.presence_lingering(CHANNEL), "ann") < time.time() * 1000 - 50, message="the leave due"
+    )
     keeper.enter(CHANNEL, "ann", True)  # absent longer than the linger: a leave, then a join
     assert changes(rdb) == [(JOIN, "ann"), (LEAVE, "ann"), (JOIN, "ann")]
 

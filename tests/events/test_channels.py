@@ -460,7 +460,7 @@ def test_a_user_reads_the_presence_of_a_channel_it_may_read_only(server, admin):
 
 
 def test_the_users_of_a_worker_that_died_leave_within_the_presence_timeout(start_server, admin, app):
-    live = start_server(workers=1, PRESENCE_TIMEOUT_SECONDS="2")
+    live = start_server(workers=1, PRESENCE_TIMEOUT_SECONDS="2", PRESENCE_LINGER_SECONDS="0")
     name = f"d{secrets.token_hex(4)}"
     admin.put_namespace(name, subscribe="authenticated", presence=True, join_leave=True)
     room = f"{name}:room"
