@@ -1264,16 +1264,21 @@ export class EventFeed {
   deliver(event, cursor) {
     if (cursor) this.cursor = cursor;
     this.onEvent(event);
+    // Join and leave events are the service's: one with `from` was published by a user (the service
+    // refuses those names now; a history written before may still hold one), and says nothing of presence.
+    if (event.from !== undefined) return;
     if (event.event === "presence.join") this.onJoin(event.channel, event.data, event);
     else if (event.event === "presence.leave") this.onLeave(event.channel, event.data, event);
   }
 
   /**
-   * The service stopped sending a channel (an `unsubscribed` notice with its reason).
+   * The service stopped sending a channel (its `unsubscribed` notice, with the reason): only ever called for
+   * the service's own notice (an SSE message without `id:`, a WebSocket frame of type `unsubscribed`),
+   * never for an event that happens to bear that name.
    * @private
    */
   revoked({ channel, reason }) {
-    if (!this.named.delete(channel)) return;
+    if (typeof channel !== "string" || !this.named.delete(channel)) return;
     this.onUnsubscribed(channel, reason);
   }
 
@@ -1458,9 +1463,12 @@ export class EventFeed {
         for await (const message of sseMessages(response.body, signal)) {
           if (!this.live(generation)) return;
           if (message.retry !== undefined) retryMs = message.retry;
-          if (message.event === "session_ended") ended = true;
+          if (message.data === undefined) continue;
+          // Every event comes with an `id:` line (its cursor), whatever its name; the service's own notices
+          // (`session_ended`, `unsubscribed`) come without one. Told apart by that, never by the name.
+          if (message.hasId) this.deliver(JSON.parse(message.data), message.id);
+          else if (message.event === "session_ended") ended = true;
           else if (message.event === "unsubscribed") this.revoked(JSON.parse(message.data));
-          else if (message.data !== undefined) this.deliver(JSON.parse(message.data), message.id);
         }
       } catch {
         if (!this.live(generation)) return;
@@ -1493,7 +1501,7 @@ export class EventFeed {
         this.accepted();
         this.setState("live");
       } else if (type === "event") {
-        this.deliver(event, cursor);
+        this.deliver(event, cursor); // whatever the event's name: frames are told apart by their type
       } else if (type === "unsubscribed" && frame.reason) {
         this.revoked(frame);
       } else if (type !== "pong") {
@@ -1609,8 +1617,9 @@ export class EventFeed {
  * The messages of a text/event-stream body, parsed as the HTML standard's EventSource does.
  * @param {ReadableStream<Uint8Array>} body
  * @param {AbortSignal} [signal]
- * @returns {AsyncGenerator<{event: string, data?: string, id?: string, retry?: number}>} `data` is
- *   absent on a message that only sets `retry`
+ * @returns {AsyncGenerator<{event: string, data?: string, id?: string, hasId: boolean, retry?: number}>}
+ *   `data` is absent on a message that only sets `retry`; `id` is the last event ID (kept from earlier
+ *   messages, as EventSource keeps it), `hasId` whether this message had an `id:` line of its own
  */
 export async function* sseMessages(body, signal) {
   const reader = body.pipeThrough(new TextDecoderStream()).getReader();
@@ -1620,6 +1629,7 @@ export async function* sseMessages(body, signal) {
   let event = "";
   let data = [];
   let id;
+  let hasId = false;
   let retry;
   try {
     for (;;) {
@@ -1632,10 +1642,11 @@ export async function* sseMessages(body, signal) {
       for (const line of lines) {
         if (line === "") {
           if (data.length || retry !== undefined) {
-            yield { event: event || "message", data: data.length ? data.join("\n") : undefined, id, retry };
+            yield { event: event || "message", data: data.length ? data.join("\n") : undefined, id, hasId, retry };
           }
           event = "";
           data = [];
+          hasId = false;
           retry = undefined;
           continue;
         }
@@ -1646,7 +1657,10 @@ export async function* sseMessages(body, signal) {
         if (text.startsWith(" ")) text = text.slice(1);
         if (field === "event") event = text;
         else if (field === "data") data.push(text);
-        else if (field === "id" && !text.includes("\0")) id = text;
+        else if (field === "id" && !text.includes("\0")) {
+          id = text;
+          hasId = true;
+        }
         else if (field === "retry" && /^\d+$/.test(text)) retry = Number(text);
       }
     }

@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.events.clients import Api, open_ws, ws_json
+from tests.events.conftest import FAST
 from tests.fuzzing import (
     HOSTILE_FRAGMENTS,
     bounded,
@@ -19,6 +20,7 @@ from tests.fuzzing import (
     value_texts,
     with_examples,
 )
+from tests.servers import LiveServer
 
 ANSWERS = {"error", "ack", "event", "pong"}
 ERROR_CODES = {"bad_request", "validation_failed", "payload_too_large"}
@@ -31,6 +33,16 @@ frames = (
     | value_texts
     | hostile_text.map(lambda text: text.encode("utf-8", "surrogatepass").decode("utf-8", "replace"))
 )
+
+
+@pytest.fixture(scope="module")
+def server(base_env, tmp_path_factory):
+    """The usual server, with room for the fuzzer's frames: WS_FRAME_RATE has tests of its own."""
+    env = {**base_env, **FAST, "WS_FRAME_RATE": "100000"}
+    live = LiveServer(env, log_path=tmp_path_factory.mktemp("logs") / "gunicorn.log")
+    live.start()
+    yield live
+    live.stop()
 
 
 @pytest.fixture(scope="module")
