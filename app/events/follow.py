@@ -163,7 +163,8 @@ class Follower:
             if channel in opening.trimmed:
                 self.pending.append(Delivery(reset_event(channel), started))
             self._catch_up([channel], first=opening.first)
-            self._hold_access(channel, access)
+            if channel in self.access:  # not taken while its history was read
+                self._hold_access(channel, self.access[channel])
         except BaseException:
             self.remove_channel(channel)
             raise
@@ -286,9 +287,8 @@ class Follower:
             if item == RESYNC:
                 if not self.bus.session_is_valid(self.caller):
                     raise StreamEnded("session_ended")  # a control message may have been missed
-                if self.access:  # so may a revocation: ask again before reading what was missed
-                    found = self.hub.recheck([(self.subscription, channel) for channel in self.access], "resync")
-                    self._access_again({channel: access for (_, channel), access in found.items() if access})
+                if self.access:  # so may a revocation: ask again (the catch-up reads access again after history)
+                    self.hub.recheck([(self.subscription, channel) for channel in self.access], "resync")
                 self._catch_up()
             elif item.__class__ is Unsubscribed:
                 if item.channel in self.access:
@@ -316,13 +316,28 @@ class Follower:
     def _catch_up(self, channels: list[str] | None = None, first: tuple[list[Event], bool] | None = None) -> None:
         """Read history after the positions until none is left; `first`: the first batch, read already."""
         while True:
-            wanted = self.positions if channels is None else {c: self.positions[c] for c in channels}
-            batch, more = first or self.bus.read_after(dict(wanted))
+            if first is None:
+                wanted = {c: p for c, p in self.positions.items() if channels is None or c in channels}
+                if not wanted:
+                    return  # taken while its history was read
+                first = self._read_after(dict(wanted))
+            batch, more = first
             first = None
             for event in sorted(batch, key=lambda e: e.order):
                 self._accept(event)
             if not more:
                 return
+
+    def _read_after(self, positions: dict[str, str]) -> tuple[list[Event], bool]:
+        """The next batch of history; with named channels, their access read again after it (as in the opening),
+        so a channel revoked meanwhile is taken before any of its events read here is delivered."""
+        named = {channel: self.access[channel] for channel in positions if channel in self.access}
+        if not named:
+            return self.bus.read_after(positions)
+        again = recheck(self.bus.client, self.caller.user_id, self.caller.is_admin, named)
+        read = self.bus.opening([], [], positions, again.commands)
+        self._access_again(again.judge(read.checked))
+        return read.first
 
 
 def from_grant_starts(positions: dict[str, str], access: dict[str, Access]) -> dict[str, str]:

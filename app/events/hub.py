@@ -288,14 +288,13 @@ class Hub:
         if subscription.expiries and channel in subscription.expiries:
             subscription.expiries.pop(channel).close()
 
-    def recheck(self, pairs: list[tuple[Subscription, str]], cause: str) -> dict:
+    def recheck(self, pairs: list[tuple[Subscription, str]], cause: str) -> None:
         """Ask again whether each connection may read its channel; take the channel from those that may not.
-        Returns each channel's Access as found, by (subscription, channel); none when Redis did not answer.
 
         `cause` names what made the check (access_changed, expired, resync): a channel taken for lack of
         a grant after the namespace's rules or a grant changed is `access_changed`, not `revoked`."""
         if self.access is None or not pairs:
-            return {}
+            return
         wanted: dict[tuple[str, bool], set[str]] = defaultdict(set)
         for subscription, channel in pairs:
             wanted[(subscription.user_id, subscription.is_admin)].add(channel)
@@ -303,11 +302,9 @@ class Hub:
             answers = {key: self.access(key[0], key[1], sorted(channels)) for key, channels in wanted.items()}
         except Exception as error:  # noqa: BLE001 - Redis away: the reader's resync checks again later
             log.warning("event hub could not check channel access (%s)", type(error).__name__)
-            return {}
-        found = {}
+            return
         for subscription, channel in pairs:
             access = answers[(subscription.user_id, subscription.is_admin)].get(channel)
-            found[(subscription, channel)] = access
             if access is None or channel not in subscription.channels:
                 continue
             if access.allowed:
@@ -315,7 +312,6 @@ class Hub:
             else:
                 reason = "access_changed" if cause == "access_changed" and access.reason == "revoked" else access.reason
                 self.revoke(subscription, channel, reason or cause)
-        return found
 
     def _channel_control(self, channel: str, message: dict) -> None:
         """A grant of `channel` changed (sent on the channel's own wake-up, so it is in order with its events)."""

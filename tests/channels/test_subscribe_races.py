@@ -18,6 +18,7 @@ import pytest
 import redis
 
 from app.auth.users import create_user
+from app.channels import grants
 from app.events.bus import wake_channel
 from app.events.cursor import decode_cursor
 from tests.channels.race_worker import RACE_EVENT, RACE_KEY, RACE_WORKER
@@ -268,3 +269,44 @@ def decode_cursor_at_start(room: str, user: Api) -> str:
 
     channels = [user.channel, "broadcast", room]
     return cursor_writer(channels, compact=True)(dict.fromkeys(channels, "0-0"))
+
+
+# A revocation while a long history is read (in process: a poll reading more than one batch)
+
+
+def test_a_grant_revoked_while_a_long_history_is_read_stops_it_there(
+    app, client, new_user, namespace, granted, monkeypatch
+):
+    namespace("chat")
+    user, room = new_user(), "chat:long"
+    granted(room, user["id"])
+    bus, store = app.extensions["event_bus"], app.extensions["redis"]
+    query = {"channels": room, "cursor": poll_cursor(client, user, room), "limit": 1000}
+    for hundred in range(6):  # more than one batch of history (HISTORY_BATCH, 500)
+        bus.publish_many([(room, "said", {"n": hundred * 100 + n}) for n in range(100)])
+
+    def before_the_second_read(action):
+        reads = []
+        for name in ("opening", "read_after"):  # whichever reads the second batch
+            read = getattr(bus, name)
+
+            def counted(*args, _read=read, **kwargs):
+                reads.append(1)
+                if len(reads) == 2:
+                    action()
+                return _read(*args, **kwargs)
+
+            monkeypatch.setattr(bus, name, counted)
+
+    before_the_second_read(lambda: bus.publish(room, "later", {}))  # without the revocation, the path reads on
+    read = client.get("/events", query_string=query, headers=user["headers"]).get_json()["events"]
+    assert [e["event"] for e in read] == ["said"] * 600 + ["later"]
+
+    monkeypatch.undo()
+    before_the_second_read(lambda: (grants.revoke(store, room, user["id"]), bus.publish(room, "after", {})))
+    read = client.get("/events", query_string=query, headers=user["headers"]).get_json()["events"]
+    assert "after" not in [e["event"] for e in read]  # the first batch, read before the revocation, may come
+
+
+def poll_cursor(client, user: dict, room: str) -> str:
+    return client.get("/events", query_string={"channels": room}, headers=user["headers"]).headers["Event-Cursor"]
