@@ -12,6 +12,7 @@ import websocket
 
 from app.apikeys.store import create_key
 from app.auth.users import create_user
+from app.events.ws import FrameWindow
 from app.redis import Keys
 from tests.conftest import https_client
 from tests.events.clients import Api, open_ws, ws_json
@@ -354,3 +355,14 @@ def test_publish_frames_past_ws_frame_rate_are_not_published(limited_server, liv
     finally:
         ws.close()
     assert stored(rdb, live_admin.channel) == FRAME_RATE
+
+
+def test_a_frame_window_lets_through_at_most_its_rate_in_any_second():
+    window = FrameWindow(3)
+    assert [window.admit(t) for t in (10.0, 10.1, 10.2, 10.3, 10.9)] == [True, True, True, False, False]
+    assert window.admit(11.0)  # 10.0 has left the window; the two refused frames never counted
+    assert not window.admit(11.05)
+    assert [window.admit(t) for t in (11.15, 11.19)] == [True, False]  # 10.1 has left; 10.2 not yet
+    window.forget_old(12.5)
+    assert window.times is None  # nothing kept for an idle (parked) connection
+    assert [window.admit(12.5 + n / 100) for n in range(4)] == [True, True, True, False]
