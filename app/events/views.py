@@ -145,7 +145,7 @@ CHANNEL_ERRORS = (404, 422)  # ?channels=: a namespace that does not exist; too 
     tags=["events"],
     body=Publication,
     responses={201: Published},
-    errors=(404,),
+    errors=(404, 429),  # 429: RATE_LIMIT_PUBLISH
     auth=PUBLISHERS,
 )
 @user_or_api_key("events:publish")
@@ -164,7 +164,7 @@ def publish():
     tags=["events"],
     body=Batch,
     responses={201: PublishedBatch},
-    errors=(404,),
+    errors=(404, 429),
     auth=PUBLISHERS,
 )
 @user_or_api_key("events:publish")
