@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import functools
 import json
-from urllib.parse import urlsplit, urlunsplit
 
 import click
 import redis
 from flask import Flask, current_app
 
 from .errors import ApiError
+from .redis import describe_redis, redis_error, redis_url_setting
 
 
 def init_app(app: Flask) -> None:
@@ -288,26 +288,10 @@ def _one_line_errors(command):
             redis.exceptions.ClusterDownError,
             redis.exceptions.RedisClusterException,
         ) as error:
-            url = _without_password(current_app.config["SETTINGS"].redis_url)
+            where = describe_redis(current_app.config["SETTINGS"].redis_url)
             raise click.ClickException(
-                f"cannot reach Redis at {url} ({_first_line(error)}): start it (`make run` starts one and "
-                "writes its URL to var/.env, which this command reads) or set REDIS_URL"
+                f"cannot reach Redis at {where} ({redis_error(error)}): start it (`make run` starts one and "
+                f"writes its URL to var/.env, which this command reads) or set {redis_url_setting()}"
             ) from None
 
     return run
-
-
-def _without_password(url: str) -> str:
-    """The URL with any password masked; each seed of a cluster's comma-separated list alike."""
-    if "," in url:
-        return ",".join(_without_password(seed.strip()) for seed in url.split(","))
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
-
-
-def _first_line(error: Exception) -> str:
-    text = str(error).strip() or type(error).__name__
-    return text.splitlines()[0]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import redis
 from flask import Blueprint, Response, current_app, jsonify, request
 
@@ -9,10 +11,11 @@ from .errors import error_response, not_found
 from .metrics import render as render_metrics
 from .metrics import scrape_allowed
 from .openapi import operation
-from .redis import get_redis
+from .redis import Outage, get_redis
 from .schemas import Answer
 
 bp = Blueprint("ops", __name__)
+log = logging.getLogger(__name__)
 
 
 class Status(Answer):
@@ -46,9 +49,20 @@ def metrics():
 @bp.get("/readyz")
 @operation("Readiness: 200 when Redis answers", tags=["operations"], responses={200: Status})
 def readyz():
-    """200 when Redis answers, else 503."""
+    """200 when Redis answers, else 503 (and the log says where it was looked for, once an outage)."""
+    outage = _readiness_outage()
     try:
         get_redis().ping()
-    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as error:
+        outage.failed(error)
         return error_response(503, "unavailable", "Redis is not reachable.", {"Retry-After": "1"})
+    outage.succeeded()
     return jsonify({"status": "ready"})
+
+
+def _readiness_outage() -> Outage:
+    """This app's record of Redis failing its readiness checks (a probe every few seconds tells it once)."""
+    extensions = current_app.extensions
+    if "readiness_outage" not in extensions:
+        extensions["readiness_outage"] = Outage(log, "readyz", current_app.config["SETTINGS"].redis_url)
+    return extensions["readiness_outage"]

@@ -38,13 +38,13 @@ import logging
 import time
 from collections import defaultdict
 from typing import NamedTuple
-from urllib.parse import urlsplit
 
 import gevent
 import gevent.event
 import gevent.lock
 import redis
 
+from ..redis import describe_redis, redis_error
 from .bus import CONTROL_CHANNEL, Event, channel_of_wake, wake_channel
 from .links import Cluster, Link, OneServer, next_turn
 
@@ -301,7 +301,11 @@ class Hub:
         try:
             answers = {key: self.access(key[0], key[1], sorted(channels)) for key, channels in wanted.items()}
         except Exception as error:  # noqa: BLE001 - Redis away: the reader's resync checks again later
-            log.warning("event hub could not check channel access (%s)", type(error).__name__)
+            log.warning(
+                "event hub could not check channel access at redis %s (%s)",
+                describe_redis(self.topology.url),
+                redis_error(error),
+            )
             return
         for subscription, channel in pairs:
             access = answers[(subscription.user_id, subscription.is_admin)].get(channel)
@@ -482,7 +486,11 @@ class Hub:
             self._refresh_failing = False
         except Exception as error:  # noqa: BLE001 - the cluster may be unreachable: go on with the map known
             if not self._refresh_failing:  # once per outage, not at every attempt
-                log.warning("event hub could not refresh the cluster topology (%s)", type(error).__name__)
+                log.warning(
+                    "event hub could not refresh the cluster topology at %s (%s)",
+                    describe_redis(self.topology.url),
+                    redis_error(error),
+                )
             self._refresh_failing = True
         moved: dict[str, int] = {}
         with self.lock:
@@ -503,7 +511,7 @@ class Hub:
                     link.send_subscribe([name], resync=True)
             self.changed()
         for node, count in moved.items():
-            log.warning("event hub placed %d channel(s) on redis %s", count, urlsplit(node).netloc.rpartition("@")[2])
+            log.warning("event hub placed %d channel(s) on redis %s", count, describe_redis(node))
 
     def deliver_all(self, messages: list[tuple[str, str]]) -> None:
         """Messages from Redis, in order: control messages, and events for local readers of their channels.

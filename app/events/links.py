@@ -20,7 +20,7 @@ import gevent.event
 import gevent.monkey
 import redis
 
-from ..redis import connect_pubsub
+from ..redis import connect_pubsub, describe_redis
 
 if TYPE_CHECKING:
     from .hub import Hub
@@ -83,6 +83,7 @@ class Cluster:
 
     def __init__(self, client: redis.RedisCluster, url: str):
         self.client = client
+        self.url = url
         self.seed = next(seed.strip() for seed in url.split(",") if seed.strip())
 
     def node_of(self, name: str) -> str:
@@ -227,8 +228,8 @@ class Link:
             return False
 
     def _where(self) -> str:
-        """' host:port' of a cluster node (for the log; never credentials), '' on one Redis."""
-        return " " + urlsplit(self.node).netloc.rpartition("@")[2] if self.sharded else ""
+        """' at host:port (REDIS_URL)': the node, for the log (never credentials)."""
+        return " at " + describe_redis(self.node)
 
     # The listener greenlet.
 

@@ -22,13 +22,14 @@ import gevent.pool
 import redis
 from flask import Flask
 
-from ..redis import Keys
+from ..redis import Keys, Outage, redis_error
 from . import messages
 from .backends import PermanentMailError, TransientMailError
 
 log = logging.getLogger(__name__)
 
 SWEEP_INTERVAL = 1.0  # how often an idle sender looks for jobs that became due (retries, other workers')
+REDIS_RETRY_CAP = 10.0  # seconds between tries, at most, while Redis cannot be reached (from SWEEP_INTERVAL, doubling)
 CONCURRENT_SENDS = 4  # per worker
 RETENTION_MARGIN = 3600  # a job's record outlives its give-up time by this much, then expires by itself
 
@@ -72,6 +73,7 @@ class MailQueue:
         self._retry = client.register_script(RETRY_LUA)
         self._wake = gevent.event.Event()
         self._sender: gevent.Greenlet | None = None
+        self._outage = Outage(log, "mail sender", app.config["SETTINGS"].redis_url)
 
     def enqueue(self, kind: str, give_up_after: int, **fields: str) -> str:
         """Record a job (due now) and wake this worker's sender; returns the job id."""
@@ -100,15 +102,19 @@ class MailQueue:
 
     def _run(self) -> None:
         pool = gevent.pool.Pool(CONCURRENT_SENDS)
+        retry = SWEEP_INTERVAL
         while True:
             self._wake.clear()  # before claiming: a job queued meanwhile sets it again
             try:
                 pool.wait_available()
                 job_id = self._claim(keys=[Keys.mail_queue()], args=[time.time(), time.time() + self.lease_seconds])
             except redis.exceptions.RedisError as error:
-                log.warning("mail sender cannot reach redis (%s); retrying", type(error).__name__)
-                gevent.sleep(SWEEP_INTERVAL)
+                self._outage.failed(error)
+                self._wake.wait(retry)  # a job queued meanwhile (Redis is back) ends the wait
+                retry = min(retry * 2, REDIS_RETRY_CAP)
                 continue
+            self._outage.succeeded()
+            retry = SWEEP_INTERVAL
             if job_id:
                 pool.spawn(self.process, job_id)
                 continue
@@ -121,7 +127,12 @@ class MailQueue:
                 self._process(job_id)
         except redis.exceptions.RedisError as error:
             # The job keeps its lease and is claimed again when it ends.
-            log.warning("mail job %s: redis failed (%s); it will be retried", job_id, type(error).__name__)
+            log.warning(
+                "mail job %s: redis at %s failed (%s); it will be retried",
+                job_id,
+                self._outage.where,
+                redis_error(error),
+            )
         except Exception:
             log.exception("mail job %s: unexpected failure; it will be retried after its lease", job_id)
 

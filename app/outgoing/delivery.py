@@ -39,7 +39,7 @@ from flask import Flask
 
 from ..events.bus import Event
 from ..metrics import WEBHOOK_ATTEMPT_SECONDS, WEBHOOK_ATTEMPTS, WEBHOOK_MESSAGES
-from ..redis import Keys
+from ..redis import Keys, Outage, describe_redis, redis_error
 from .sender import Sender
 from .signing import signature_headers
 from .store import DELIVER_GROUP, DISPATCH_GROUP, WAKE_CHANNEL, Endpoint, OutgoingStore
@@ -80,6 +80,7 @@ class DeliveryWorker:
     def __init__(self, app: Flask):
         self.settings = app.config["SETTINGS"].outgoing_webhooks
         self.client: redis.Redis = app.extensions["redis"]
+        self.redis_url = app.config["SETTINGS"].redis_url
         self.store: OutgoingStore = app.extensions["outgoing_store"]
         self.sender = Sender(self.settings, self.settings.endpoint_concurrency)
         self.name = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
@@ -129,18 +130,15 @@ class DeliveryWorker:
     def _forever(self, loop) -> None:
         """Run one loop step after another; a Redis outage means back-off, never the loop's end."""
         backoff = BACKOFF_START
+        outage = Outage(log, f"outgoing webhooks: {loop.__name__.strip('_')}", self.redis_url)  # one line an outage
         while not self.stopping:
             try:
                 loop()
                 backoff = BACKOFF_START
+                outage.succeeded()
             except REDIS_DOWN as error:
                 self.recover_feed = self.recover_queues = True
-                log.warning(
-                    "outgoing webhooks: %s: Redis unavailable (%s); again in %.1f s",
-                    loop.__name__,
-                    type(error).__name__,
-                    backoff,
-                )
+                outage.failed(error)
                 gevent.sleep(backoff)
                 backoff = min(backoff * 2, BACKOFF_CAP)
             except Exception:  # a bug in one step must not end delivery for good
@@ -350,7 +348,10 @@ class DeliveryWorker:
         except REDIS_DOWN as error:
             # The entry stays pending for this consumer and is read again once Redis answers.
             log.warning(
-                "outgoing webhooks: attempt for %s not completed: Redis unavailable (%s)", msg_id, type(error).__name__
+                "outgoing webhooks: attempt for %s not completed: cannot reach redis at %s (%s)",
+                msg_id,
+                describe_redis(self.redis_url),
+                redis_error(error),
             )
             self.recover_queues = True
         except Exception:
