@@ -147,12 +147,16 @@ mv "$DATA_DIR/.env.tmp" "$DATA_DIR/.env"
 umask 022
 
 # Room in the kernel's listen queues for every client reconnecting at once (gunicorn's and nginx's backlogs are
-# 65,535, and the kernel caps both at net.core.somaxconn): raised when this runs as root, else said once.
+# 65,535, and the kernel caps both at net.core.somaxconn): raised when this runs as root, else said once. Each is
+# a setting of the whole machine, kept until the next boot: the README's first step says so, and the line below
+# says how to put it back.
 for setting in net.core.somaxconn net.ipv4.tcp_max_syn_backlog; do
   file="/proc/sys/${setting//.//}"
   [ -r "$file" ] && [ "$(cat "$file")" -lt "${BACKLOG:-65535}" ] || continue
   if [ -w "$file" ]; then
-    echo "${BACKLOG:-65535}" >"$file" && echo "kernel:  $setting raised to ${BACKLOG:-65535} (room for reconnect storms)"
+    was="$(cat "$file")"
+    echo "${BACKLOG:-65535}" >"$file" && echo "kernel:  $setting raised from $was to ${BACKLOG:-65535} for the" \
+      "whole machine until it reboots (room for reconnect storms); \`sysctl -w $setting=$was\` puts it back"
   else
     echo "kernel:  $setting is $(cat "$file"); a burst of reconnecting clients beyond it may be refused" \
       "(docs/operations.md, Reconnect storms)"

@@ -441,6 +441,33 @@ def test_the_flask_cli_reads_no_env_file_of_its_working_directory(tmp_path, redi
     assert developing.returncode == 0, developing.stderr
 
 
+def test_no_settings_file_makes_a_process_a_production_one(tmp_path):
+    """APP_ENV=production belongs in the environment, with the rest of production's settings: in the developer's
+    .env it stops the CLI, and `make run` (which reads that file through envfiles.py) before it starts anything."""
+    developer = tmp_path / "developer.env"
+    developer.write_text("APP_ENV=production\n")
+    refusal = f"configuration error: {developer}: APP_ENV=production is set in a settings file"
+    cli = flask_cli(tmp_path / "var", "users", "list", ENV_FILE=str(developer))
+    assert cli.returncode == 4 and cli.stderr.strip().startswith(refusal), cli.stderr
+    exports = subprocess.run(
+        [str(VENV_BIN / "python"), "envfiles.py"], cwd=ROOT, env=clean_env(ENV_FILE=str(developer)), capture_output=True
+    )
+    assert exports.returncode == 4 and exports.stderr.decode().startswith(refusal), exports.stderr
+    developer.write_text("APP_ENV=test\n")  # any other value is the developer's to choose
+    allowed = flask_cli(tmp_path / "var", "routes", ENV_FILE=str(developer))
+    assert allowed.returncode == 0 and "/readyz" in allowed.stdout, allowed.stderr
+
+
+def test_the_readme_says_that_make_run_changes_the_machines_kernel():
+    """scripts/run.sh raises two kernel settings of the whole machine when it runs as root: the first step of the
+    README says so before anyone types `make run`."""
+    script = (ROOT / "scripts" / "run.sh").read_text()
+    start_it = (ROOT / "README.md").read_text().split("### 1. Start it", 1)[1].split("\n### ", 1)[0]
+    for setting in ("net.core.somaxconn", "net.ipv4.tcp_max_syn_backlog"):
+        assert setting in script and f"`{setting}`" in start_it
+    assert "whole machine" in start_it and "sysctl -w" in start_it and "sysctl -w" in script
+
+
 def test_a_copy_of_env_example_changes_nothing(tmp_path):
     """`cp .env.example .env` is the README's first step to keeping settings: as copied, every line is a comment."""
     copy = tmp_path / ".env"
