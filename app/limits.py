@@ -177,10 +177,9 @@ class PublishLimit:
 
 
 def bind_publishing_limits(app: Flask, limiter: Limiter) -> None:
-    """The event bus's limits on what users push: RATE_LIMIT_PUBLISH, counted in the limiter's storage
-    (unless RATE_LIMITS_ENABLED=false: then the limiter has none), and EVENT_HISTORY_TTL_SECONDS."""
+    """The event bus's limit on what users publish: RATE_LIMIT_PUBLISH, counted in the limiter's storage
+    (unless RATE_LIMITS_ENABLED=false: then the limiter has none)."""
     settings, bus = app.config["SETTINGS"], app.extensions["event_bus"]
-    bus.history_ttl = settings.event_history_ttl
     if settings.rate_limits_enabled:
         bus.publish_limit = PublishLimit(limiter.storage, settings.rate_limit_publish)
 

@@ -44,6 +44,7 @@ import gevent.monkey
 import redis
 from flask import Flask
 
+from ..events.bus import DEFAULT_HISTORY_TTL
 from ..outgoing.feed import feed_events
 from ..redis import Keys, is_cluster
 
@@ -67,7 +68,8 @@ REDIS_ERRORS = (redis.exceptions.RedisError, redis.exceptions.RedisClusterExcept
 # Helpers of the channel steps. KEYS: 1 presence:{C}, 2 presence:{C}:users, 3 presence:{C}:sorted,
 # 4 members:{C}, 5 events:{C}, 6 presence:{C}:lingering; on one Redis also 7 presence:channels,
 # 8 outgoing:endpoints, 9 outgoing:feed. ARGV: 1 channel, 2 its wake-up channel, 3 PUBLISH or SPUBLISH,
-# 4 history maxlen, 5 ts, 6 lease ms, 7 key ttl ms, 8 batch, 9 linger ms, then the step's own.
+# 4 history maxlen, 5 ts, 6 lease ms, 7 key ttl ms, 8 batch, 9 linger ms, 10 history ttl ms, then the
+# step's own.
 # Each step returns {when the reapers should next look at the channel (its earliest lease end or due leave,
 # ms) or false, {{id, event, data, ts}, ...} (what it published), ms until its next leave is due or false,
 # 1 if the step made a user linger else 0}, and for a snapshot more.
@@ -143,6 +145,7 @@ end
 local function publish(event, user)
   local data = '{"user_id":' .. cjson.encode(user) .. ',"info":' .. granted_info(user) .. '}'
   local id = redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[4], '*', 'event', event, 'data', data, 'ts', ARGV[5])
+  redis.call('PEXPIRE', KEYS[5], ARGV[10])  -- as every publication: EVENT_HISTORY_TTL_SECONDS from now
   redis.call(ARGV[3], ARGV[2], cjson.encode({id = id, channel = ARGV[1], event = event, data = data, ts = ARGV[5]}))
   if feed then
     redis.call('XADD', KEYS[9], '*', 'id', id, 'channel', ARGV[1], 'event', event, 'data', data, 'ts', ARGV[5])
@@ -225,19 +228,19 @@ local function finish(...)
 end
 """
 
-ENTER_LUA = CHANNEL_STEP_LUA + "reap()\nadd(ARGV[10])\nreturn finish()\n"
-LEAVE_LUA = CHANNEL_STEP_LUA + "reap()\ndrop(ARGV[10])\nreturn finish()\n"
+ENTER_LUA = CHANNEL_STEP_LUA + "reap()\nadd(ARGV[11])\nreturn finish()\n"
+LEAVE_LUA = CHANNEL_STEP_LUA + "reap()\ndrop(ARGV[11])\nreturn finish()\n"
 # The reapers' step and the settling step: due leaves, then lapsed entries.
 REAP_LUA = CHANNEL_STEP_LUA + "settle()\nreap()\nreturn finish()\n"
-# ARGV[10]: how many users to list. Returns also the number of present users and, per listed user,
+# ARGV[11]: how many users to list. Returns also the number of present users and, per listed user,
 # {user id, connections, info as JSON text}.
 SNAPSHOT_LUA = (
     CHANNEL_STEP_LUA
     + """
 reap()
 local rows = {}
-if tonumber(ARGV[10]) > 0 then
-  for _, user in ipairs(redis.call('ZRANGE', KEYS[3], 0, tonumber(ARGV[10]) - 1)) do
+if tonumber(ARGV[11]) > 0 then
+  for _, user in ipairs(redis.call('ZRANGE', KEYS[3], 0, tonumber(ARGV[11]) - 1)) do
     rows[#rows + 1] = {user, redis.call('HGET', KEYS[2], user) or '0', granted_info(user)}
   end
 end
@@ -338,6 +341,7 @@ class PresenceKeeper:
         feed=feed_events,
         *,
         history_maxlen: int = 1000,
+        history_ttl: int = DEFAULT_HISTORY_TTL,
         linger_seconds: float = 0.0,
     ):
         self.client = client
@@ -346,6 +350,7 @@ class PresenceKeeper:
         self.linger_ms = round(linger_seconds * 1000)
         self.feed = feed  # feed(client, events): hands events to outgoing webhooks on a cluster
         self.history_maxlen = history_maxlen
+        self.history_ttl_ms = history_ttl * 1000
         self.cluster = is_cluster(client)
         self.lease_ms = max(1, round(timeout_seconds * LEASE_SHARE * 1000))
         self.key_ttl_ms = self.lease_ms + round(timeout_seconds * 1000)
@@ -591,6 +596,7 @@ class PresenceKeeper:
             self.key_ttl_ms,
             REAP_BATCH,
             self.linger_ms,
+            self.history_ttl_ms,
         ]
 
     @staticmethod
@@ -701,6 +707,7 @@ def init_app(app: Flask) -> None:
         app.extensions["redis"],
         settings.presence_timeout,
         history_maxlen=settings.event_history_maxlen,
+        history_ttl=settings.event_history_ttl,
         linger_seconds=settings.presence_linger,
     )
     app.extensions["presence"] = keeper

@@ -24,7 +24,13 @@ def init_app(app: Flask) -> None:
     """Bind the event bus, the hub and connection leases; close live connections when sessions end."""
     settings = app.config["SETTINGS"]
     client = app.extensions["redis"]
-    bus = Bus(client, app.extensions["redis_scripts"], settings.event_history_maxlen, settings.event_durability)
+    bus = Bus(
+        client,
+        app.extensions["redis_scripts"],
+        settings.event_history_maxlen,
+        settings.event_durability,
+        history_ttl=settings.event_history_ttl,
+    )
     app.extensions["event_bus"] = bus
     topology = Cluster(client, settings.redis_url) if is_cluster(client) else OneServer(settings.redis_url)
     app.extensions["event_hub"] = Hub(topology, access=lambda *asked: current_access(client, *asked))

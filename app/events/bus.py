@@ -332,7 +332,7 @@ class Bus:
         scripts,
         history_maxlen: int,
         durability: str = "async",
-        history_ttl: int = DEFAULT_HISTORY_TTL,
+        history_ttl: int = DEFAULT_HISTORY_TTL,  # EVENT_HISTORY_TTL_SECONDS
     ):
         self.client = client
         self.scripts = scripts

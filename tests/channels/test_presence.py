@@ -197,6 +197,16 @@ def test_join_and_leave_are_events_of_the_channel_in_order_and_on_the_wire(keepe
     assert fed == [(event_id, CHANNEL, event, data) for event_id, event, data, _ in stored]
 
 
+def test_join_and_leave_keep_the_channels_history_alive_as_publications_do(keepers, rdb):
+    """A channel only presence writes to expires EVENT_HISTORY_TTL_SECONDS after its last join or leave."""
+    keeper = keepers(history_ttl=100)
+    entry = keeper.enter(CHANNEL, "ann", True)
+    assert 90_000 < rdb.pttl(Keys.stream(CHANNEL)) <= 100_000
+    rdb.pexpire(Keys.stream(CHANNEL), 50_000)
+    keeper.leave(entry)
+    assert 90_000 < rdb.pttl(Keys.stream(CHANNEL)) <= 100_000, "the leave renews it"
+
+
 def test_info_comes_from_the_users_grant_in_force(keepers, rdb):
     info = {"name": "Ann Ö", "tags": [], "nested": {"list": [1, [2, {}]], "quote": 'a"b\\c'}, "big": 12345678901234567}
     grant(rdb, "ann", info)
@@ -400,6 +410,7 @@ def test_init_app_binds_a_keeper_with_the_settings(make_app):
     keeper = app.extensions["presence"]
     assert isinstance(keeper, PresenceKeeper)
     assert (keeper.client, keeper.timeout, keeper.history_maxlen) == (app.extensions["redis"], 2, 50)
+    assert keeper.history_ttl_ms == 7 * 24 * 3600 * 1000
     assert (keeper.linger, keeper.linger_ms) == (0.25, 250)
     assert make_app().extensions["presence"].linger == 2, "two seconds unless configured"
     with app.test_request_context():
