@@ -28,7 +28,8 @@ def publisher_key(env: dict, channels: tuple[str, ...] = ("*",)) -> str:
 
 
 def service_env(redis_server: RedisServer, data_dir: str) -> dict:
-    """The settings every benchmarked instance runs with: test mode, fixed secrets, no rate limits."""
+    """The settings every benchmarked instance runs with: test mode, fixed secrets, no rate limits (the
+    WebSocket frame limit included: a load generator subscribes by frames back to back)."""
     return {
         "APP_ENV": "test",
         "DATA_DIR": data_dir,
@@ -36,6 +37,7 @@ def service_env(redis_server: RedisServer, data_dir: str) -> dict:
         "SECRET_KEY": "b" * 40,
         "JWT_SECRET": "c" * 40,
         "RATE_LIMITS_ENABLED": "false",
+        "WS_FRAME_RATE": "1000000",
         "LOG_LEVEL": "warning",
     }
 

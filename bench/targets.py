@@ -85,6 +85,7 @@ class Service:
             "DATA_DIR": str(self.directory),
             "REDIS_URL": redis_server.url,
             "RATE_LIMITS_ENABLED": "false",
+            "WS_FRAME_RATE": "1000000",  # load generators subscribe by frames back to back
             "LOG_LEVEL": "warning",
             # Load generators open thousands of streams as a handful of users.
             "MAX_CONNECTIONS_PER_USER": "1000000",

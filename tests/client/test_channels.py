@@ -3,12 +3,15 @@ named channel, and readers that follow named channels and hear when access to on
 
 from __future__ import annotations
 
+import json
 import uuid
 from datetime import UTC, datetime
 
 import pytest
 from auth_rt_client import ApiError, Client, EventReader, Member, Namespace
 
+from app import create_app
+from app.events.bus import _now
 from tests.client.collector import Collector
 from tests.client.conftest import create_key
 from tests.events.clients import Api
@@ -204,3 +207,21 @@ def test_presence_counts_readers_and_their_joins_and_leaves_reach_the_channel(se
         finally:
             watching.stop()
         wait_until(lambda: client.presence(channel).count == 0, message="nobody present once the reader closed")
+
+
+def test_events_named_like_the_services_notices_are_events_to_the_reader(server, base_env):
+    """The reader takes `unsubscribed` and `session_ended` only from the service's own notices (no `id:`
+    line): events with those names, as a user could publish before they were reserved, are yielded as events."""
+    user = Api(server.url)
+    ended: list[tuple[str, str]] = []
+    collector = Collector(reader(server, user, on_unsubscribed=lambda *notice: ended.append(notice)))
+    try:
+        bus = create_app(base_env).extensions["event_bus"]
+        spoofs = [("unsubscribed", {"channel": user.channel, "reason": "revoked"}), ("session_ended", {})]
+        bus._append([(user.channel, name, json.dumps(data)) for name, data in spoofs], _now(), user.user_id)
+        own = user.publish_ok("after the spoofs")
+        received = collector.until(lambda event: event.id == own)
+        assert [event.event for event in received] == ["unsubscribed", "session_ended", "test"]
+        assert ended == [] and collector.error is None
+    finally:
+        collector.stop()

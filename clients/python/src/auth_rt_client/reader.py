@@ -172,10 +172,11 @@ class EventReader:
                 if response.status_code != 200 or not content_type.startswith("text/event-stream"):
                     raise ProtocolError(f"GET /events/stream answered {response.status_code} {content_type}")
                 for message in parse_lines(split_lines(response.iter_bytes()), parser):
-                    if message.event == "session_ended":
+                    # The service's own notices carry no `id:` line; an event always does, whatever its name.
+                    if message.id is None and message.event == "session_ended":
                         delay = 0.0  # reconnect at once: a fresh token goes on, an ended session is a 401
                         break
-                    if message.event == "unsubscribed":
+                    if message.id is None and message.event == "unsubscribed":
                         self._unsubscribed(message.data)
                         continue
                     event = self._event(message.data)
