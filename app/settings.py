@@ -23,6 +23,9 @@ ASYMMETRIC_ALGORITHMS = {"EdDSA", "RS256", "ES256"}
 DEV_SECRETS_FILE = "dev-secrets.json"
 MINIMAL_HASH_COST = "minimal"  # PASSWORD_HASH_COST for test suites only
 PROVIDER_NAME = re.compile(r"[a-z0-9_-]{1,40}")
+RATE_LIMIT = re.compile(
+    r"\s*[0-9]+\s*(?:/|per)\s*(?:[0-9]+\s*)?(?:second|minute|hour|day|month|year)s?\s*", re.IGNORECASE
+)
 WEBHOOK_SCHEMES = ("standard", "stripe", "github")
 # A host name or address as an RP ID: labels of letters, digits and hyphens (IDNs in their A-label form).
 RP_ID = re.compile(r"(?=.{1,253}$)[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?)*")
@@ -242,15 +245,15 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         proxy_hops=reader.integer("PROXY_HOPS", 1, minimum=0, maximum=10),
         forwarded_allow_ips=reader.networks("FORWARDED_ALLOW_IPS", "127.0.0.1,::1"),
         rate_limits_enabled=reader.boolean("RATE_LIMITS_ENABLED", True),
-        rate_limit_login=reader.text("RATE_LIMIT_LOGIN", "10/minute"),
-        rate_limit_register=reader.text("RATE_LIMIT_REGISTER", "5/minute"),
-        rate_limit_refresh=reader.text("RATE_LIMIT_REFRESH", "30/minute"),
-        rate_limit_password=reader.text("RATE_LIMIT_PASSWORD", "10/minute"),
-        rate_limit_mail=reader.text("RATE_LIMIT_MAIL", "5/hour"),
+        rate_limit_login=reader.rate_limit("RATE_LIMIT_LOGIN", "10/minute"),
+        rate_limit_register=reader.rate_limit("RATE_LIMIT_REGISTER", "5/minute"),
+        rate_limit_refresh=reader.rate_limit("RATE_LIMIT_REFRESH", "30/minute"),
+        rate_limit_password=reader.rate_limit("RATE_LIMIT_PASSWORD", "10/minute"),
+        rate_limit_mail=reader.rate_limit("RATE_LIMIT_MAIL", "5/hour"),
         # Asked by the page at every logged-out view (passkey autofill): more than logins, still bounded.
-        rate_limit_passkey_options=reader.text("RATE_LIMIT_PASSKEY_OPTIONS", "60/minute"),
+        rate_limit_passkey_options=reader.rate_limit("RATE_LIMIT_PASSKEY_OPTIONS", "60/minute"),
         # Events a user (not an admin, not an API key) may publish, in a rolling window.
-        rate_limit_publish=reader.text("RATE_LIMIT_PUBLISH", "50/second"),
+        rate_limit_publish=reader.rate_limit("RATE_LIMIT_PUBLISH", "50/second"),
         require_verified_email=reader.boolean("REQUIRE_VERIFIED_EMAIL", False),
         # Wrong second-factor codes in a row before an account's MFA login is locked until a password reset.
         mfa_max_failures=reader.integer("MFA_MAX_FAILURES", 100, minimum=1),
@@ -586,6 +589,14 @@ class _Reader:
     def text(self, name: str, default: str) -> str:
         value = self.env.get(name)
         return default if value is None or value.strip() == "" else value.strip()
+
+    def rate_limit(self, name: str, default: str) -> str:
+        """A rate limit in the `limits` notation (`10/minute`, `50 per second`, several split by `;`)."""
+        value = self.text(name, default)
+        if not all(RATE_LIMIT.fullmatch(part) for part in re.split(r"[,;|]", value)):
+            self.refuse(f"{name} must be a rate such as 10/minute or 50/second, not {value!r}")
+            return default
+        return value
 
     def choice(self, name: str, default: str, allowed: set[str]) -> str:
         value = self.text(name, default)
