@@ -16,8 +16,7 @@ from ..errors import bad_request, forbidden, not_found
 from ..events.bus import BROADCAST, USER_CHANNEL_PREFIX, WEBHOOKS, user_channel
 from ..redis import Keys
 from .grants import grant_start, live_grant
-from .namespaces import RESERVED, Namespace, get_namespace, get_namespaces, split_channel
-from .namespaces import _parse as parse_namespace
+from .namespaces import RESERVED, Namespace, get_namespace, get_namespaces, parse_namespace, split_channel
 
 NO_NAMESPACE = "namespace_deleted"
 

