@@ -179,6 +179,8 @@ class Settings:
     ws_frame_rate: int
     presence_timeout: float
     presence_linger: float
+    subscribe_proxy_timeout: float
+    subscribe_proxy_grant_seconds: int
     prometheus_multiproc_dir: str | None
     metrics_allow_ips: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]
     metrics_token: Secret | None
@@ -277,6 +279,10 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         presence_timeout=reader.number("PRESENCE_TIMEOUT_SECONDS", 60, minimum=0.5),
         # A user absent for less than this causes neither a leave nor a join (0: every change is published).
         presence_linger=reader.number("PRESENCE_LINGER_SECONDS", 2, minimum=0, maximum=3600),
+        # A namespace's subscribe proxy: how long the product's backend may take to answer, and how long the
+        # grant of an `allow` without `expires_in` lasts.
+        subscribe_proxy_timeout=reader.number("SUBSCRIBE_PROXY_TIMEOUT_SECONDS", 3, minimum=0.1, maximum=60),
+        subscribe_proxy_grant_seconds=reader.integer("SUBSCRIBE_PROXY_GRANT_SECONDS", 3600, minimum=1),
         # Set by gunicorn.conf.py for its workers (and by `make run`'s var/.env for the CLI).
         prometheus_multiproc_dir=reader.text("PROMETHEUS_MULTIPROC_DIR", "") or None,
         # Who may read /metrics: these client addresses, or whoever sends the token as a bearer.

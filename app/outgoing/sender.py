@@ -1,5 +1,9 @@
 """One attempt: POST the signed message to the endpoint, within bounded time, reading at most 1 KiB back.
 
+The same address-checked HTTP serves the service's other calls to addresses it was given: a trusted
+issuer's JWKS (GET) and a namespace's subscribe proxy (POST), each with its own time-out and read limit
+(`Sender.request`).
+
 urllib3 does the HTTP; this module decides where it may connect. The host is resolved here, every
 address is checked (app/outgoing/ssrf.py), and urllib3 is told to connect to the checked address while
 naming the original host in `Host`, in TLS's SNI and in the certificate check (its documented
@@ -27,6 +31,14 @@ USER_AGENT = "auth-rt-webhooks/1"
 
 
 @dataclass(frozen=True)
+class Reply:
+    """What a request came to, and the first `read_limit` bytes of the answer's body."""
+
+    result: AttemptResult
+    body: bytes = b""
+
+
+@dataclass(frozen=True)
 class AttemptResult:
     """What one attempt came to (docs/api.md, the attempts of M)."""
 
@@ -49,9 +61,10 @@ class AttemptResult:
 class Sender:
     """Keep-alive connections per endpoint, shared by that endpoint's attempts in this process."""
 
-    def __init__(self, settings, pool_size: int):
+    def __init__(self, settings, pool_size: int, purpose: str = "outgoing webhooks: endpoint"):
         self.settings = settings  # OutgoingWebhooks
         self.pool_size = pool_size
+        self.purpose = purpose  # what the log calls a request's key (an endpoint, an issuer, a namespace)
         # Per endpoint, so endpoints on one host neither share nor crowd out each other's connections;
         # inside, one pool per checked address and host name. As many kept connections as the endpoint
         # may have attempts in flight; the bound itself is enforced before an attempt starts.
@@ -64,33 +77,57 @@ class Sender:
 
     def send(self, endpoint_id: str, url: str, body: bytes, headers: dict[str, str]) -> AttemptResult:
         """POST once; every failure (refusal, time-out, redirect, non-2xx) is a result, never an exception."""
+        return self.request(endpoint_id, "POST", url, body=body, headers=headers).result
+
+    def request(
+        self,
+        key: str,
+        method: str,
+        url: str,
+        *,
+        body: bytes | None = None,
+        headers: dict[str, str] | None = None,
+        timeout: float | None = None,
+        read_limit: int = RESPONSE_READ_LIMIT,
+    ) -> Reply:
+        """One request to a URL checked as outgoing webhooks are, over `key`'s kept connections; its result
+        and at most `read_limit` bytes of the answer. Every failure is a result, never an exception."""
         started = time.monotonic()
-        timeout = self.settings.timeout_seconds
-        manager = self.managers.get(endpoint_id)
+        timeout = self.settings.timeout_seconds if timeout is None else timeout
+        manager = self.managers.get(key)
         if manager is None:
-            manager = self.managers[endpoint_id] = urllib3.PoolManager(
+            manager = self.managers[key] = urllib3.PoolManager(
                 num_pools=8, maxsize=self.pool_size, block=False, retries=False
             )
         try:
             # The whole attempt, resolving and reading included, ends at the time-out: a receiver that
             # trickles its answer a byte at a time cannot hold an attempt longer.
             with gevent.Timeout(timeout):
-                return self._send(endpoint_id, manager, url, body, headers, started)
+                return self._request(key, manager, method, url, body, headers or {}, timeout, read_limit, started)
         except gevent.Timeout:
-            return self._result(False, None, started, f"no answer within {timeout:g} s", "timeout")
+            return Reply(self._result(False, None, started, f"no answer within {timeout:g} s", "timeout"))
 
-    def _send(
-        self, endpoint_id: str, manager, url: str, body: bytes, headers: dict[str, str], started: float
-    ) -> AttemptResult:
+    def _request(
+        self,
+        key: str,
+        manager,
+        method: str,
+        url: str,
+        body: bytes | None,
+        headers: dict[str, str],
+        timeout: float,
+        read_limit: int,
+        started: float,
+    ) -> Reply:
         try:
             target = parse_url(url, self.settings.allow_http)
             addresses = resolve(target, self.settings.allow_private)
         except TargetRefused as refusal:
             # The attempt's error (shown to the endpoint's managers) never says what a name resolved
             # to; the operator's log does.
-            log.warning("outgoing webhooks: endpoint %s: attempt refused: %s", endpoint_id, refusal.detail)
-            return self._result(False, None, started, str(refusal), "refused")
-        connect = min(self.settings.connect_timeout_seconds, self.settings.timeout_seconds)
+            log.warning("%s %s: attempt refused: %s", self.purpose, key, refusal.detail)
+            return Reply(self._result(False, None, started, str(refusal), "refused"))
+        connect = min(self.settings.connect_timeout_seconds, timeout)
         error = "no address to connect to"
         for address in addresses:
             pool_kwargs = {}
@@ -99,7 +136,7 @@ class Sender:
             pool = manager.connection_from_host(str(address), target.port, target.scheme, pool_kwargs)
             try:
                 response = pool.urlopen(
-                    "POST",
+                    method,
                     target.path,
                     body=body,
                     headers={**headers, "Host": target.host_header, "User-Agent": USER_AGENT},
@@ -108,7 +145,7 @@ class Sender:
                     assert_same_host=False,
                     preload_content=False,
                     decode_content=False,
-                    timeout=urllib3.Timeout(connect=connect, read=self.settings.timeout_seconds),
+                    timeout=urllib3.Timeout(connect=connect, read=timeout),
                 )
             except urllib3.exceptions.NewConnectionError as failure:  # (a subclass of the time-out below)
                 error = f"could not connect: {_reason(failure)}"
@@ -117,21 +154,20 @@ class Sender:
                 error = f"could not connect within {connect:g} s"
                 continue
             except urllib3.exceptions.ReadTimeoutError:
-                return self._result(
-                    False, None, started, f"no answer within {self.settings.timeout_seconds:g} s", "timeout"
-                )
+                return Reply(self._result(False, None, started, f"no answer within {timeout:g} s", "timeout"))
             except SSLError as failure:
-                return self._result(False, None, started, f"TLS failed: {_reason(failure)}", "connection_error")
+                return Reply(self._result(False, None, started, f"TLS failed: {_reason(failure)}", "connection_error"))
             except (HTTPError, OSError) as failure:
-                return self._result(False, None, started, f"connection failed: {_reason(failure)}", "connection_error")
-            return self._answer(response, started)
+                failed = f"connection failed: {_reason(failure)}"
+                return Reply(self._result(False, None, started, failed, "connection_error"))
+            return self._answer(response, started, read_limit)
         kind = "timeout" if "within" in error else "connection_error"
-        return self._result(False, None, started, error, kind)
+        return Reply(self._result(False, None, started, error, kind))
 
-    def _answer(self, response, started: float) -> AttemptResult:
-        status = response.status
+    def _answer(self, response, started: float, read_limit: int) -> Reply:
+        status, body = response.status, b""
         try:
-            response.read(RESPONSE_READ_LIMIT, decode_content=False)
+            body = response.read(read_limit, decode_content=False)
         except (HTTPError, OSError):
             pass  # the status is what counts; a broken body does not change it
         finally:
@@ -141,10 +177,10 @@ class Sender:
                 response.close()  # more than we read (or unknown): not reusable
                 response.release_conn()
         if 200 <= status < 300:
-            return self._result(True, status, started, None, "success")
+            return Reply(self._result(True, status, started, None, "success"), body)
         if 300 <= status < 400:
-            return self._result(False, status, started, f"redirect ({status}) not followed", "redirect")
-        return self._result(False, status, started, f"HTTP {status}", "http_error")
+            return Reply(self._result(False, status, started, f"redirect ({status}) not followed", "redirect"))
+        return Reply(self._result(False, status, started, f"HTTP {status}", "http_error"), body)
 
     @staticmethod
     def _result(succeeded: bool, status: int | None, started: float, error: str | None, kind: str) -> AttemptResult:
