@@ -142,6 +142,7 @@ class Settings:
     app_env: str
     data_dir: Path
     redis_url: str
+    redis_url_setting: str  # the one redis_url was read from (REDIS_TLS_URL or REDIS_URL), for log lines
     redis_max_connections: int
     secret_key: Secret
     jwt_secret: Secret
@@ -229,6 +230,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         app_env=app_env,
         data_dir=data_dir,
         redis_url=_redis_url(reader),
+        redis_url_setting=_redis_url_setting(reader),
         redis_max_connections=reader.integer("REDIS_MAX_CONNECTIONS", 64, minimum=4),
         secret_key=found.get("SECRET_KEY", Secret("")),
         jwt_secret=found.get("JWT_SECRET", Secret("")),
@@ -465,13 +467,18 @@ def _webauthn(reader: _Reader) -> WebAuthn:
     return WebAuthn(rp_id, tuple(origins), rp_name)
 
 
+def _redis_url_setting(reader: _Reader) -> str:
+    """The setting the Redis URL is read from: REDIS_TLS_URL when it is set (it wins over REDIS_URL)."""
+    return "REDIS_TLS_URL" if reader.text("REDIS_TLS_URL", "") else "REDIS_URL"
+
+
 def _redis_url(reader: _Reader) -> str:
     """REDIS_TLS_URL over REDIS_URL; REDIS_SSL_CERT_REQS added to a rediss:// URL that does not say it.
 
     Managed Redis on a PaaS (Heroku) presents a self-signed certificate under a URL the platform owns,
     so the verification mode cannot always be written into the URL itself.
     """
-    url = reader.text("REDIS_TLS_URL", "") or reader.text("REDIS_URL", "redis://127.0.0.1:6379/0")
+    url = reader.text(_redis_url_setting(reader), "redis://127.0.0.1:6379/0")
     cert_reqs = reader.choice("REDIS_SSL_CERT_REQS", "default", {"default", "none", "optional", "required"})
     parts = urlsplit(url)
     query = dict(parse_qsl(parts.query))
