@@ -161,18 +161,33 @@ def init_app(app: Flask) -> None:
 
     @channels_group.command("namespace-put")
     @click.argument("namespace")
-    @click.option("--subscribe", type=click.Choice(["members", "authenticated"]), default="members", show_default=True)
+    @click.option(
+        "--subscribe", type=click.Choice(["members", "authenticated", "proxy"]), default="members", show_default=True
+    )
     @click.option("--publish", type=click.Choice(["server", "subscribers"]), default="server", show_default=True)
     @click.option("--presence", is_flag=True, help="Keep who reads its channels.")
     @click.option("--join-leave", is_flag=True, help="Publish presence.join and presence.leave (needs --presence).")
+    @click.option("--proxy-url", help="With --subscribe proxy: the application's URL asked about each subscriber.")
+    @click.option("--rotate-proxy-secret", is_flag=True, help="With --subscribe proxy: a new signing secret.")
     @_one_line_errors
-    def namespace_put_command(namespace: str, subscribe: str, publish: str, presence: bool, join_leave: bool):
-        """Create NAMESPACE or replace its rules (open subscriptions are checked again)."""
-        from .channels.manage import define_namespace
+    def namespace_put_command(
+        namespace: str,
+        subscribe: str,
+        publish: str,
+        presence: bool,
+        join_leave: bool,
+        proxy_url: str | None,
+        rotate_proxy_secret: bool,
+    ):
+        """Create NAMESPACE or replace its rules (open subscriptions are checked again). A proxy namespace's
+        signing secret is printed (as proxy_secret) by the command that makes it, never again."""
         from .channels.namespaces import Namespace
+        from .channels.proxy import define
 
-        defined = define_namespace(Namespace(namespace, subscribe, publish, presence, join_leave))
-        click.echo(json.dumps(defined.as_json()))
+        rules = Namespace(
+            namespace, subscribe, publish, presence, join_leave, proxy_url, rotate_secret=rotate_proxy_secret
+        )
+        click.echo(json.dumps(define(rules)))
 
     @channels_group.command("namespace-list")
     @_one_line_errors
@@ -182,7 +197,7 @@ def init_app(app: Flask) -> None:
         from .redis import get_redis
 
         for namespace in list_namespaces(get_redis()):
-            click.echo(json.dumps(namespace.as_json()))
+            click.echo(json.dumps(namespace.answer()))
 
     @channels_group.command("namespace-delete")
     @click.argument("namespace")

@@ -1,8 +1,9 @@
 """Who may subscribe to and publish on a channel: section-4 channels and the channels of namespaces.
 
-`current_access` never raises an ApiError (open subscriptions re-check with it); `check_subscribe` and
-`check_publish` answer a request with 400, 404 or 403; `recheck` reads access again inside a reader's
-opening round trip, once its subscription is in force.
+`current_access` never raises an ApiError and never asks a subscribe proxy (open subscriptions re-check with
+it); `check_subscribe` and `check_publish` answer a request with 400, 404 or 403 (`check_subscribe` asks the
+subscribe proxy of a `proxy` namespace about a channel the user holds no grant of: 403 or 503); `recheck`
+reads access again inside a reader's opening round trip, once its subscription is in force.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from ..errors import bad_request, forbidden, not_found
+from ..errors import ApiError, bad_request, forbidden, not_found
 from ..events.bus import BROADCAST, USER_CHANNEL_PREFIX, WEBHOOKS, user_channel
 from ..redis import Keys
 from .grants import grant_start, live_grant
@@ -57,14 +58,15 @@ def _read_named(namespace: Namespace | None, stored_grant: str | None, is_admin:
 
 def current_access(client, user_id: str, is_admin: bool, channels: list[str]) -> dict[str, Access]:
     """What the user may read of `channels` now: one HMGET of namespaces and one pipelined HGET per
-    channel whose namespace admits members only. A malformed name counts as a namespace that is gone."""
+    channel whose namespace admits granted users only (`members`, `proxy`). A malformed name counts as a
+    namespace that is gone."""
     named = {channel: split_channel(channel) for channel in channels if not _own_channel(channel)}
     namespaces = get_namespaces(client, {split[0] for split in named.values() if split and split[0] not in RESERVED})
     namespace_of = {channel: namespaces.get(split[0]) if split else None for channel, split in named.items()}
     needs_grant = [
         channel
         for channel, namespace in namespace_of.items()
-        if not is_admin and namespace is not None and namespace.subscribe == "members"
+        if not is_admin and namespace is not None and namespace.by_grant
     ]
     stored = {}
     if needs_grant:
@@ -93,17 +95,14 @@ class Recheck(NamedTuple):
 def recheck(client, user_id: str, is_admin: bool, checked: dict[str, Access]) -> Recheck:
     """Read again what decides the user's access to the channels of `checked` (each with the Access its check
     found): one HMGET of their namespaces, and one HGET of the grant of each channel whose namespace admitted
-    members only. A namespace opened to `authenticated` users since is judged by its new rules; one closed to
-    members since (no grant was read) is asked about in a round trip of its own (`current_access`)."""
+    granted users only. A namespace opened to `authenticated` users since is judged by its new rules; one closed
+    to granted users since (no grant was read) is asked about in a round trip of its own (`current_access`)."""
     named = {channel: split_channel(channel) for channel in checked if not _own_channel(channel)}
     names = sorted({split[0] for split in named.values() if split and split[0] not in RESERVED})
     granted = [
         channel
         for channel, access in checked.items()
-        if channel in named
-        and not is_admin
-        and access.namespace is not None
-        and access.namespace.subscribe == "members"
+        if channel in named and not is_admin and access.namespace is not None and access.namespace.by_grant
     ]
     commands = [("hmget", (Keys.namespaces(), names), {})] if names else []
     commands += [("hget", (Keys.channel_members(channel), user_id), {}) for channel in granted]
@@ -118,7 +117,7 @@ def recheck(client, user_id: str, is_admin: bool, checked: dict[str, Access]) ->
                 continue
             split = named[channel]
             namespace = parse_namespace(split[0], namespaces.get(split[0])) if split else None
-            if not is_admin and namespace is not None and namespace.subscribe == "members" and channel not in stored:
+            if not is_admin and namespace is not None and namespace.by_grant and channel not in stored:
                 unknown.append(channel)
             else:
                 found[channel] = _read_named(namespace, stored.get(channel), is_admin, now)
@@ -129,9 +128,13 @@ def recheck(client, user_id: str, is_admin: bool, checked: dict[str, Access]) ->
     return Recheck(commands, judge)
 
 
-def check_subscribe(client, user_id: str, is_admin: bool, channels: list[str]) -> dict[str, Access]:
+def check_subscribe(client, user_id: str, is_admin: bool, channels: list[str], proxy=None) -> dict[str, Access]:
     """The Access of each channel a request names: 400 for a malformed name, 404 for a channel whose
-    namespace does not exist, 403 when any is not allowed."""
+    namespace does not exist, 403 when any is not allowed.
+
+    A channel of a `proxy` namespace the user holds no grant of is asked about (`proxy`, the app's
+    SubscribeProxy, app/channels/proxy.py), and read again once granted: 403 when refused, 503 when the
+    backend did not answer (also without a `proxy` to ask). Only here: re-checks never ask."""
     for channel in channels:
         if not (_own_channel(channel) or split_channel(channel)):
             raise bad_request(f"{channel[:200]!r} is not a channel name (<namespace>:<name>).")
@@ -139,9 +142,18 @@ def check_subscribe(client, user_id: str, is_admin: bool, channels: list[str]) -
     for channel, found in access.items():
         if found.reason == NO_NAMESPACE:
             raise not_found(f"No namespace of channel {channel!r}.")
-    for channel, found in access.items():
-        if not found.allowed:
+    refused = {channel: found.namespace for channel, found in access.items() if not found.allowed}
+    for channel, namespace in refused.items():
+        if namespace is None or namespace.subscribe != "proxy":
             raise forbidden(f"You may not subscribe to {channel!r}.")
+    if refused:
+        if proxy is None:
+            raise ApiError(503, "unavailable", "Subscribing through a proxy is not possible here.")
+        proxy.admit(client, user_id, refused)
+        access.update(current_access(client, user_id, is_admin, list(refused)))
+        for channel in refused:
+            if not access[channel].allowed:
+                raise forbidden(f"You may not subscribe to {channel!r}.")
     return access
 
 
@@ -169,7 +181,7 @@ def check_publish(client, channel: str, *, user_id: str | None, is_admin: bool, 
     elif not is_admin:
         if namespace.publish != "subscribers" or user_id is None:
             raise forbidden(f"Only the server publishes to {channel!r}.")
-        stored = client.hget(Keys.channel_members(channel), user_id) if namespace.subscribe == "members" else None
+        stored = client.hget(Keys.channel_members(channel), user_id) if namespace.by_grant else None
         if not _read_named(namespace, stored, False, time.time()).allowed:
             raise forbidden(f"You may not publish to {channel!r}.")
     return namespace

@@ -1,20 +1,28 @@
-"""Namespaces: the rules of the channels `<namespace>:<name>`, every namespace's JSON in one hash."""
+"""Namespaces: the rules of the channels `<namespace>:<name>`, every namespace's JSON in one hash.
+
+A namespace whose subscribers the application's backend decides (`subscribe: proxy`) also keeps the URL it
+is asked at and the secret its requests are signed with. The secret is made by the write that makes the
+namespace a proxy one (or rotates it), kept by every later write, and never answered by a listing.
+"""
 
 from __future__ import annotations
 
 import json
 import re
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 
 from ..errors import validation_failed
+from ..outgoing.signing import new_secret
 from ..redis import Keys
 
 RESERVED = frozenset({"user", "broadcast", "webhooks", "admin"})
 NAMESPACE_PATTERN = r"[a-z0-9_-]{1,32}"
 CHANNEL_NAME_PATTERN = r"[A-Za-z0-9_.=@-]{1,95}"
 NAMED_CHANNEL = re.compile(rf"({NAMESPACE_PATTERN}):({CHANNEL_NAME_PATTERN})")
-SUBSCRIBE_RULES = ("members", "authenticated")
+SUBSCRIBE_RULES = ("members", "authenticated", "proxy")
+BY_GRANT = ("members", "proxy")  # the rules under which a user needs a grant in force to read a channel
+RULES = ("subscribe", "publish", "presence", "join_leave")
 PUBLISH_RULES = ("server", "subscribers")
 
 
@@ -27,10 +35,32 @@ class Namespace:
     publish: str = "server"
     presence: bool = False
     join_leave: bool = False
+    proxy_url: str | None = None  # subscribe: proxy only
+    # What a proxy namespace's requests are signed with (when storing: the one to take if none is kept).
+    # Never compared nor in a repr.
+    proxy_secret: str | None = field(default=None, compare=False, repr=False)
+    rotate_secret: bool = field(default=False, compare=False, repr=False)  # asked, not stored
+
+    @property
+    def by_grant(self) -> bool:
+        """Whether a user (not an admin) reads its channels only under a grant in force."""
+        return self.subscribe in BY_GRANT
 
     def as_json(self) -> dict:
-        """`N`: the namespace as answers show it."""
-        return asdict(self)
+        """The name and rules, as audit entries record them: never the proxy's URL (it may hold a credential)
+        nor its secret."""
+        return {"name": self.name, **{rule: getattr(self, rule) for rule in RULES}}
+
+    def answer(self) -> dict:
+        """`N`: the namespace as answers show it, a proxy namespace's URL included (its secret never)."""
+        shown = self.as_json()
+        if self.subscribe == "proxy":
+            shown["proxy_url"] = self.proxy_url
+        return shown
+
+    def stored(self) -> dict:
+        """What the namespaces hash keeps (without the secret, which the storing script adds)."""
+        return self.answer()
 
 
 def split_channel(channel: str) -> tuple[str, str] | None:
@@ -50,6 +80,10 @@ def validate_namespace(namespace: Namespace) -> Namespace:
         raise validation_failed(f"subscribe must be one of {SUBSCRIBE_RULES}, publish one of {PUBLISH_RULES}.")
     if namespace.join_leave and not namespace.presence:
         raise validation_failed("join_leave needs presence.")
+    if (namespace.subscribe == "proxy") != bool(namespace.proxy_url):
+        raise validation_failed("proxy_url is needed with subscribe: proxy, and only then.")
+    if namespace.rotate_secret and namespace.subscribe != "proxy":
+        raise validation_failed("rotate_proxy_secret needs subscribe: proxy.")
     return namespace
 
 
@@ -70,10 +104,37 @@ def get_namespace(client, name: str) -> Namespace | None:
     return parse_namespace(name, client.hget(Keys.namespaces(), name))
 
 
+# KEYS[1] the namespaces hash. ARGV: the name, its JSON without its closing brace, a fresh secret ('' for a
+# namespace that is not a proxy one), '1' to store that secret whatever is stored. A proxy namespace keeps the
+# secret stored with it unless asked to rotate; one that becomes a proxy namespace takes the fresh one.
+# In one step, so two writes at once agree on one secret (the one each reads back).
+PUT_NAMESPACE_LUA = """
+local secret = ARGV[3]
+if secret ~= '' and ARGV[4] ~= '1' then
+  local held = redis.call('HGET', KEYS[1], ARGV[1])
+  if held then
+    local ok, stored = pcall(cjson.decode, held)
+    if ok and type(stored) == 'table' and stored['subscribe'] == 'proxy' then
+      if type(stored['proxy_secret']) == 'string' then secret = stored['proxy_secret'] end
+    end
+  end
+end
+local value = ARGV[2] .. '}'
+if secret ~= '' then value = ARGV[2] .. ',"proxy_secret":' .. cjson.encode(secret) .. '}' end
+redis.call('HSET', KEYS[1], ARGV[1], value)
+return 1
+"""
+
+
 def put_namespace(client, namespace: Namespace) -> None:
-    """Create or replace a namespace (422 for a bad name or rules)."""
+    """Create or replace a namespace (422 for a bad name or rules). A proxy namespace keeps its stored secret,
+    unless it rotates it or has none: then it takes `namespace.proxy_secret` (a fresh one when that is None;
+    whoever shows the secret passes its own and reads back whether it was taken)."""
     validate_namespace(namespace)
-    client.hset(Keys.namespaces(), namespace.name, json.dumps(namespace.as_json(), separators=(",", ":")))
+    head = json.dumps(namespace.stored(), separators=(",", ":"))[:-1]  # the script adds the secret, if any
+    secret = (namespace.proxy_secret or new_secret()) if namespace.subscribe == "proxy" else ""
+    rotate = "1" if namespace.rotate_secret else "0"
+    client.register_script(PUT_NAMESPACE_LUA)(keys=[Keys.namespaces()], args=[namespace.name, head, secret, rotate])
 
 
 def delete_namespace(client, name: str) -> bool:

@@ -6,6 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
+from ..outgoing.ssrf import URL_LIMIT
 from ..schemas import Answer, Body, JsonValue
 from .grants import EXPIRES_IN_LIMIT, INFO_LIMIT
 from .namespaces import CHANNEL_NAME_PATTERN, NAMESPACE_PATTERN, PUBLISH_RULES, SUBSCRIBE_RULES
@@ -31,10 +32,23 @@ class NamespaceRules(Body):
     """A namespace's rules: who subscribes and who publishes are always said (a missing one is 422, never a
     default nobody chose); absent booleans are false."""
 
-    subscribe: Literal[SUBSCRIBE_RULES]
+    subscribe: Literal[SUBSCRIBE_RULES] = Field(
+        description="`proxy`: the application's backend at `proxy_url` is asked about users without a grant."
+    )
     publish: Literal[PUBLISH_RULES]
     presence: bool = False
     join_leave: bool = Field(False, description="Needs presence (else 422).")
+    proxy_url: str | None = Field(
+        None,
+        max_length=URL_LIMIT,
+        description="With `subscribe: proxy` only, and then needed (else 422): an https URL of a public address "
+        "(unless WEBHOOK_OUT_ALLOW_HTTP / WEBHOOK_OUT_ALLOW_PRIVATE allow others), checked now and at every request.",
+    )
+    rotate_proxy_secret: bool = Field(
+        False,
+        description="With `subscribe: proxy`: replace the signing secret (answered this once). Without it a proxy "
+        "namespace keeps its secret; one that becomes a proxy namespace gets a new one.",
+    )
 
 
 class ChannelPath(Body):
@@ -58,13 +72,22 @@ class GrantRequest(Body):
 
 
 class NamespaceAnswer(Answer):
-    """`N`: a namespace and its rules."""
+    """`N`: a namespace and its rules (a proxy namespace's with its `proxy_url`)."""
 
     name: str
     subscribe: Literal[SUBSCRIBE_RULES]
     publish: Literal[PUBLISH_RULES]
     presence: bool
     join_leave: bool
+    proxy_url: str | None = Field(None, description="Only in a `proxy` namespace's N.")
+
+
+class PutNamespaceAnswer(NamespaceAnswer):
+    """`N`, and the signing secret of the proxy's requests when this PUT made it (never shown again)."""
+
+    proxy_secret: str | None = Field(
+        None, pattern=r"^whsec_[A-Za-z0-9+/=]+$", description="Only when this PUT made a new secret."
+    )
 
 
 class Namespaces(Answer):

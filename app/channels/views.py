@@ -11,7 +11,7 @@ from ..errors import forbidden, not_found
 from ..http import validated
 from ..openapi import operation
 from ..redis import get_redis
-from . import grants, manage, namespaces
+from . import grants, manage, namespaces, proxy
 from .access import current_access
 from .schemas import (
     ChannelPath,
@@ -19,11 +19,11 @@ from .schemas import (
     GrantRequest,
     MemberPath,
     Members,
-    NamespaceAnswer,
     NamespacePath,
     NamespaceRules,
     Namespaces,
     Presence,
+    PutNamespaceAnswer,
 )
 
 bp = Blueprint("channels", __name__)
@@ -56,15 +56,16 @@ def managers_only(view):
     tags=["channels"],
     path=NamespacePath,
     body=NamespaceRules,
-    responses={200: NamespaceAnswer},
+    responses={200: PutNamespaceAnswer},
     auth=MANAGERS,
 )
 @managers_only
 def put_namespace(ns: str):
-    """Create a namespace or replace its rules; 422 for a bad or reserved name."""
-    rules = validated(NamespaceRules)
-    namespace = manage.define_namespace(namespaces.Namespace(ns, **rules.model_dump()))
-    return jsonify(namespace.as_json())
+    """Create a namespace or replace its rules; 422 for a bad or reserved name, or a proxy_url refused.
+    A proxy namespace's signing secret is answered by the PUT that makes it, never again."""
+    rules = validated(NamespaceRules).model_dump()
+    rotate = rules.pop("rotate_proxy_secret")
+    return jsonify(proxy.define(namespaces.Namespace(ns, **rules, rotate_secret=rotate)))
 
 
 @bp.get("/admin/namespaces")
@@ -72,7 +73,7 @@ def put_namespace(ns: str):
 @managers_only
 def list_namespaces():
     """Every namespace, by name."""
-    return jsonify({"namespaces": [n.as_json() for n in namespaces.list_namespaces(get_redis())]})
+    return jsonify({"namespaces": [n.answer() for n in namespaces.list_namespaces(get_redis())]})
 
 
 @bp.delete("/admin/namespaces/<ns>")

@@ -9,6 +9,7 @@ from flask import Blueprint, Response, current_app, g, jsonify, request
 
 from ..auth.guards import current_api_key, current_caller, login_required, user_or_api_key
 from ..channels.access import check_publish, check_subscribe
+from ..channels.proxy import subscribe_proxy
 from ..errors import bad_request, error_response, validation_failed
 from ..http import validated, validated_query
 from ..metrics import EVENTS_DELIVERED, OPEN_CONNECTIONS
@@ -50,13 +51,15 @@ def follower_for_request(
         get_bus(), get_hub(), current_caller(), cursor, settings.ws_send_queue, leases, lease, named, presence
     )
     follower.max_named = settings.max_channels_per_connection  # for subscribe frames, served without a context
+    follower.subscribe_proxy = subscribe_proxy()  # likewise: asks a proxy namespace's backend (channels/proxy.py)
     return follower
 
 
 def requested_channels(raw: str | None) -> dict:
     """The named channels of a `?channels=` list, each with the caller's Access: 400 for a malformed name,
     422 past MAX_CHANNELS_PER_CONNECTION, 404 for a namespace that does not exist, 403 for a channel the
-    caller may not read; all before anything is held. The caller's own channels are read anyway."""
+    caller may not read (a proxy namespace's backend asked, in this request's greenlet: 403 or 503); all
+    before anything is held. The caller's own channels are read anyway."""
     if not raw:
         return {}
     caller = current_caller()
@@ -66,7 +69,9 @@ def requested_channels(raw: str | None) -> dict:
         raise bad_request("Query parameter 'channels' must be channel names separated by commas.")
     named = [name for name in dict.fromkeys(names) if name not in own]
     check_channel_count(len(named), current_app.config["SETTINGS"].max_channels_per_connection)
-    return check_subscribe(get_bus().client, caller.user_id, caller.is_admin, named) if named else {}
+    if not named:
+        return {}
+    return check_subscribe(get_bus().client, caller.user_id, caller.is_admin, named, subscribe_proxy())
 
 
 def check_channel_count(count: int, limit: int) -> None:
