@@ -222,7 +222,8 @@ const ACTIVITY_WARNINGS = new Set(["login.failed", "refresh.reuse_detected", "mf
 function activityText(entry) {
   const text = ACTIVITY_TEXTS[entry.type]?.(entry.details ?? {}) ?? entry.type;
   const { kind, id } = entry.actor;
-  if (kind === "user" && id && id !== me?.id) return `${text} by an administrator`;
+  // Another user's change shows without an id (the service keeps who for the audit log): an administrator.
+  if (kind === "user" && id !== me?.id) return `${text} by an administrator`;
   if (kind === "cli") return `${text} from the command line`;
   if (kind === "api_key") return `${text} by an API key`;
   return text;
