@@ -624,7 +624,7 @@ async function loadNamespaces() {
         "tr",
         { className: "namespace" },
         cell(el("code", { text: namespace.name })),
-        cell(namespace.subscribe),
+        cell(namespace.subscribe === "proxy" ? `proxy: ${namespace.proxy_url}` : namespace.subscribe),
         cell(namespace.publish),
         cell(namespace.presence ? "yes" : "no"),
         cell(namespace.join_leave ? "yes" : "no"),
@@ -646,6 +646,7 @@ function editNamespace(namespace) {
   const form = $("namespace-form");
   form.name.value = namespace.name;
   form.subscribe.value = namespace.subscribe;
+  form.proxy_url.value = namespace.proxy_url || "";
   form.publish.value = namespace.publish;
   form.presence.checked = namespace.presence;
   form.join_leave.checked = namespace.join_leave;
@@ -661,9 +662,17 @@ async function putNamespace(event) {
     presence: form.presence.checked,
     join_leave: form.join_leave.checked,
   };
+  if (rules.subscribe === "proxy") rules.proxy_url = form.proxy_url.value.trim();
   const saved = await attempt("namespace-error", () => admin.putNamespace(form.name.value.trim(), rules));
   if (!saved) return;
   form.reset();
+  if (saved.proxy_secret) {
+    // Made by this save (a namespace that became a proxy one): the only time it is shown.
+    $("namespace-secret-about").textContent =
+      `The secret that signs the requests to ${saved.proxy_url}. Copy it now: it is not shown again.`;
+    $("namespace-secret").textContent = saved.proxy_secret;
+    $("namespace-secret-box").hidden = false;
+  }
   await loadNamespaces();
 }
 
@@ -805,6 +814,10 @@ function start() {
     $("endpoint-secret").textContent = "";
   });
   $("namespace-form").addEventListener("submit", putNamespace);
+  $("namespace-secret-done").addEventListener("click", () => {
+    $("namespace-secret-box").hidden = true;
+    $("namespace-secret").textContent = "";
+  });
   $("members-form").addEventListener("submit", (event) => {
     event.preventDefault();
     showMembers($("members-channel").value.trim());
