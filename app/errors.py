@@ -5,8 +5,10 @@ from __future__ import annotations
 import logging
 
 import redis
-from flask import Flask, g, jsonify
+from flask import Flask, current_app, g, jsonify
 from werkzeug.exceptions import HTTPException
+
+from .redis import Failures
 
 log = logging.getLogger(__name__)
 
@@ -116,10 +118,18 @@ def init_app(app: Flask) -> None:
     @app.errorhandler(redis.exceptions.AskError)
     @app.errorhandler(redis.exceptions.RedisClusterException)
     def handle_redis_down(error: Exception):
-        log.warning("redis unavailable: %s", type(error).__name__)
+        _failed_requests().failed("request answered 503", error)
         return error_response(503, "unavailable", "A dependency is unavailable; retry shortly.", {"Retry-After": "1"})
 
     @app.errorhandler(Exception)
     def handle_unexpected(error: Exception):
         log.exception("unhandled error")
         return error_response(500, "internal_error", "Internal server error.")
+
+
+def _failed_requests() -> Failures:
+    """This app's (this worker's) record of requests Redis failed: one line a minute however many there are."""
+    extensions = current_app.extensions
+    if "failed_requests" not in extensions:
+        extensions["failed_requests"] = Failures(log, current_app.config["SETTINGS"].redis_url)
+    return extensions["failed_requests"]

@@ -814,15 +814,21 @@ def _address(url: str) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+# The setting this process's Redis URL was read from, as its settings say (init_app): log lines from parts that
+# are given a URL alone (a cluster node's, say) name it too. One Redis per process, so one setting.
+_url_setting = "REDIS_URL"
+
+
 def redis_url_setting() -> str:
     """The setting the service's Redis URL comes from: REDIS_TLS_URL when it is set (it wins over REDIS_URL)."""
-    return "REDIS_TLS_URL" if os.environ.get("REDIS_TLS_URL", "").strip() else "REDIS_URL"
+    return _url_setting
 
 
 def describe_redis(url: str) -> str:
     """Where a Redis is looked for, for a log line: `127.0.0.1:6390 (REDIS_URL)`, a cluster's seeds, or the one
-    cluster node `url` names; never a password."""
-    return f"{redis_addresses(url)} ({redis_url_setting()})"
+    cluster node `url` names; never a password. The setting alone when `url` is empty (not given)."""
+    addresses = redis_addresses(url)
+    return f"{addresses} ({_url_setting})" if addresses else _url_setting
 
 
 def redis_error(error: Exception) -> str:
@@ -867,6 +873,31 @@ class Outage:
                 "%s reaches redis at %s again, after %.0f s", self.what, self.where, time.monotonic() - self.since
             )
             self.since = None
+
+
+class Failures:
+    """Redis failing the requests or streams of one process, told without flooding the log: a failure at once
+    when none was told in the last minute, else only counted, and the count told with the next line (a
+    thousand streams ending together make one line, not a thousand)."""
+
+    TELL_EVERY = 60.0  # seconds
+
+    def __init__(self, logger: logging.Logger, url: str):
+        self.log = logger
+        self.where = describe_redis(url)
+        self.told: float | None = None  # when the last line was written (monotonic)
+        self.untold = 0  # failures since then
+
+    def failed(self, what: str, error: Exception) -> None:
+        """`what` (e.g. "sse stream ended") failed for Redis: tell it, unless a line was told less than a minute
+        ago (then count it for the next)."""
+        now = time.monotonic()
+        if self.told is not None and now - self.told < self.TELL_EVERY:
+            self.untold += 1
+            return
+        since = f"; {self.untold} more since the last such line, {now - self.told:.0f} s ago" if self.untold else ""
+        self.told, self.untold = now, 0
+        self.log.warning("%s: redis at %s unavailable (%s)%s", what, self.where, redis_error(error), since)
 
 
 def connect_pubsub(url: str) -> redis.Redis:
@@ -915,7 +946,9 @@ hiredis_parser._socket_can_read = _check_for_stray_bytes_without_yielding(hiredi
 
 def init_app(app: Flask) -> None:
     """Connect to Redis with a bounded pool and register the Lua scripts."""
+    global _url_setting
     settings = app.config["SETTINGS"]
+    _url_setting = settings.redis_url_setting
     client = connect(settings.redis_url, settings.redis_max_connections, settings.redis_mode)
     app.extensions["redis"] = client
     app.extensions["redis_scripts"] = Scripts(client)

@@ -24,7 +24,7 @@ import time
 import redis
 from flask import current_app
 
-from ..redis import Keys, get_redis
+from ..redis import Keys, describe_redis, get_redis, redis_error
 from .entries import WITHOUT_ID, Entry, from_member, new_entry, write_log_line
 
 log = logging.getLogger(__name__)
@@ -108,7 +108,14 @@ def _store(entry: Entry, keys: list[str]) -> Entry:
             _add(pipe, key, entry.id if _holds_ids_only(key) else member, oldest, ttl_ms)
         pipe.execute()
     except redis.exceptions.RedisError as error:
-        log.error("audit entry %s (%s) not stored in %s: %s", entry.id, entry.type, ", ".join(keys), error)
+        log.error(
+            "audit entry %s (%s) not stored in %s: redis at %s failed (%s)",
+            entry.id,
+            entry.type,
+            ", ".join(keys),
+            describe_redis(current_app.config["SETTINGS"].redis_url),
+            redis_error(error),
+        )
     return entry
 
 

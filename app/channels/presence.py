@@ -46,7 +46,7 @@ from flask import Flask
 
 from ..events.bus import DEFAULT_HISTORY_TTL
 from ..outgoing.feed import feed_events
-from ..redis import Keys, is_cluster
+from ..redis import Keys, Outage, is_cluster
 
 log = logging.getLogger(__name__)
 
@@ -307,24 +307,6 @@ class _Entry:
     left: bool = False
 
 
-class _Outage:
-    """Logs a failing background task once when it starts failing and once when it works again."""
-
-    def __init__(self, what: str):
-        self.what = what
-        self.failing = False
-
-    def failed(self, error: Exception) -> None:
-        if not self.failing:
-            self.failing = True
-            log.warning("presence: %s failed (%s: %s); retrying quietly", self.what, type(error).__name__, error)
-
-    def succeeded(self) -> None:
-        if self.failing:
-            self.failing = False
-            log.info("presence: %s works again", self.what)
-
-
 def _timestamp() -> str:
     now = time.time()
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now * 1000) % 1000:03d}Z"
@@ -343,7 +325,9 @@ class PresenceKeeper:
         history_maxlen: int = 1000,
         history_ttl: int = DEFAULT_HISTORY_TTL,
         linger_seconds: float = 0.0,
+        redis_url: str = "",
     ):
+        """`redis_url`: where `client` connects (REDIS_URL), for the log lines of an outage."""
         self.client = client
         self.timeout = timeout_seconds
         self.linger = linger_seconds
@@ -371,10 +355,11 @@ class PresenceKeeper:
         self._reaper: gevent.Greenlet | None = None
         self._settler: gevent.Greenlet | None = None
         self._settle_sooner = gevent.event.Event()
-        self._renewing = _Outage("renewing leases")
-        self._reaping = _Outage("reaping lapsed leases")
-        self._leaving = _Outage("leaving")
-        self._settling = _Outage("publishing due leaves")
+        # Each background task tells an outage once, at most once a minute while it lasts, and when it is over.
+        self._renewing = Outage(log, "presence: renewing leases", redis_url)
+        self._reaping = Outage(log, "presence: reaping lapsed leases", redis_url)
+        self._leaving = Outage(log, "presence: leaving", redis_url)
+        self._settling = Outage(log, "presence: publishing due leaves", redis_url)
 
     # The interface of the transports and views.
 
@@ -688,14 +673,14 @@ class PresenceKeeper:
             gevent.sleep(0)
 
     @staticmethod
-    def _run_quietly(task, outage: _Outage) -> None:
+    def _run_quietly(task, outage: Outage) -> None:
         """One pass of a background task: a failure is logged (once per outage), and the loop goes on."""
         try:
             task()
         except REDIS_ERRORS as error:
             outage.failed(error)
         except Exception:  # noqa: BLE001 - a background task outlives a bug's one pass; the log says where
-            log.exception("presence: %s failed unexpectedly", outage.what)
+            log.exception("%s failed unexpectedly", outage.what)
         else:
             outage.succeeded()
 
@@ -709,6 +694,7 @@ def init_app(app: Flask) -> None:
         history_maxlen=settings.event_history_maxlen,
         history_ttl=settings.event_history_ttl,
         linger_seconds=settings.presence_linger,
+        redis_url=settings.redis_url,
     )
     app.extensions["presence"] = keeper
     app.before_request(keeper.start_in_request)

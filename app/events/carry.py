@@ -34,6 +34,7 @@ import gevent.pool
 import gevent.socket
 
 from ..auth.guards import Caller
+from ..errors import REDIS_UNAVAILABLE
 from ..metrics import OPEN_CONNECTIONS
 from .follow import Follower, StreamEnded
 from .handover import HANDLER_POOLS
@@ -306,7 +307,11 @@ class CarryOver:
             self._end(sock, carried, ended.reason)
             return False
         except Exception as error:  # noqa: BLE001 - Redis away, a malformed state: the client resumes elsewhere
-            log.warning("carry-over: a stream could not be adopted (%s); its client reconnects", type(error).__name__)
+            what = "carry-over: a stream could not be adopted (its client reconnects)"
+            if isinstance(error, REDIS_UNAVAILABLE):  # a reload during an outage: a line a minute, not one a stream
+                app.extensions["parked_streams"].failures.failed(what, error)
+            else:
+                log.warning("%s: %s", what, type(error).__name__)
             leases.release(carried.lease)
             sock.close()
             return False

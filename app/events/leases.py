@@ -17,7 +17,7 @@ import gevent
 import redis
 
 from ..errors import ApiError
-from ..redis import Keys, shared_pipelines
+from ..redis import Failures, Keys, Outage, shared_pipelines
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,8 @@ class LeaseAsked(NamedTuple):
 class ConnectionLeases:
     """This process's leases: taken when a connection opens, renewed together, dropped when it ends."""
 
-    def __init__(self, client: redis.Redis, limit: int):
+    def __init__(self, client: redis.Redis, limit: int, redis_url: str = ""):
+        """`redis_url`: where `client` connects (REDIS_URL), for the log lines of an outage."""
         self.client = client
         self.limit = limit
         self.held: dict[str, str] = {}  # lease id -> user id
@@ -67,6 +68,8 @@ class ConnectionLeases:
         # leases back in shared round trips, not in one each.
         self._send = shared_pipelines(client)
         self._renewer: gevent.Greenlet | None = None
+        self._renewing = Outage(log, "renewing connection leases", redis_url)
+        self._releasing = Failures(log, redis_url)  # connections ending together during an outage make one line
 
     def acquire(self, user_id: str) -> str:
         """A new lease for one of the user's connections, or TooManyConnections (429)."""
@@ -113,7 +116,7 @@ class ConnectionLeases:
         except redis.exceptions.RedisError as error:
             answer = error
         if isinstance(answer, Exception):
-            log.warning("could not release a connection lease; it lapses in %d s", LEASE_SECONDS)
+            self._releasing.failed(f"releasing a connection lease (it lapses in {LEASE_SECONDS} s)", answer)
 
     def renew(self) -> None:
         """Push every held lease's lapse time forward, in one round trip."""
@@ -133,4 +136,6 @@ class ConnectionLeases:
             try:
                 self.renew()
             except redis.exceptions.RedisError as error:
-                log.warning("renewing connection leases failed (%s); retrying", type(error).__name__)
+                self._renewing.failed(error)
+            else:
+                self._renewing.succeeded()

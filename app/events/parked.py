@@ -20,6 +20,7 @@ from collections.abc import Callable
 import gevent
 
 from ..errors import REDIS_UNAVAILABLE
+from ..redis import Failures
 from .follow import Delivery, Follower, StreamEnded
 from .handover import Handover
 from .outlet import FellBehind, Outlet, send_within
@@ -140,7 +141,7 @@ class ParkedStream:
             self.end("gone")
             return
         except REDIS_UNAVAILABLE as error:  # e.g. catching up during a failover
-            log.warning("sse stream ended: redis unavailable (%s)", type(error).__name__)
+            parking.failures.failed("sse stream ended", error)
             self.end("redis_unavailable")
             return
         except Exception:
@@ -214,13 +215,17 @@ class Parking:
         body: Callable[[list[Delivery]], bytes],
         farewell: Callable[[str], bytes],
         delivered,
+        failures: Failures,
     ):
-        """`body` makes the messages of deliveries, `farewell` the message that says why a stream ends."""
+        """`body` makes the messages of deliveries, `farewell` the message that says why a stream ends, `failures`
+        tells the log of streams that Redis ended (SSE or WebSocket, one record for the worker: an outage
+        ending thousands of streams makes a line a minute)."""
         self.heartbeat = heartbeat
         self.send_timeout = send_timeout
         self.body = body
         self.farewell = farewell
         self.delivered = delivered
+        self.failures = failures
         self.tick = min(1.0, heartbeat / 4)
         self.due: dict[int, list[ParkedStream]] = defaultdict(list)
         self.swept = math.floor(time.monotonic() / self.tick)

@@ -13,6 +13,7 @@ from ..errors import REDIS_UNAVAILABLE
 from ..http import validated_query
 from ..metrics import EVENTS_DELIVERED, OPEN_CONNECTIONS
 from ..openapi import operation
+from ..redis import Failures
 from .bus import Event
 from .follow import Delivery, Follower, StreamEnded
 from .handover import Handover
@@ -74,7 +75,12 @@ def init_app(app: Flask) -> None:
     """This worker's parked streams (parked.py)."""
     settings = app.config["SETTINGS"]
     app.extensions["parked_streams"] = Parking(
-        settings.sse_heartbeat_seconds, settings.ws_send_timeout, messages, farewell, DELIVERED
+        settings.sse_heartbeat_seconds,
+        settings.ws_send_timeout,
+        messages,
+        farewell,
+        DELIVERED,
+        Failures(logging.getLogger("app.events"), settings.redis_url),  # SSE and WebSocket streams alike
     )
 
 
@@ -221,7 +227,7 @@ def stream_body(follower: Follower, environ: dict, settings, parking: Parking) -
                         yield farewell(end.reason)
                     return  # shutdown, overflow or gone: the client reconnects with Last-Event-ID
                 except REDIS_UNAVAILABLE as error:  # e.g. catching up during a failover
-                    log.warning("sse stream ended: redis unavailable (%s)", type(error).__name__)
+                    parking.failures.failed("sse stream ended", error)
                     return  # the client reconnects with Last-Event-ID
         finally:
             if body.park is None:

@@ -31,6 +31,7 @@ from ..errors import REDIS_UNAVAILABLE, ApiError, bad_request, validation_failed
 from ..http import StrictJSONError, parse_json
 from ..metrics import EVENTS_DELIVERED, OPEN_CONNECTIONS
 from ..openapi import operation
+from ..redis import Failures
 from .bus import Event, user_channel
 from .cursor import decode_positions
 from .follow import Delivery, Follower, StreamEnded
@@ -62,10 +63,11 @@ CLOSE_REASONS = {
 }
 
 
-def log_failure(what: str, error: Exception) -> None:
-    """A Redis outage is an operational event (one line); anything else is a bug (with its traceback)."""
+def log_failure(what: str, error: Exception, failures: Failures) -> None:
+    """A Redis outage is an operational event (told by `failures`, the worker's one record of streams Redis
+    ended: a line a minute); anything else is a bug (with its traceback)."""
     if isinstance(error, REDIS_UNAVAILABLE):
-        log.warning("%s: redis unavailable (%s)", what, type(error).__name__)
+        failures.failed(what, error)
     else:
         log.exception(what)
 
@@ -160,13 +162,16 @@ def websocket(ws):
         offered = "permessage-deflate" in request.headers.get("Sec-WebSocket-Extensions", "")
         settings = current_app.config["SETTINGS"]
         handover = Handover.possible(request.environ)
-        connection = Connection(ws, follower, settings.ws_send_timeout, offered, settings.ws_frame_rate)
-        connection.serve(handover, current_app.extensions["parked_streams"])
+        parking = current_app.extensions["parked_streams"]
+        connection = Connection(
+            ws, follower, settings.ws_send_timeout, offered, settings.ws_frame_rate, failures=parking.failures
+        )
+        connection.serve(handover, parking)
     except StreamEnded as ended:  # the session ended while the connection was subscribing
         with contextlib.suppress(Exception):
             ws.close(*CLOSE_REASONS[ended.reason])
     except Exception as error:  # e.g. Redis gone between handshake and catch-up: the client resumes by cursor
-        log_failure("websocket failed", error)
+        log_failure("websocket failed", error, current_app.extensions["parked_streams"].failures)
         with contextlib.suppress(Exception):
             ws.close(CLOSE_INTERNAL_ERROR, "internal error; reconnect with your cursor")
     finally:
@@ -369,11 +374,22 @@ class Connection:
         "visit",
         "access_line",
         "frames",
+        "failures",
     )
 
-    def __init__(self, ws, follower: Follower, send_timeout: float, compressed: bool = True, frame_rate: int = 20):
+    def __init__(
+        self,
+        ws,
+        follower: Follower,
+        send_timeout: float,
+        compressed: bool = True,
+        frame_rate: int = 20,
+        *,
+        failures: Failures,
+    ):
         """`compressed`: whether the client may have agreed to permessage-deflate (then wsproto frames);
-        `frame_rate`: how many frames the client may send a second (WS_FRAME_RATE)."""
+        `frame_rate`: how many frames the client may send a second (WS_FRAME_RATE); `failures`: where a Redis
+        outage that ends it is told (the worker's one record for its streams)."""
         self.ws = ws
         self.frames = FrameWindow(frame_rate)
         self.compressed = compressed
@@ -388,6 +404,7 @@ class Connection:
         self.serving = self.done = False
         self.visit = 0  # the parking timer's tick at which it is due
         self.access_line: Callable[[], None] | None = None  # written at the end of a parked connection
+        self.failures = failures
 
     def serve(self, handover: Handover | None = None, parking: Parking | None = None) -> None:
         """Deliver events and answer client frames until either side ends (then close with the matching
@@ -433,7 +450,7 @@ class Connection:
         elif isinstance(error, (ConnectionClosed, OSError, LocalProtocolError)):  # the client left (maybe mid-send)
             self.close(CLOSE_NORMAL, "")
         else:  # e.g. Redis failing mid-catch-up: the client reconnects and resumes by cursor
-            log_failure("websocket failed", error)
+            log_failure("websocket failed", error, self.failures)
             self.close(CLOSE_INTERNAL_ERROR, "internal error; reconnect with your cursor")
 
     # Parked (see the class's docstring).

@@ -6,7 +6,10 @@ import logging
 import time
 
 import redis
+from flask import current_app
 from prometheus_client.core import GaugeMetricFamily
+
+from ..redis import Outage
 
 log = logging.getLogger(__name__)
 
@@ -16,14 +19,16 @@ class BacklogCollector:
 
     def __init__(self, store):
         self.store = store
+        self.outage: Outage | None = None
 
     def collect(self):
-        """The gauges, or none while Redis is away (a scrape must not fail for it)."""
+        """The gauges, or none while Redis is away (a scrape must not fail for it; the log tells it once)."""
         try:
             rows, feed = self.store.backlog()
         except redis.exceptions.RedisError as error:
-            log.warning("metrics: outgoing webhook backlog unavailable (%s)", type(error).__name__)
+            self._outage().failed(error)
             return
+        self._outage().succeeded()
         now = time.time()
         backlog = GaugeMetricFamily(
             "rt_webhook_backlog",
@@ -43,3 +48,10 @@ class BacklogCollector:
         yield GaugeMetricFamily(
             "rt_webhook_feed_backlog", "Published events not yet matched against the endpoints.", value=feed
         )
+
+    def _outage(self) -> Outage:
+        """Scrapes that found no Redis, told once an outage (a scraper asks every few seconds); made at the first
+        scrape, which runs in the app's context (its settings say where Redis is)."""
+        if self.outage is None:
+            self.outage = Outage(log, "metrics: outgoing webhook backlog", current_app.config["SETTINGS"].redis_url)
+        return self.outage

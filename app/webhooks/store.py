@@ -17,7 +17,7 @@ import gevent
 import redis
 
 from ..events.bus import CHANNEL_PATTERN, WEBHOOKS, Bus, user_channel
-from ..redis import Keys
+from ..redis import Failures, Keys, redis_error
 
 log = logging.getLogger(__name__)
 
@@ -69,12 +69,14 @@ def user_at_path(payload, path: str | None) -> str | None:
 class DeliveryStore:
     """Received deliveries: recorded once, published after the answer, retried by a sweeper."""
 
-    def __init__(self, client: redis.Redis, bus: Bus, providers: tuple[str, ...] = ()):
+    def __init__(self, client: redis.Redis, bus: Bus, providers: tuple[str, ...] = (), redis_url: str = ""):
+        """`redis_url`: where `client` connects (REDIS_URL), for the log lines of an outage."""
         self.client = client
         self.bus = bus
         self.providers = providers  # whose pending sets the sweeper watches
         self._record = client.register_script(RECORD_LUA)
         self._sweeper: gevent.Greenlet | None = None
+        self._failures = Failures(log, redis_url)  # deliveries failing together make a line a minute
 
     def record(
         self, provider: str, delivery_id: str, kind: str, payload, user_id: str | None, also_known_as: tuple = ()
@@ -132,11 +134,17 @@ class DeliveryStore:
             self.client.hset(key, mapping={"status": "published", "published_at": f"{time.time():.3f}"})
             return True
         except redis.exceptions.RedisError as error:
-            log.warning("publishing webhook delivery failed (%s); will retry", type(error).__name__)
+            self._failures.failed("publishing a webhook delivery (it will be retried)", error)
             try:
                 self.client.zadd(Keys.webhook_pending(provider), {member: time.time() + RETRY_DELAY})
-            except redis.exceptions.RedisError:
-                log.error("webhook delivery %s could not be re-queued", delivery_id)
+            except redis.exceptions.RedisError as again:
+                log.error(
+                    "webhook delivery %s of %s could not be re-queued: redis at %s unavailable (%s)",
+                    delivery_id,
+                    provider,
+                    self._failures.where,
+                    redis_error(again),
+                )
             return False
         except Exception as error:  # the record itself is bad: retrying would fail the same way forever
             log.error(

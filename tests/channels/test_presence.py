@@ -376,7 +376,7 @@ def test_an_outage_is_logged_once_and_held_entries_come_back(tmp_path, caplog):
     server = RedisServer(tmp_path)  # a Redis of this test's own: it is stopped and started again
     server.start()
     client = redis.Redis.from_url(server.url, decode_responses=True, socket_connect_timeout=0.5)
-    keeper = PresenceKeeper(client, 1.0)
+    keeper = PresenceKeeper(client, 1.0, redis_url=server.url)
     try:
         kept = keeper.enter(CHANNEL, "ann", True)
         dropped = keeper.enter(CHANNEL, "bob", True)
@@ -386,17 +386,18 @@ def test_an_outage_is_logged_once_and_held_entries_come_back(tmp_path, caplog):
             keeper.enter(CHANNEL, "cy", True)
         keeper.leave(dropped)  # never raises
         run_for(1.5)  # several renewals and reaper passes fail meanwhile
-        failures = [r.getMessage() for r in caplog.records if "failed" in r.getMessage()]
-        assert sorted(m.split(" failed")[0] for m in failures) == [
+        failures = [r.getMessage() for r in caplog.records if "cannot reach redis" in r.getMessage()]
+        assert sorted(m.split(" cannot reach")[0] for m in failures) == [
             "presence: leaving",
             "presence: reaping lapsed leases",
             "presence: renewing leases",
         ]
+        assert all(f"at 127.0.0.1:{server.port} (REDIS_URL) (" in m for m in failures), failures
 
         server.start()  # empty: the renewer enters its entries again, and says the outage is over
         pump(lambda: present(keeper.snapshot(CHANNEL)) == {"ann": 1}, message="ann entered again")
         assert [(e, d["user_id"]) for _, e, d, _ in history(client)] == [("presence.join", "ann")]
-        pump(lambda: any("renewing leases works again" in r.getMessage() for r in caplog.records))
+        pump(lambda: any("renewing leases reaches redis at" in r.getMessage() for r in caplog.records))
         keeper.leave(kept)
         assert keeper.snapshot(CHANNEL)["count"] == 0
     finally:
