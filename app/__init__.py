@@ -7,7 +7,23 @@ from collections.abc import Mapping
 
 from flask import Flask
 
-from . import apidocs, apikeys, audit, cli, errors, events, limits, logs, mail, ops, outgoing, page, webhooks
+from . import (
+    apidocs,
+    apikeys,
+    audit,
+    cli,
+    errors,
+    events,
+    issuers,
+    limits,
+    logs,
+    mail,
+    oauth_server,
+    ops,
+    outgoing,
+    page,
+    webhooks,
+)
 from . import redis as redis_ext
 from .admin import console as admin_console
 from .admin import views as admin_views
@@ -19,6 +35,8 @@ from .channels import views as channel_views
 from .events import views as event_views
 from .events.handover import KeepsServerResponse
 from .events.opener import StreamOpener
+from .issuers import views as issuer_views
+from .oauth_server import views as oauth_server_views
 from .outgoing import views as outgoing_views
 from .proxy import TrustedProxyFix
 from .settings import load_settings
@@ -68,6 +86,8 @@ def create_app(environ: Mapping[str, str] | None = None) -> Flask:
     events.init_app(app)
     webhooks.init_app(app)
     outgoing.init_app(app)
+    issuers.init_app(app)
+    oauth_server.init_app(app)
     mail.init_app(app)
     page.init_app(app)
     # Every blueprint, registered here and only here.
@@ -84,6 +104,8 @@ def create_app(environ: Mapping[str, str] | None = None) -> Flask:
         audit_views.bp,
         event_views.bp,
         channel_views.bp,
+        issuer_views.bp,
+        oauth_server_views.bp,
         webhook_views.bp,
         outgoing_views.bp,
         outgoing_views.page_bp,

@@ -59,6 +59,7 @@ class Operation:
     errors: tuple[int, ...] = ()
     auth: tuple[str, ...] = ()
     headers: Mapping[int, Mapping[str, str]] = field(default_factory=dict)
+    error_answer: type[BaseModel] | None = None
 
 
 def operation(
@@ -74,11 +75,16 @@ def operation(
     errors: Iterable[int] = (),
     auth: Iterable[str] = (),
     headers: Mapping[int, Mapping[str, str]] | None = None,
+    error_answer: type[BaseModel] | None = None,
 ) -> Callable:
-    """Declare a view's operation for /openapi.json (see app/schemas.py for the models)."""
+    """Declare a view's operation for /openapi.json (see app/schemas.py for the models).
+
+    `error_answer`: the shape of its errors when it is not ErrorAnswer's (the OAuth token endpoint answers
+    RFC 6749's); its error statuses are then exactly `errors` (and 503).
+    """
     declared = Operation(
         summary, tuple(tags), dict(responses), body, body_required, form, query, path,
-        tuple(errors), tuple(auth), headers or {},
+        tuple(errors), tuple(auth), headers or {}, error_answer,
     )  # fmt: skip
     unknown = set(declared.auth) - set(SECURITY_SCHEMES)
     if unknown:
@@ -181,7 +187,7 @@ def _models(declarations: Iterable[Operation]) -> list[tuple[type[BaseModel], st
         for model in (declared.body, declared.form):  # parameters are inlined, not components
             if model is not None:
                 wanted.add((model, "validation"))
-        for answer in declared.responses.values():
+        for answer in (*declared.responses.values(), declared.error_answer):
             if isinstance(answer, type):
                 wanted.add((answer, "serialization"))
     return sorted(wanted, key=lambda pair: (pair[0].__module__, pair[0].__qualname__, pair[1]))
@@ -210,7 +216,8 @@ def _operation(declared: Operation, method: str, rule, refs: Mapping) -> dict:
     for status, response in declared.responses.items():
         answer["responses"][str(status)] = _success(status, response, declared.headers.get(status, {}), refs)
     for status in sorted(_error_statuses(declared, method, rule)):
-        answer["responses"][str(status)] = _error(status, declared.headers.get(status, {}), refs)
+        shape = declared.error_answer or ErrorAnswer
+        answer["responses"][str(status)] = _error(status, declared.headers.get(status, {}), refs, shape)
     if not answer["parameters"]:
         del answer["parameters"]
     return answer
@@ -236,6 +243,8 @@ def _parameters(model: type[BaseModel] | None, where: str, refs: Mapping) -> lis
 def _error_statuses(declared: Operation, method: str, rule) -> set[int]:
     """Errors any such operation can answer, beside the ones the view names."""
     statuses = set(declared.errors) | {503}  # Redis unreachable
+    if declared.error_answer is not None:
+        return statuses
     if declared.body is not None or declared.form is not None:
         statuses |= {400, 413, 415, 422}
     if declared.query is not None:
@@ -266,13 +275,13 @@ URI_TOO_LONG = {
 }
 
 
-def _error(status: int, headers: Mapping[str, str], refs: Mapping) -> dict:
+def _error(status: int, headers: Mapping[str, str], refs: Mapping, shape: type[BaseModel] = ErrorAnswer) -> dict:
     if status == 414:
         return URI_TOO_LONG
     headers = {"Retry-After": "Seconds to wait before trying again."} if status == 429 else headers
     described = {
         "description": HTTPStatus(status).phrase,
-        "content": {"application/json": {"schema": refs[(ErrorAnswer, "serialization")]}},
+        "content": {"application/json": {"schema": refs[(shape, "serialization")]}},
     }
     if headers:
         described["headers"] = _headers(headers)

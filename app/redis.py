@@ -32,9 +32,9 @@ class Keys:
     sessions and their refresh families, refresh tokens, MFA and mailed tokens, passkeys, leases, and
     the audit entries about them, which outlive them), a
     channel's history under `{<channel>}`, a webhook provider's deliveries under `{<provider>}`, an
-    outgoing endpoint's keys under `{<endpoint id>}`. Global indexes (e-mail, OAuth identity, passkey
-    credential id, the list of users, the admins, API keys, the audit log and its indexes by actor and
-    type) are single keys changed in ordered single-slot steps (see `app/auth/indexes.py`, and
+    outgoing endpoint's keys under `{<endpoint id>}`. Global indexes (e-mail, OAuth identity, a trusted
+    issuer's subject, passkey credential id, the list of users, the admins, API keys, the audit log and
+    its indexes by actor and type) are single keys changed in ordered single-slot steps (see `app/auth/indexes.py`, and
     `app/auth/users.py` for the admins, `app/audit/store.py` for the audit log).
     """
 
@@ -123,6 +123,12 @@ class Keys:
         return f"user:identity:{provider}:{subject}"
 
     @staticmethod
+    def user_by_external(issuer: str, subject: str) -> str:
+        """The id of the user a trusted issuer (by its name) knows by this `sub` (`pending:<id>` while being
+        created). The name holds no colon, so the subject after it is unambiguous."""
+        return f"user:external:{issuer}:{subject}"
+
+    @staticmethod
     def user_by_passkey(credential_id: str) -> str:
         """The id of the user who registered this passkey (its credential id, base64url; `pending:<id>` while
         it is being registered): a credential id belongs to one account only."""
@@ -192,7 +198,7 @@ class Keys:
 
     @staticmethod
     def channel_members(channel: str) -> str:
-        """The users granted a channel: user id -> JSON {"info", "expires_at"} (a hash)."""
+        """The users granted a channel: user id -> JSON {"info", "expires_at", "start", "source"?} (a hash)."""
         return f"members:{{{channel}}}"
 
     @staticmethod
@@ -357,6 +363,18 @@ class Keys:
         """The audit entries of one type (as `audit_log`)."""
         return f"audit:type:{entry_type}"
 
+    # Trusted issuers (app/issuers/): their records, and the users each one's exchanges made or found.
+
+    @staticmethod
+    def issuers() -> str:
+        """Every trusted issuer's record, by name (a hash of JSON)."""
+        return "issuers"
+
+    @staticmethod
+    def issuer_users(name: str) -> str:
+        """The ids of the users an issuer's exchanges made or found (a set): whose sessions deleting it ends."""
+        return f"issuer:{{{name}}}:users"
+
 
 # Ending sessions, shared by every script that ends some (reuse detection, logout, logout-all, password
 # change and reset, deleting a user). A script touches only keys passed in KEYS, so the caller reads
@@ -446,13 +464,15 @@ end
 # still exists and belongs to this user (touching last_used_at at most once a minute), and the
 # user's public fields (`U`), so that most views need no second read.
 VERIFY_ACCESS = """
-local user = redis.call('HMGET', KEYS[1], 'token_version', 'email', 'role', 'email_verified')
+local user = redis.call('HMGET', KEYS[1], 'token_version', 'email', 'role', 'email_verified', 'external_issuer',
+  'external_sub')
 local s = redis.call('HMGET', KEYS[2], 'user_id', 'last_used_at')
 if s[1] ~= ARGV[1] then return {user[1], 0} end
 if tonumber(ARGV[2]) - tonumber(s[2] or 0) >= tonumber(ARGV[3]) then
   redis.call('HSET', KEYS[2], 'last_used_at', ARGV[2])
 end
-return {user[1], 1, user[2], user[3], user[4] or '', redis.call('HEXISTS', KEYS[1], 'totp_secret')}
+return {user[1], 1, user[2], user[3], user[4] or '', redis.call('HEXISTS', KEYS[1], 'totp_secret'), user[5] or '',
+  user[6] or ''}
 """
 
 # KEYS: 1 the presented token's record, 2 the new token's record, 3 the session, 4 its token set, 5 its

@@ -53,6 +53,8 @@ TYPES = (
     "namespace.deleted",
     "channel.member_added",
     "channel.member_removed",
+    "issuer.put",
+    "issuer.deleted",
 )
 ENTRY_ID_PATTERN = r"^[0-9]{13}-[0-9a-f]{16}$"
 ENTRY_ID = re.compile(ENTRY_ID_PATTERN)

@@ -266,8 +266,11 @@ def checked_user(user_id: str, token_version: int, answer: list) -> dict | None:
     version, session_ok, *user = answer
     if not session_ok or version is None or int(version) != token_version:
         return None
-    email, role, verified, mfa = user
-    return {"id": user_id, "email": email, "role": role, "email_verified": verified == "1", "mfa_enabled": mfa == 1}
+    email, role, verified, mfa, issuer, subject = user
+    found = {"id": user_id, "email": email, "role": role, "email_verified": verified == "1", "mfa_enabled": mfa == 1}
+    if issuer:  # a user from a trusted issuer (see users.public_user)
+        found.update(email=email or None, external={"issuer": issuer, "sub": subject})
+    return found
 
 
 def session_is_valid(user_id: str, session_id: str, token_version: int, scripts=None) -> bool:

@@ -1,4 +1,10 @@
-"""User records: creation, look-up, the public view (`U` in docs/api.md) and password changes."""
+"""User records: creation, look-up, the public view (`U` in docs/api.md) and password changes.
+
+A user from a trusted issuer (an external user) is an ordinary record with `external_issuer` and
+`external_sub`, found by that pair alone (`Keys.user_by_external`). Its e-mail, as the issuer's token
+gave it (or empty), is never in the e-mail index: no password login, reset or OAuth login finds it, and
+it is never linked to or merged with another account by its address.
+"""
 
 from __future__ import annotations
 
@@ -75,6 +81,49 @@ def create_user(
     return user
 
 
+def find_or_create_external_user(issuer: str, subject: str, email: str | None) -> dict:
+    """The user a trusted issuer knows by `subject`, made with role `user` at its first exchange; its e-mail
+    (a plain address, or None) kept as the issuer's latest token gives it."""
+    index = Keys.user_by_external(issuer, subject)
+    for _ in range(2):  # a creation for the same subject at the same moment wins once; then it is found
+        user_id = indexes.holder(get_redis().get(index))
+        user = get_user(user_id) if user_id else None
+        if user is not None:
+            if user.get("email", "") != (email or ""):
+                get_redis().hset(Keys.user(user["id"]), "email", email or "")
+                user["email"] = email or ""
+            return user
+        try:
+            return _create_external_user(index, issuer, subject, email)
+        except ApiError as refused:
+            if refused.status != 409:
+                raise
+    raise _conflict()
+
+
+def _create_external_user(index: str, issuer: str, subject: str, email: str | None) -> dict:
+    user = {
+        "id": uuid.uuid4().hex,
+        "email": email or "",
+        "role": "user",
+        "password_hash": "",  # no password: it logs in through its issuer only
+        "token_version": "0",
+        "created_at": f"{time.time():.3f}",
+        "email_verified": "0",
+        "external_issuer": issuer,
+        "external_sub": subject,
+    }
+    _store_new_user(user, [index], (index,))  # the index is also an identity: deleting the user releases it
+    details = {"method": "token_exchange", "issuer": issuer, "role": "user"}
+    audit.record("user.registered", subject=user["id"], details=details)
+    return user
+
+
+def is_external(user: dict) -> bool:
+    """Whether the user comes from a trusted issuer (and logs in through it only)."""
+    return bool(user.get("external_issuer"))
+
+
 def _conflict() -> ApiError:
     return ApiError(409, "conflict", "An account with this e-mail address already exists.")
 
@@ -126,14 +175,18 @@ def get_user(user_id: str) -> dict | None:
 
 
 def public_user(user: dict) -> dict:
-    """U: the fields of a user that answers may show."""
-    return {
+    """U: the fields of a user that answers may show (an external user's issuer and subject too)."""
+    shown = {
         "id": user["id"],
         "email": user["email"],
         "role": user["role"],
         "email_verified": user.get("email_verified") == "1",
         "mfa_enabled": bool(user.get("totp_secret")),
     }
+    if is_external(user):
+        shown["email"] = user["email"] or None
+        shown["external"] = {"issuer": user["external_issuer"], "sub": user["external_sub"]}
+    return shown
 
 
 def admin_view(user: dict) -> dict:
@@ -351,8 +404,11 @@ def delete_user(user_id: str) -> bool:
         return False
     audit.complete(entry)
     forget_user_grants(client, user_id)  # after the record is gone: no grant can be indexed again
-    for index in [Keys.user_by_email(user["email"]), *identities, *passkeys]:
+    by_email = [] if is_external(user) else [Keys.user_by_email(user["email"])]  # never indexed by address
+    for index in [*by_email, *identities, *passkeys]:
         indexes.release(index, user_id)
+    if is_external(user):
+        client.srem(Keys.issuer_users(user["external_issuer"]), user_id)
     client.zrem(Keys.users(), user_id)
     client.delete(Keys.stream(user_channel(user_id)))
     sessions_ended.send(

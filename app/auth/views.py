@@ -9,11 +9,13 @@ from flask import Blueprint, current_app, jsonify, make_response, request
 
 from .. import audit, mail
 from ..errors import ApiError, bad_request, error_response, not_found, unauthorized
-from ..http import has_control_characters, validated, validated_form
+from ..http import validated, validated_form
 from ..limits import rate_limited
 from ..metrics import LOGINS, REFRESHES
 from ..openapi import operation
 from . import account, cookies, devices, mailtokens, mfa, passwords, sessions, tokens, users
+from .answers import device_name as _device_name  # (passkey_views takes it from here)
+from .answers import token_response as _token_response
 from .guards import api_key_required, authenticate, current_caller, login_required, sets_session_cookies
 from .schemas import (
     Introspection,
@@ -44,38 +46,6 @@ def _settings():
     return current_app.config["SETTINGS"]
 
 
-def _token_response(
-    user: dict,
-    session_id: str,
-    role: str,
-    token_version: int,
-    refresh_token: str,
-    transport: str,
-    device_token: str | None = None,
-):
-    """`T` in docs/api.md: tokens in the body for `body`, in cookies (and not the body) for `cookie`."""
-    settings = _settings()
-    access_token = tokens.issue_access_token(user["id"], role, token_version, session_id)
-    payload = {
-        "token_type": "Bearer",
-        "expires_in": settings.access_token_ttl,
-        "refresh_expires_in": settings.refresh_token_ttl,
-        "session_id": session_id,
-        "user": users.public_user(user),
-    }
-    if transport == "body":
-        payload = {"access_token": access_token, "refresh_token": refresh_token, **payload}
-        if device_token is not None:
-            payload["device_token"] = device_token
-    response = make_response(jsonify(payload), 200)
-    response.headers["Cache-Control"] = "no-store"
-    if transport == "cookie":
-        cookies.set_token_cookies(
-            response, access_token, settings.access_token_ttl, refresh_token, settings.refresh_token_ttl
-        )
-    return response
-
-
 def _no_content(clear_cookies: bool = False):
     response = make_response("", 204)
     del response.headers["Content-Type"]  # a 204 has no body, so no type
@@ -102,14 +72,6 @@ def register():
     user = users.create_user(registration.email, registration.password)
     mail.queue_mail(mail.VERIFY_EMAIL, user_id=user["id"])
     return jsonify({"user": users.public_user(user)}), 201
-
-
-def _device_name(named: str | None) -> str | None:
-    """The name the client gives this device, else its User-Agent (control characters as spaces)."""
-    if named is not None:
-        return named
-    agent = request.user_agent.string
-    return "".join(" " if has_control_characters(c) else c for c in agent) if agent else None
 
 
 @bp.post("/login")
