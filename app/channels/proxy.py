@@ -99,7 +99,7 @@ class SubscribeProxy:
         settings = app.config["SETTINGS"]
         self.app = app
         self.timeout = settings.subscribe_proxy_timeout
-        self.grant_seconds = settings.subscribe_proxy_grant_seconds
+        self.grant_seconds = min(settings.subscribe_proxy_grant_seconds, grants.EXPIRES_IN_LIMIT)
         self.sender = Sender(settings.outgoing_webhooks, POOL_SIZE, purpose=PURPOSE)
 
     def admit(self, client, user_id: str, asked: dict[str, Namespace]) -> None:
