@@ -107,7 +107,14 @@ def admin_token(service, module_cli) -> str:
 
 @pytest.fixture(scope="module")
 def api_key(service, module_cli) -> str:
-    scopes = ["events:publish", "tokens:introspect", "webhooks:manage", "channels:manage", "audit:read"]
+    scopes = [
+        "events:publish",
+        "tokens:introspect",
+        "webhooks:manage",
+        "channels:manage",
+        "audit:read",
+        "issuers:manage",
+    ]
     return create_key(module_cli, "schemathesis", scopes, ["*"])
 
 
@@ -141,12 +148,13 @@ LOOPBACK_HOOK = "http://127.0.0.1:9/hook"  # the discard port; no delivery proce
 
 
 def keep_on_this_machine(case) -> None:
-    """Webhook endpoint URLs point at loopback: saving one resolves its host, and a generated name would
-    send a DNS query off this machine. Only URLs the document accepts are replaced (an over-long one
+    """Webhook endpoint and JWKS URLs point at loopback: saving one resolves its host, and a generated name
+    would send a DNS query off this machine. Only URLs the document accepts are replaced (an over-long one
     stays, and is refused before any resolution), so an invalid case stays invalid."""
     body = case.body if isinstance(case.body, dict) else None
-    if body is not None and isinstance(body.get("url"), str) and len(body["url"]) <= URL_LIMIT:
-        body["url"] = LOOPBACK_HOOK
+    for field in ("url", "jwks_url"):
+        if body is not None and isinstance(body.get(field), str) and len(body[field]) <= URL_LIMIT:
+            body[field] = LOOPBACK_HOOK
 
 
 def run(schema, service, admin_token: str, api_key: str, label: str, mode: str) -> None:
