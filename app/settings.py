@@ -284,7 +284,9 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         # A namespace's subscribe proxy: how long the product's backend may take to answer, and how long the
         # grant of an `allow` without `expires_in` lasts.
         subscribe_proxy_timeout=reader.number("SUBSCRIBE_PROXY_TIMEOUT_SECONDS", 3, minimum=0.1, maximum=60),
-        subscribe_proxy_grant_seconds=reader.integer("SUBSCRIBE_PROXY_GRANT_SECONDS", 3600, minimum=1),
+        subscribe_proxy_grant_seconds=reader.integer(
+            "SUBSCRIBE_PROXY_GRANT_SECONDS", 3600, minimum=1, maximum=10 * 366 * 24 * 3600
+        ),
         # Set by gunicorn.conf.py for its workers (and by `make run`'s var/.env for the CLI).
         prometheus_multiproc_dir=reader.text("PROMETHEUS_MULTIPROC_DIR", "") or None,
         # Who may read /metrics: these client addresses, or whoever sends the token as a bearer.

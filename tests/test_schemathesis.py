@@ -152,7 +152,7 @@ def keep_on_this_machine(case) -> None:
     would send a DNS query off this machine. Only URLs the document accepts are replaced (an over-long one
     stays, and is refused before any resolution), so an invalid case stays invalid."""
     body = case.body if isinstance(case.body, dict) else None
-    for field in ("url", "jwks_url"):
+    for field in ("url", "jwks_url", "proxy_url"):
         if body is not None and isinstance(body.get(field), str) and len(body[field]) <= URL_LIMIT:
             body[field] = LOOPBACK_HOOK
 

@@ -52,6 +52,7 @@ class Follower:
     present_in: dict | None = None  # channel -> presence entry, once there is one
     user: dict | None = None  # a live connection's user, as the opening's session check found it (stored role)
     max_named = 100  # MAX_CHANNELS_PER_CONNECTION, for subscribe frames (the view sets it)
+    subscribe_proxy = None  # asks a proxy namespace's backend, for subscribe frames (the view sets it)
 
     def __init__(
         self,
@@ -195,7 +196,7 @@ class Follower:
                 self.access[channel] = allowed[channel] = access
                 continue
             # A grant missing where the check found none needed: the namespace's rules changed, not a grant.
-            granted = checked.namespace is not None and checked.namespace.subscribe == "members"
+            granted = checked.namespace is not None and checked.namespace.by_grant
             reason = "access_changed" if access.reason == "revoked" and not granted else access.reason
             self.remove_channel(channel)
             self.pending.append(Delivery(Unsubscribed(channel, reason or "access_changed"), self.cursor))

@@ -714,7 +714,7 @@ def subscribe_frame(follower: Follower, frame: dict, channel: str | None) -> dic
         return {"type": "subscribed", "channel": channel, "cursor": follower.cursor}
     check_channel_count(len(follower.named) + 1, follower.max_named)
     # A proxy namespace's backend is asked here, in this connection's greenlet (403 or 503 as error frames).
-    proxy = getattr(follower, "subscribe_proxy", None)
+    proxy = follower.subscribe_proxy
     access = check_subscribe(follower.bus.client, caller.user_id, caller.is_admin, [channel], proxy)[channel]
     started = follower.add_channel(channel, access, cursor or None)
     return {"type": "subscribed", "channel": channel, "cursor": started}
