@@ -35,7 +35,9 @@ def init_app(app: Flask) -> None:
     topology = Cluster(client, settings.redis_url) if is_cluster(client) else OneServer(settings.redis_url)
     app.extensions["event_hub"] = Hub(topology, access=lambda *asked: current_access(client, *asked))
     presence.init_app(app)
-    app.extensions["connection_leases"] = ConnectionLeases(client, settings.max_connections_per_user)
+    app.extensions["connection_leases"] = ConnectionLeases(
+        client, settings.max_connections_per_user, redis_url=settings.redis_url
+    )
     sse.init_app(app)
     ws.init_app(app)
 

@@ -11,7 +11,10 @@ def init_app(app: Flask) -> None:
     """Bind the configured webhook providers and the delivery store."""
     app.extensions["webhook_providers"] = {p.name: p for p in app.config["SETTINGS"].webhook_providers}
     app.extensions["webhook_store"] = DeliveryStore(
-        app.extensions["redis"], app.extensions["event_bus"], tuple(app.extensions["webhook_providers"])
+        app.extensions["redis"],
+        app.extensions["event_bus"],
+        tuple(app.extensions["webhook_providers"]),
+        redis_url=app.config["SETTINGS"].redis_url,
     )
 
 
