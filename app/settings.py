@@ -348,7 +348,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         )
     if production and settings.password_hash_cost == MINIMAL_HASH_COST:
         reader.refuse("PASSWORD_HASH_COST=minimal is for test suites: APP_ENV=production hashes at OWASP's cost")
-    reader.checked(_check_redis_url, settings.redis_url, settings.redis_mode)
+    reader.checked(_check_redis_url, settings.redis_url, settings.redis_mode, settings.redis_url_setting)
     if settings.long_poll_timeout > settings.long_poll_max_timeout:
         reader.refuse("LONG_POLL_TIMEOUT_SECONDS must not exceed LONG_POLL_MAX_TIMEOUT_SECONDS")
     outgoing = settings.outgoing_webhooks
@@ -489,14 +489,14 @@ def _redis_url(reader: _Reader) -> str:
     return url
 
 
-def _check_redis_url(url: str, mode: str) -> None:
+def _check_redis_url(url: str, mode: str, setting: str = "REDIS_URL") -> None:
     """One redis:// or rediss:// URL; with REDIS_MODE=cluster, one or more (comma-separated) seed nodes."""
     if mode != "cluster":
         return
     seeds = [seed.strip() for seed in url.split(",")]
     example = "redis://10.0.0.1:6379/0,redis://10.0.0.2:6379/0"
     if not all(seeds):
-        raise SettingsError(f"REDIS_URL (cluster seeds) has an empty entry; write them like {example}")
+        raise SettingsError(f"{setting} (cluster seeds) has an empty entry; write them like {example}")
     for seed in seeds:
         parts = urlsplit(seed)
         try:
@@ -505,13 +505,13 @@ def _check_redis_url(url: str, mode: str) -> None:
             port = None
         if parts.scheme not in {"redis", "rediss"} or not parts.hostname or port is None:
             raise SettingsError(
-                f"REDIS_URL (cluster seeds): {_without_credentials(seed)!r} is not redis://host:port; "
+                f"{setting} (cluster seeds): {_without_credentials(seed)!r} is not redis://host:port; "
                 f"write the seeds like {example}"
             )
         if parts.path not in {"", "/", "/0"}:
-            raise SettingsError("REDIS_URL (cluster seeds): a Redis Cluster has only database 0")
+            raise SettingsError(f"{setting} (cluster seeds): a Redis Cluster has only database 0")
     if len({urlsplit(seed).scheme for seed in seeds}) > 1:
-        raise SettingsError("REDIS_URL (cluster seeds): use redis:// for every seed or rediss:// for every seed")
+        raise SettingsError(f"{setting} (cluster seeds): use redis:// for every seed or rediss:// for every seed")
 
 
 def _without_credentials(url: str) -> str:
