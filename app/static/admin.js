@@ -1,10 +1,11 @@
-// The admin console: users, API keys, webhooks sent, channels and the audit log. Every call goes through the
-// reference client (Client for the session, Admin for the administrators' endpoints); the page keeps
-// nothing but what it shows. The server sends this page to administrators only.
+// The admin console: users, API keys, webhooks sent, channels, trusted issuers and the audit log. Every call goes
+// through the reference client (Client for the session, Admin for the administrators' endpoints, the
+// client's JSON request for the issuers); the page keeps nothing but what it shows. The server sends this
+// page to administrators only.
 import { Admin, Client } from "./client.js";
 
 const $ = (id) => document.getElementById(id);
-const SECTIONS = ["users", "api-keys", "webhooks", "channels", "audit"];
+const SECTIONS = ["users", "api-keys", "webhooks", "channels", "issuers", "audit"];
 const USERS_PAGE = 50;
 const AUDIT_PAGE = 50;
 const MESSAGES_PAGE = 20;
@@ -109,14 +110,21 @@ async function perform(errorLine, action) {
 
 // ---- Users, named by id in audit entries and grants: shown by their e-mail once it is known ----
 
-const emails = new Map(); // user id -> Promise of their e-mail (null: no such user any more)
+const emails = new Map(); // user id -> Promise of what names them (null: no such user any more)
+
+// A user as the console names them: their e-mail; a user from a trusted issuer without one, by the
+// issuer's name for them.
+function nameOf(user) {
+  if (user.email) return user.email;
+  return user.external ? `${user.external.sub} (${user.external.issuer})` : user.id;
+}
 
 function emailOf(id) {
   if (!emails.has(id)) {
     emails.set(
       id,
       admin.user(id).then(
-        (detail) => detail.user.email,
+        (detail) => nameOf(detail.user),
         () => null,
       ),
     );
@@ -207,6 +215,7 @@ const loaders = {
   "api-keys": loadKeys,
   webhooks: loadEndpoints,
   channels: loadNamespaces,
+  issuers: loadIssuers,
   audit: () => auditLog.reload(),
 };
 
@@ -232,7 +241,7 @@ function userRow(user) {
   const row = el(
     "tr",
     { className: "user" },
-    cell(el("a", { href: `#user/${user.id}`, text: user.email })),
+    cell(el("a", { href: `#user/${user.id}`, text: nameOf(user) })),
     cell(user.role),
     cell(user.email_verified ? "yes" : "no"),
     cell(user.mfa_enabled ? "on" : "off"),
@@ -283,13 +292,16 @@ async function openUser(id) {
   }
   const { user, sessions, passkeys } = detail;
   shownUser = user;
-  emails.set(user.id, Promise.resolve(user.email));
-  $("user-title").textContent = user.id === me ? `${user.email} (you)` : user.email;
+  emails.set(user.id, Promise.resolve(nameOf(user)));
+  $("user-title").textContent = user.id === me ? `${nameOf(user)} (you)` : nameOf(user);
   $("user-id").textContent = user.id;
   $("user-role").textContent = user.role;
   $("user-created").replaceChildren(time(user.created_at, "unknown"));
   $("user-verified").textContent = user.email_verified ? "verified" : "not verified";
   $("user-mfa").textContent = user.mfa_enabled ? "on (TOTP)" : "off";
+  $("user-origin").textContent = user.external
+    ? `through the trusted issuer ${user.external.issuer}, as ${user.external.sub}`
+    : "here (password, passkey or OAuth)";
   $("user-role-select").value = user.role;
   $("user-reset-mfa-button").disabled = false;
   $("user-sessions").replaceChildren(
@@ -346,37 +358,37 @@ async function userAction(question, yes, action, done) {
 function changeRole() {
   const role = $("user-role-select").value;
   return userAction(
-    (user) => `Make ${user.email} ${role === "admin" ? "an administrator" : "a user"}? It applies on their next request.`,
+    (user) => `Make ${nameOf(user)} ${role === "admin" ? "an administrator" : "a user"}? It applies on their next request.`,
     "Change the role",
     (user) => admin.setRole(user.id, role),
-    (user) => `${user.email} is now ${role === "admin" ? "an administrator" : "a user"}.`,
+    (user) => `${nameOf(user)} is now ${role === "admin" ? "an administrator" : "a user"}.`,
   );
 }
 
 function endSessions() {
   return userAction(
-    (user) => `Log ${user.email} out on every device? Their live connections close at once.`,
+    (user) => `Log ${nameOf(user)} out on every device? Their live connections close at once.`,
     "End every session",
     (user) => admin.endSessions(user.id),
-    (user) => `${user.email} is logged out everywhere.`,
+    (user) => `${nameOf(user)} is logged out everywhere.`,
   );
 }
 
 function resetMfa() {
   return userAction(
     (user) =>
-      `Turn off two-factor authentication for ${user.email}? Their authenticator secret and recovery codes ` +
+      `Turn off two-factor authentication for ${nameOf(user)}? Their authenticator secret and recovery codes ` +
       "are deleted, every session ends, and they are mailed.",
     "Reset MFA",
     (user) => admin.resetMfa(user.id),
-    (user) => `Two-factor authentication is off for ${user.email}; they can set it up again.`,
+    (user) => `Two-factor authentication is off for ${nameOf(user)}; they can set it up again.`,
   );
 }
 
 async function deleteUser() {
   const user = shownUser;
   if (!user) return;
-  const question = `Delete ${user.email} and every record of theirs? Their sessions end at once. This cannot be undone.`;
+  const question = `Delete ${nameOf(user)} and every record of theirs? Their sessions end at once. This cannot be undone.`;
   if (!(await confirmAction(question, "Delete the user"))) return;
   if (!(await perform("user-error", () => admin.deleteUser(user.id)))) return;
   emails.set(user.id, Promise.resolve(null));
@@ -384,7 +396,7 @@ async function deleteUser() {
   $("user-detail").hidden = true;
   for (const row of document.querySelectorAll(`#user-list tr[data-user-id="${user.id}"]`)) row.remove();
   $("users-error").textContent = "";
-  $("status").textContent = `${user.email} (${user.id}) is deleted. The audit log keeps what happened to the account.`;
+  $("status").textContent = `${nameOf(user)} (${user.id}) is deleted. The audit log keeps what happened to the account.`;
   history.replaceState(null, "", "#users");
 }
 
@@ -760,6 +772,118 @@ async function revoke(channel, member) {
   await showMembers(channel);
 }
 
+// ---- Trusted issuers ----
+
+const issuers = {
+  list: async () => (await client.json("/admin/issuers")).issuers,
+  put: (name, body) => client.json(`/admin/issuers/${encodeURIComponent(name)}`, { method: "PUT", body }),
+  remove: (name) => client.json(`/admin/issuers/${encodeURIComponent(name)}`, { method: "DELETE" }),
+};
+
+function keysOf(issuer) {
+  if (issuer.jwks_url) return issuer.jwks_url;
+  if (issuer.jwks) return `${issuer.jwks.keys.length} ${issuer.jwks.keys.length === 1 ? "key" : "keys"} given`;
+  return "a secret (not shown)";
+}
+
+function claimsOf(issuer) {
+  const named = [`e-mail: ${issuer.email_claim}`];
+  if (issuer.channels_claim) named.push(`channels: ${issuer.channels_claim}`);
+  if (issuer.info_claim) named.push(`info: ${issuer.info_claim}`);
+  return named.join(", ");
+}
+
+async function loadIssuers() {
+  const found = await attempt("issuer-error", () => issuers.list());
+  if (!found) return;
+  $("issuer-list").tBodies[0].replaceChildren(
+    ...found.map((issuer) => {
+      const row = el(
+        "tr",
+        { className: "issuer" },
+        cell(el("code", { text: issuer.name })),
+        cell(issuer.issuer),
+        cell(issuer.audience),
+        cell(list(issuer.algorithms)),
+        el("td", { className: "keys", text: keysOf(issuer) }),
+        cell(claimsOf(issuer)),
+        cell(time(issuer.created_at)),
+        cell(
+          button("Edit", `Edit the issuer ${issuer.name}`, () => editIssuer(issuer)),
+          " ",
+          button("Delete", `Delete the issuer ${issuer.name}`, () => deleteIssuer(issuer), "danger"),
+        ),
+      );
+      row.dataset.issuer = issuer.name;
+      return row;
+    }),
+  );
+  $("issuer-list").hidden = found.length === 0;
+  $("issuers-empty").hidden = found.length > 0;
+}
+
+// Only the chosen kind of keys is asked for (an issuer has exactly one).
+function showKeysField() {
+  const kind = $("issuer-keys").value;
+  for (const field of document.querySelectorAll(".issuer-keys")) field.hidden = field.dataset.keys !== kind;
+}
+
+function editIssuer(issuer) {
+  const form = $("issuer-form");
+  form.name.value = issuer.name;
+  form.issuer.value = issuer.issuer;
+  form.audience.value = issuer.audience;
+  form.algorithms.value = issuer.algorithms.join(", ");
+  form.keys.value = issuer.jwks_url ? "jwks_url" : issuer.jwks ? "jwks" : "secret";
+  form.jwks_url.value = issuer.jwks_url ?? "";
+  form.jwks.value = issuer.jwks ? JSON.stringify(issuer.jwks, null, 2) : "";
+  form.secret.value = "";
+  form.email_claim.value = issuer.email_claim;
+  form.channels_claim.value = issuer.channels_claim ?? "";
+  form.info_claim.value = issuer.info_claim ?? "";
+  showKeysField();
+  form.name.focus();
+}
+
+async function putIssuer(event) {
+  event.preventDefault();
+  const form = $("issuer-form");
+  const saved = await attempt("issuer-error", async () => {
+    const body = {
+      issuer: form.issuer.value.trim(),
+      audience: form.audience.value.trim(),
+      algorithms: split(form.algorithms.value),
+    };
+    const kind = form.keys.value;
+    if (kind === "jwks_url") body.jwks_url = form.jwks_url.value.trim();
+    if (kind === "secret") body.secret = form.secret.value;
+    if (kind === "jwks") {
+      try {
+        body.jwks = JSON.parse(form.jwks.value);
+      } catch {
+        throw new Error('The JWKS must be JSON: {"keys": [...]}.');
+      }
+    }
+    for (const claim of ["email_claim", "channels_claim", "info_claim"]) {
+      if (form[claim].value.trim()) body[claim] = form[claim].value.trim();
+    }
+    return issuers.put(form.name.value.trim(), body);
+  });
+  if (!saved) return;
+  form.reset();
+  showKeysField();
+  await loadIssuers();
+}
+
+async function deleteIssuer(issuer) {
+  const question =
+    `Delete the trusted issuer ${issuer.name}? Its tokens are refused from now on, and every session they ` +
+    "made ends at once, with its live connections.";
+  if (!(await confirmAction(question, "Delete the issuer"))) return;
+  await perform("issuer-error", () => issuers.remove(issuer.name));
+  await loadIssuers();
+}
+
 // ---- The audit log ----
 
 let auditFilters = {};
@@ -823,6 +947,8 @@ function start() {
     showMembers($("members-channel").value.trim());
   });
   $("grant-form").addEventListener("submit", grant);
+  $("issuer-form").addEventListener("submit", putIssuer);
+  $("issuer-keys").addEventListener("change", showKeysField);
   $("audit-form").addEventListener("submit", filterAudit);
   $("audit-clear-button").addEventListener("click", clearAudit);
   addEventListener("hashchange", route);

@@ -4,6 +4,7 @@ change shows in the audit log with its actor, and nobody else ever sees the cons
 
 from __future__ import annotations
 
+import json
 import re
 import time
 import uuid
@@ -18,6 +19,7 @@ from app.apikeys.store import create_key
 from app.auth.users import create_user
 from tests.browser.conftest import ARTIFACTS, Stack
 from tests.browser.test_page import log_in
+from tests.issuers.issuer import AUDIENCE, Signer, claims, exchange_form
 from tests.outgoing.receivers import DeliveryProcess, Receiver
 from tests.utils import DEFAULT_PASSWORD, bearer, random_email
 from tests.webauthn_authenticator import Authenticator
@@ -492,6 +494,76 @@ def test_an_administrator_manages_namespaces_and_channel_members(stack, base_env
         expect(entry(log, change, admin_id)).to_contain_text(namespace)
     for change in ("channel.member_added", "channel.member_removed"):
         expect(entry(log, change, admin_id).locator("td").nth(3)).to_have_text(member_email)  # about the member
+
+
+# ---- Trusted issuers ----
+
+
+def test_an_administrator_manages_trusted_issuers_and_sees_their_users(stack, base_env, new_context):
+    admin_email, admin_id = make_user(base_env, "admin")
+    name = f"idp-{uuid.uuid4().hex[:8]}"
+    iss = f"https://{name}.example"
+    rsa = Signer.rsa()
+    page = new_context().new_page()
+    console(page, stack, admin_email)
+    section(page, "Trusted issuers")
+    expect(page.get_by_label("JWKS URL")).to_be_visible()  # the default kind of keys; the others hidden
+    expect(page.get_by_label("Secret (at least 32 bytes")).to_be_hidden()
+
+    page.get_by_label("Issuer name").fill(name)
+    page.get_by_label("Issuer (the tokens' iss)").fill(iss)
+    page.get_by_label("Audience").fill(AUDIENCE)
+    page.get_by_label("Algorithms").fill("RS256")
+    page.get_by_label("Keys", exact=True).select_option("jwks")
+    expect(page.get_by_label("JWKS URL")).to_be_hidden()
+    page.get_by_label("JWKS (JSON, public keys only)").fill(json.dumps({"keys": [rsa.jwk()]}))
+    page.get_by_label("Channels claim").fill("rt")
+    page.get_by_role("button", name="Save the issuer").click()
+    row = page.locator(f'#issuer-list tr[data-issuer="{name}"]')
+    expect(row.locator("td.keys")).to_have_text("1 key given")
+    expect(row).to_contain_text("channels: rt")
+
+    # Edited to an HMAC secret: a short one is refused with the service's word, then a good one is kept unseen.
+    secret = "console-secret-" + uuid.uuid4().hex + uuid.uuid4().hex
+    row.get_by_role("button", name=f"Edit the issuer {name}").click()
+    expect(page.get_by_label("Issuer name")).to_have_value(name)
+    page.get_by_label("Keys", exact=True).select_option("secret")
+    page.get_by_label("Algorithms").fill("HS256")
+    page.get_by_label("Secret (at least 32 bytes").fill("too short")
+    page.get_by_role("button", name="Save the issuer").click()
+    expect(page.locator("#issuer-error")).to_contain_text("32 bytes")
+    page.get_by_label("Secret (at least 32 bytes").fill(secret)
+    page.get_by_role("button", name="Save the issuer").click()
+    expect(row.locator("td.keys")).to_have_text("a secret (not shown)")
+    expect(page.locator("#issuer-error")).to_have_text("")
+    assert secret not in page.content()
+    keep(page, "admin-console-issuers.png")
+
+    # A user of that issuer logs in here by exchanging its token, and shows as the issuer names them.
+    token = Signer("HS256", secret).sign(claims(iss, "employee-7"), kid=False)
+    exchanged = requests.post(f"{stack.url}/oauth/token", data=exchange_form(token), timeout=10)
+    assert exchanged.status_code == 200, exchanged.text
+    user_id, access = exchanged.json()["user"]["id"], exchanged.json()["access_token"]
+    section(page, "Users")
+    page.get_by_role("button", name="Newest users").click()
+    page.locator(f'#user-list tr[data-user-id="{user_id}"] a').click()
+    expect(page.locator("#user-detail h3")).to_have_text(f"employee-7 ({name})")
+    expect(page.locator("#user-origin")).to_have_text(f"through the trusted issuer {name}, as employee-7")
+    expect(page.locator("#user-sessions li")).to_have_count(1)
+
+    section(page, "Trusted issuers")
+    row.get_by_role("button", name=f"Delete the issuer {name}").click()
+    confirm(page, "Delete the issuer")
+    expect(row).to_have_count(0)
+    assert requests.get(f"{stack.url}/auth/me", headers=bearer(access), timeout=10).status_code == 401
+
+    section(page, "Audit log")
+    page.get_by_label("By (user e-mail or id, API key id, cli, system)").fill(admin_email)
+    page.get_by_role("button", name="Show", exact=True).click()
+    log = page.locator("#audit-log")
+    expect(log.locator('tr.entry[data-type="issuer.put"]')).to_have_count(2)
+    expect(entry(log, "issuer.deleted", admin_id)).to_contain_text(name)
+    assert secret not in page.content()
 
 
 # ---- The audit log: filters and pages ----
