@@ -49,8 +49,9 @@ class ExchangedTokens(Tokens):
 
 class TokenError(Answer):
     """An error of the token endpoint, in RFC 6749's shape: `invalid_request`, `invalid_grant`,
-    `unsupported_grant_type`; `csrf_rejected` (403), `rate_limited` (429), `payload_too_large` (413),
-    `unavailable` (503) as section 0 names them."""
+    `unsupported_grant_type`, `insecure_transport` (plain HTTP from anywhere but loopback); and as the
+    service's other errors name them: `csrf_rejected` (403), `payload_too_large` (413), `rate_limited`
+    (429), `unavailable` (503)."""
 
     error: str = Field(pattern=r"^[a-z][a-z0-9_]*$", examples=["invalid_grant"])
     error_description: str | None = None

@@ -293,3 +293,14 @@ def test_an_issuers_record_is_read_at_every_exchange(client, define, rdb, admin)
     assert client.delete(f"/admin/issuers/{name}", headers=admin["headers"]).status_code == 204
     assert "iss" in refused(client, new.sign(claims(iss)))
     assert rdb.hget(Keys.issuers(), name) is None
+
+
+def test_the_token_endpoint_refuses_plain_http_but_from_loopback(client, rsa_issuer):
+    """OAuth's rule (RFC 6749, 1.6), as Authlib applies it: a proxy in front must say the request came over TLS."""
+    _, iss, signer = rsa_issuer
+    form = exchange_form(signer.sign(claims(iss)))
+    plain = client.post("/oauth/token", data=form, base_url="http://service.example")
+    assert plain.status_code == 400 and plain.get_json()["error"] == "insecure_transport"
+    assert plain.headers["Cache-Control"] == "no-store"
+    assert client.post("/oauth/token", data=form, base_url="http://127.0.0.1").status_code == 200
+    assert client.post("/oauth/token", data=form, base_url="https://service.example").status_code == 200
