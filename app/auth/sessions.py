@@ -137,9 +137,16 @@ def _all_sessions(user_id: str):
     return lambda: sorted(get_redis().smembers(Keys.user_sessions(user_id)))
 
 
-def start_session(user_id: str, device: str | None, ip: str | None, login: dict | None = None) -> IssuedSession:
+def start_session(
+    user_id: str, device: str | None, ip: str | None, login: dict | None = None, proves_factor: bool = True
+) -> IssuedSession:
     """A new session (device) with the first refresh token of its family, written in one transaction with
-    its login.succeeded audit entry; `login` says how the user logged in (the entry's details)."""
+    its login.succeeded audit entry; `login` says how the user logged in (the entry's details).
+
+    `proves_factor=False` (a trusted issuer's token exchange): the login proved no factor of this service,
+    so the session is not recently authenticated, and what needs a fresh proof (TOTP setup, a new passkey)
+    needs a password or a passkey, which a user from an issuer has neither of.
+    """
     session_id = uuid.uuid4().hex
     raw, token_hash = _new_refresh_token(user_id, session_id)
     now, ttl = time.time(), _ttl()
@@ -173,7 +180,7 @@ def start_session(user_id: str, device: str | None, ip: str | None, login: dict 
             "ip": ip or "",
             "created_at": stamp,
             "last_used_at": stamp,
-            "authenticated_at": stamp,  # a refresh keeps it: only proving a factor again renews it
+            "authenticated_at": stamp if proves_factor else "",  # a refresh keeps it: only proving a factor renews it
             "expires_at": expires_at,
             "current_hash": token_hash,
             "previous_hash": "",

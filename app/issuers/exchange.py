@@ -57,7 +57,7 @@ def exchange(subject_token: str, device: str | None, ip: str | None) -> Exchange
             float(claims["exp"]),
         )
     login = {"method": "token_exchange", "issuer": issuer.name}
-    session = sessions.start_session(user["id"], device, ip, login)
+    session = sessions.start_session(user["id"], device, ip, login, proves_factor=False)
     if store.get_issuer(get_redis(), issuer.name) is None:  # deleted meanwhile: its sweep may have missed this
         sessions.end_session(user["id"], session.session_id)
         raise TokenRefused("The issuer is no longer trusted.")

@@ -367,3 +367,20 @@ def test_an_issuer_without_a_channels_claim_grants_nothing(client, admin, rsa_is
     name, iss, signer = rsa_issuer
     tokens = exchange(client, signer, claims(iss, rt=["room:a"], channels=["room:a"]))
     assert client.get("/channels", headers=bearer(tokens["access_token"])).get_json() == {"channels": []}
+
+
+def test_an_external_user_adds_no_passkey_nor_totp_so_has_no_way_in_but_its_issuer(client, auth, rsa_issuer):
+    """A token exchange proves no factor of this service: what needs a fresh proof is refused, and no proof can
+    be given (no password, no passkey). Else a passkey would outlive the issuer's trust."""
+    _, iss, signer = rsa_issuer
+    local = auth.new_user_tokens()  # a password login proves a factor: the same requests go through
+    external = exchange(client, signer, claims(iss))
+    for path in ("/auth/passkeys/register/options", "/auth/mfa/totp/setup"):
+        assert client.post(path, headers=bearer(local["access_token"])).status_code == 200
+        refused = client.post(path, headers=bearer(external["access_token"]))
+        assert refused.status_code == 403 and refused.get_json()["error"]["code"] == "reauthentication_required"
+    for password in ("", DEFAULT_PASSWORD):
+        again = client.post(
+            "/auth/reauthenticate", json={"password": password}, headers=bearer(external["access_token"])
+        )
+        assert again.status_code == 401
