@@ -5,6 +5,7 @@ cross-site rule; the rate limit. In process, on both Redis modes."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -384,3 +385,21 @@ def test_an_external_user_adds_no_passkey_nor_totp_so_has_no_way_in_but_its_issu
             "/auth/reauthenticate", json={"password": password}, headers=bearer(external["access_token"])
         )
         assert again.status_code == 401
+
+
+def test_a_renewed_claim_grant_keeps_its_start_and_a_new_one_starts_anew(app, client, hmac_issuer, rooms, rdb):
+    """A member reads from its grant's start: renewing by the next exchange keeps it, as a PUT in force does."""
+    name, iss, signer = hmac_issuer
+    user_id = _exchange_hmac(client, signer, claims(iss, "start", rt=["room:s"]))["user"]["id"]
+
+    def start() -> str:
+        return json.loads(rdb.hget(Keys.channel_members("room:s"), user_id))["start"]
+
+    first = start()
+    with app.app_context():
+        app.extensions["event_bus"].publish("room:s", "said", {"n": 1})
+    _exchange_hmac(client, signer, claims(iss, "start", rt=["room:s"]))
+    assert start() == first
+    _exchange_hmac(client, signer, claims(iss, "start"))  # revoked
+    _exchange_hmac(client, signer, claims(iss, "start", rt=["room:s"]))  # granted anew: from the present on
+    assert start() != first
