@@ -9,7 +9,6 @@ the session, and the deletion ends the sessions of every user its exchanges made
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
 import gevent
@@ -24,7 +23,6 @@ from ..redis import Keys, get_redis
 from . import store
 from .keys import IssuerKeys, TokenRefused
 
-log = logging.getLogger(__name__)
 SWEEP_BATCH = 200  # users per step when an issuer's sessions end
 
 
