@@ -383,13 +383,17 @@ class OpenIdProvider:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, redirect_uri: str) -> None:
+    def start(self, redirect_uri: str, spa: tuple[str, str] | None = None) -> None:
+        """Start it with the service's client redirecting to `redirect_uri`, and with `spa` = (client id,
+        redirect URI) also a public client for a product's single-page app."""
         node = shutil.which("node")
         assert node, "Node.js is required for the OpenID provider (make test installs it)"
         if not (OIDC_DIR / "node_modules" / "oidc-provider").exists():
             subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=OIDC_DIR, check=True, capture_output=True)
         env = process_env(PORT=str(self.port), CLIENT_ID=CLIENT_ID, CLIENT_SECRET=CLIENT_SECRET)
         env["REDIRECT_URI"] = redirect_uri
+        if spa:
+            env["SPA_CLIENT_ID"], env["SPA_REDIRECT_URI"] = spa
         with open(self.log_path, "wb") as log:  # the child keeps its own copy of the descriptor
             self.process = subprocess.Popen(
                 [node, "provider.mjs"], cwd=OIDC_DIR, env=env, stdout=log, stderr=subprocess.STDOUT

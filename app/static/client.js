@@ -2,12 +2,21 @@
  * The reference client of the auth-rt service: an ES module with no dependencies, for the service's
  * own page and for pages on other origins that the service lists in `ALLOWED_ORIGINS`.
  *
- * Tokens live only in the service's HttpOnly cookies: this script never sees one and stores nothing in
- * localStorage or sessionStorage. On a 401 it refreshes once (POST /auth/refresh sends the refresh
+ * Logged in by password, passkey or OAuth, tokens live only in the service's HttpOnly cookies: this script
+ * never sees one and stores nothing in localStorage or sessionStorage. On a 401 it refreshes once (POST /auth/refresh sends the refresh
  * cookie) and retries the request once. Refreshes are serialised across the tabs of a browser, so two
  * tabs never present the same refresh token (the server would take the second for a stolen token and
  * end the session): with the Web Locks API where the browser has it, otherwise with a promise chain in
  * the tab plus a claim-and-release protocol between tabs over a BroadcastChannel.
+ *
+ * Users of the application's own identity provider (Auth0, Clerk, Supabase, Keycloak, its own login):
+ * given `subjectToken`, a function that returns the application's token for the user, the client logs in
+ * by RFC 8693 token exchange ({@link Client#exchange}, POST /oauth/token) and, instead of refreshing,
+ * exchanges a fresh application token again shortly before the access token would expire, so the
+ * application's word stays the source of truth. Its tokens then travel in the body by default and are
+ * kept in this object's memory only (never in any storage), sent as `Authorization: Bearer`; each tab
+ * has a session of its own (its id, which is no credential, is kept in sessionStorage so that the exchange
+ * after a reload ends the session it replaces).
  *
  * Events: {@link EventFeed} follows the user's channels by server-sent events, WebSocket, long polling or
  * polling, and always resumes from the last cursor, so reconnecting or switching transports loses and
@@ -45,6 +54,15 @@ const HEALTHY_STREAM_MS = 2000;
 // claim is honoured when its tab never releases it (closed mid-refresh).
 const CLAIM_WINDOW_MS = 50;
 const CLAIM_MAX_MS = 10_000;
+// Token exchange (RFC 8693): the grant, and the prefix of its token type names.
+const TOKEN_EXCHANGE = "urn:ietf:params:oauth:grant-type:token-exchange";
+const TOKEN_TYPE_PREFIX = "urn:ietf:params:oauth:token-type:";
+// An exchanged session is exchanged again this long before its access token expires (at most half its
+// life): a hidden tab's timers may run up to a minute late, and the token must not lapse meanwhile.
+const RENEW_BEFORE_MS = 60_000;
+// After a renewal that failed for a passing reason (network, 429, 5xx, the token function threw).
+const RENEW_RETRY_START_MS = 1000;
+const RENEW_RETRY_CAP_MS = 30_000;
 
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
@@ -100,10 +118,12 @@ const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
  * A user as the service describes one.
  * @typedef {object} User
  * @property {string} id
- * @property {string} email
+ * @property {string | null} email null for a user of a trusted issuer whose token named no address
  * @property {string} role `user` or `admin`
  * @property {boolean} email_verified whether the address was confirmed (mailed link, or the OAuth provider)
  * @property {boolean} mfa_enabled whether logging in needs a TOTP code too
+ * @property {{issuer: string, sub: string}} [external] for a user made by a token exchange: the trusted
+ *   issuer's name here and the `sub` its tokens give the user
  */
 
 /**
@@ -174,6 +194,10 @@ export class ServiceError extends Error {
   static async from(response) {
     try {
       const body = await response.json();
+      if (typeof body.error === "string") {
+        // The token endpoint answers in OAuth's shape (RFC 6749): {"error": "<code>", "error_description"}.
+        return new ServiceError(response.status, body.error, body.error_description ?? body.error, body);
+      }
       return new ServiceError(response.status, body.error.code, body.error.message, body);
     } catch {
       return new ServiceError(response.status, "http_error", `The service answered ${response.status}.`);
@@ -188,7 +212,21 @@ export class ServiceError extends Error {
  *   kept: `https://example.com/rt`). Default: the page's own origin. When it is another origin, requests
  *   carry credentials (`credentials: "include"`) and that origin must list the page's in `ALLOWED_ORIGINS`.
  * @property {() => void} [onLoggedOut] called once when a signed-in session is found to be gone (a 401
- *   that a refresh could not cure): logged out elsewhere, session ended, refresh token expired.
+ *   that a refresh could not cure): logged out elsewhere, session ended, refresh token expired; for an
+ *   exchanged session also when the application's token is refused or `subjectToken` answers no token.
+ * @property {() => (string | null | Promise<string | null>)} [subjectToken] the application's token for
+ *   the user (an ID token or access token of its identity provider, or a JWT of its own backend), from a
+ *   trusted issuer of the service: makes {@link Client#exchange} available, and every renewal of the
+ *   session exchanges a token it returns (call it fresh each time: the provider's SDK caches and renews).
+ *   Answering null or "" says that nobody is logged in to the application: the session here ends. A
+ *   function that throws is asked again a little later.
+ * @property {string} [subjectTokenType] what `subjectToken` returns: `jwt` (default), `id_token` or
+ *   `access_token`, or the full `urn:ietf:params:oauth:token-type:` name
+ * @property {"body" | "cookie"} [tokenTransport] with `subjectToken`: `body` (default) keeps the tokens in
+ *   this object's memory and sends them as `Authorization: Bearer`, so the page may be on any site the
+ *   service lists in `ALLOWED_ORIGINS` (no WebSocket: a browser cannot send the header on a handshake);
+ *   `cookie` puts them in the service's HttpOnly cookies, which needs the page on the same site as the
+ *   service, and allows every transport
  */
 
 /**
@@ -200,10 +238,16 @@ export class ServiceError extends Error {
  * @property {AbortSignal} [signal] aborts the request
  */
 
-/** The session: authenticated requests with refresh-on-401, log in and out. */
+/** The session: authenticated requests with refresh-on-401, log in (or exchange the application's token) and out. */
 export class Client {
   /** @param {ClientOptions} [options] */
-  constructor({ baseUrl = location.origin, onLoggedOut = () => {} } = {}) {
+  constructor({
+    baseUrl = location.origin,
+    onLoggedOut = () => {},
+    subjectToken,
+    subjectTokenType = "jwt",
+    tokenTransport = "body",
+  } = {}) {
     const base = new URL(baseUrl, location.href);
     // A trailing slash, so relative resolution keeps a path prefix ("https://x/rt" + "auth/me").
     if (!base.pathname.endsWith("/")) base.pathname += "/";
@@ -211,12 +255,30 @@ export class Client {
     this.baseUrl = base;
     /** @type {boolean} true when the service is on another origin than the page */
     this.crossOrigin = base.origin !== location.origin;
+    if (subjectToken !== undefined && typeof subjectToken !== "function") {
+      throw new TypeError("subjectToken must be a function that returns the application's token");
+    }
+    if (!["body", "cookie"].includes(tokenTransport)) throw new TypeError("tokenTransport must be body or cookie");
+    this.subjectToken = subjectToken ?? null;
+    this.subjectTokenType = subjectTokenType.startsWith("urn:") ? subjectTokenType : TOKEN_TYPE_PREFIX + subjectTokenType;
+    /** @type {boolean} true when tokens travel in memory as a bearer token, not in cookies */
+    this.bearer = this.subjectToken !== null && tokenTransport === "body";
     /** @type {RequestCredentials} */
-    this.credentials = this.crossOrigin ? "include" : "same-origin";
+    this.credentials = this.bearer ? "omit" : this.crossOrigin ? "include" : "same-origin";
     this.onLoggedOut = onLoggedOut;
     /** @type {boolean} whether the client believes a session is open (set by login, me, loggedIn) */
     this.signedIn = false;
     this.refreshing = null;
+    // An exchanged session: its access token (body transport; never stored anywhere but here), its id,
+    // the device name it was given, and the timer of its renewal.
+    this.accessToken = null;
+    /** @type {string | null} the id of the session the last exchange opened */
+    this.sessionId = null;
+    this.device = undefined;
+    this.renewing = null;
+    this.renewTimer = null;
+    this.renewAttempts = 0;
+    this.expiresAt = 0;
   }
 
   /**
@@ -229,8 +291,9 @@ export class Client {
   }
 
   /**
-   * fetch() with the session cookies; on a 401, one refresh and one retry. Network failures reject
-   * (as fetch does); HTTP errors resolve with the response.
+   * fetch() with the session cookies (or an exchanged session's bearer token); on a 401, one refresh (for an
+   * exchanged session: one exchange) and one retry. Network failures reject (as fetch does); HTTP errors
+   * resolve with the response.
    * @param {string} path a service path, e.g. `/auth/sessions`
    * @param {RequestOptions} [options]
    * @returns {Promise<Response>}
@@ -242,12 +305,24 @@ export class Client {
       init.body = JSON.stringify(body);
     }
     const url = this.url(path);
-    let response = await fetch(url, init);
+    const sent = this.accessToken;
+    let response = await fetch(url, this.authorized(init));
     if (response.status === 401 && !path.startsWith("/auth/login") && !(await wrongSecret(response))) {
-      if (await this.refresh()) response = await fetch(url, init);
+      // A token renewed while this request was under way is simply used: no second renewal for it.
+      const renewed = this.accessToken !== null && this.accessToken !== sent;
+      if (renewed || (await this.refresh())) response = await fetch(url, this.authorized(init));
       if (response.status === 401 && !(await wrongSecret(response))) this.loggedOut();
     }
     return response;
+  }
+
+  /**
+   * `init` with the exchanged access token as a bearer token, when the client holds one.
+   * @private
+   */
+  authorized(init) {
+    if (!this.accessToken) return init;
+    return { ...init, headers: { ...init.headers, Authorization: `Bearer ${this.accessToken}` } };
   }
 
   /**
@@ -473,7 +548,7 @@ export class Client {
    * @returns {Promise<SessionStatus>} rejects with a {@link ServiceError} (503 `unavailable`)
    */
   async status() {
-    const response = await fetch(this.url("/auth/status"), { credentials: this.credentials });
+    const response = await fetch(this.url("/auth/status"), this.authorized({ credentials: this.credentials }));
     if (!response.ok) throw await ServiceError.from(response);
     return response.json();
   }
@@ -486,7 +561,8 @@ export class Client {
   async me() {
     const status = await this.status();
     let { user } = status;
-    if (!user && status.can_refresh && (await this.refresh())) ({ user } = await this.status());
+    const renewable = status.can_refresh || (this.subjectToken !== null && this.signedIn);
+    if (!user && renewable && (await this.refresh())) ({ user } = await this.status());
     if (!user) {
       this.loggedOut();
       return null;
@@ -503,6 +579,160 @@ export class Client {
   async logout({ everywhere = false } = {}) {
     await this.json(everywhere ? "/auth/logout-all" : "/auth/logout", { method: "POST" });
     this.signedIn = false;
+    this.forgetExchange();
+  }
+
+  /**
+   * Logs in with the application's token (option `subjectToken`), by RFC 8693 token exchange at
+   * `POST /oauth/token`: the service checks it against its trusted issuers and opens a session for the
+   * user that issuer and the token's `sub` name (made at the first exchange). From then on the client
+   * exchanges a fresh application token again shortly before the access token would expire, instead of
+   * refreshing, and once more on a 401; the session it replaces is ended (live feeds reconnect with the
+   * new one and resume from their cursor). Channels the token lists (the issuer's `channels_claim`) are
+   * granted and taken back at each exchange.
+   * @param {{device?: string}} [options] `device` names the session in the user's device list
+   * @returns {Promise<User>} rejects with a {@link ServiceError} (400 `invalid_grant`: the token was refused,
+   *   expired, or of no trusted issuer; 400 `invalid_request`; 403 `csrf_rejected` with `tokenTransport:
+   *   "cookie"` from a page the service does not list; 429 `rate_limited`), or a TypeError when
+   *   `subjectToken` is missing or answers no token
+   */
+  async exchange({ device } = {}) {
+    if (!this.subjectToken) throw new TypeError("exchange() needs the subjectToken option");
+    this.device = device;
+    const user = await this.renew();
+    if (!user) throw new TypeError("subjectToken() answered no token: nobody is logged in to the application");
+    return user;
+  }
+
+  /**
+   * Exchanges a fresh application token now (as the client does by itself before the access token
+   * expires), one exchange at a time; the session it replaces ends.
+   * @returns {Promise<User | null>} the user, or null when `subjectToken` answered no token (the session
+   *   then ends); rejects as {@link Client#exchange}
+   */
+  renew() {
+    if (!this.renewing) {
+      this.renewing = this.exchangeOnce().finally(() => {
+        this.renewing = null;
+      });
+    }
+    return this.renewing;
+  }
+
+  /** @private */
+  async exchangeOnce() {
+    const subjectToken = await this.subjectToken();
+    if (!subjectToken) {
+      await this.endExchangedSession();
+      return null;
+    }
+    const form = new URLSearchParams({
+      grant_type: TOKEN_EXCHANGE,
+      subject_token: subjectToken,
+      subject_token_type: this.subjectTokenType,
+      transport: this.bearer ? "body" : "cookie",
+    });
+    if (this.device) form.set("device", this.device);
+    // A form is a simple request: no preflight; the service's CORS answer lets the page read it.
+    const response = await fetch(this.url("/oauth/token"), { method: "POST", body: form, credentials: this.credentials });
+    if (!response.ok) throw await ServiceError.from(response);
+    const answer = await response.json();
+    const replaced = this.sessionId ?? this.rememberedSession();
+    this.accessToken = answer.access_token ?? null; // the refresh token is not kept: renewals exchange
+    this.sessionId = answer.session_id;
+    this.rememberSession(this.sessionId);
+    this.expiresAt = Date.now() + answer.expires_in * 1000;
+    this.renewAttempts = 0;
+    this.scheduleRenewal(Math.max(answer.expires_in * 500, answer.expires_in * 1000 - RENEW_BEFORE_MS));
+    this.loggedIn();
+    if (replaced && replaced !== this.sessionId) {
+      // The replaced session (this tab's, also from before a reload) would otherwise stay among the
+      // user's devices until its refresh token expired. 404 for another user's: nothing to do.
+      await this.once(`/auth/sessions/${encodeURIComponent(replaced)}`, "DELETE").catch(() => {});
+    }
+    return answer.user;
+  }
+
+  /**
+   * A request with the current credentials, once: no refresh or renewal on a 401 (for use inside one).
+   * @private
+   */
+  once(path, method) {
+    return fetch(this.url(path), this.authorized({ method, credentials: this.credentials }));
+  }
+
+  /**
+   * The id of the session this tab last opened by exchange, kept across a reload in sessionStorage (an
+   * id names a session but cannot use it: it is no credential), so the next exchange ends it.
+   * @private
+   */
+  rememberedSession() {
+    try {
+      return sessionStorage.getItem(this.sessionKey());
+    } catch {
+      return null; // storage unavailable (a sandboxed frame, storage turned off): a reload's session lingers
+    }
+  }
+
+  /** @private */
+  rememberSession(id) {
+    try {
+      if (id) sessionStorage.setItem(this.sessionKey(), id);
+      else sessionStorage.removeItem(this.sessionKey());
+    } catch {
+      // as above
+    }
+  }
+
+  /** @private */
+  sessionKey() {
+    return `auth-rt-exchanged-session ${this.baseUrl.href}`;
+  }
+
+  /** @private */
+  scheduleRenewal(ms) {
+    clearTimeout(this.renewTimer);
+    this.renewTimer = setTimeout(() => this.renewInTime(), ms);
+  }
+
+  /**
+   * The timer's renewal. A refused token ends the session; a passing failure (network, 429, 5xx, a token
+   * function that threw) is tried again with back-off while the access token lasts.
+   * @private
+   */
+  async renewInTime() {
+    try {
+      await this.renew();
+    } catch (error) {
+      if (!this.signedIn) return;
+      if (error instanceof ServiceError && error.status >= 400 && error.status < 500 && error.status !== 429) {
+        await this.endExchangedSession();
+        return;
+      }
+      this.renewAttempts += 1;
+      const wait = Math.min(RENEW_RETRY_CAP_MS, RENEW_RETRY_START_MS * 2 ** (this.renewAttempts - 1));
+      // Past the access token's expiry the next request's 401 asks again, and ends the session if need be.
+      if (Date.now() + wait < this.expiresAt) this.scheduleRenewal(wait);
+    }
+  }
+
+  /**
+   * The application no longer vouches for the user: end the session here and tell the page.
+   * @private
+   */
+  async endExchangedSession() {
+    if (this.signedIn) await this.once("/auth/logout", "POST").catch(() => {});
+    this.forgetExchange();
+    this.loggedOut();
+  }
+
+  /** @private */
+  forgetExchange() {
+    clearTimeout(this.renewTimer);
+    this.renewTimer = null;
+    this.accessToken = null;
+    if (this.sessionId) this.rememberSession(null);
+    this.sessionId = null;
   }
 
   /**
@@ -553,6 +783,11 @@ export class Client {
    * @returns {Promise<boolean>} true when the session is valid again
    */
   refresh() {
+    if (!this.refreshing && this.subjectToken) {
+      this.refreshing = this.renewAfterRefusal().finally(() => {
+        this.refreshing = null;
+      });
+    }
     if (!this.refreshing) {
       this.refreshing = withRefreshLock(async () => {
         // Another tab may have refreshed while this one waited. /auth/status, not /auth/me: it answers
@@ -568,6 +803,24 @@ export class Client {
     return this.refreshing;
   }
 
+  /**
+   * An exchanged session's "refresh": a new exchange, once a session was opened by one. With cookies,
+   * another tab may have renewed already (then the session is valid again as it is).
+   * @private
+   */
+  async renewAfterRefusal() {
+    if (!this.signedIn) return false;
+    try {
+      if (!this.bearer) {
+        const check = await fetch(this.url("/auth/status"), { credentials: this.credentials });
+        if (check.ok && (await check.json()).user) return true;
+      }
+      return (await this.renew()) !== null;
+    } catch {
+      return false;
+    }
+  }
+
   /** Marks the session as open, so a later unrecoverable 401 calls `onLoggedOut`. */
   loggedIn() {
     this.signedIn = true;
@@ -577,6 +830,7 @@ export class Client {
   loggedOut() {
     if (this.signedIn) {
       this.signedIn = false;
+      this.forgetExchange();
       this.onLoggedOut();
     }
   }
@@ -603,7 +857,8 @@ export class Client {
  * @typedef {object} ApiKey
  * @property {string} id
  * @property {string} name
- * @property {string[]} scopes `events:publish`, `tokens:introspect`, `webhooks:manage`, `channels:manage`, `audit:read`
+ * @property {string[]} scopes `events:publish`, `tokens:introspect`, `webhooks:manage`, `channels:manage`,
+ *   `audit:read`, `issuers:manage`
  * @property {string[]} channels where `events:publish` may publish
  * @property {string} created_at
  * @property {string | null} last_used_at
@@ -637,16 +892,36 @@ export class Client {
  * A namespace's rules.
  * @typedef {object} Namespace
  * @property {string} name
- * @property {"members" | "authenticated"} subscribe
+ * @property {"members" | "authenticated" | "proxy"} subscribe `proxy`: the granted users, and those the
+ *   application's backend at `proxy_url` allows when they subscribe
  * @property {"server" | "subscribers"} publish
  * @property {boolean} presence
  * @property {boolean} join_leave
+ * @property {string} [proxy_url] a `proxy` namespace's: where the service asks
+ * @property {string} [proxy_secret] `whsec_...`, the secret that signs those requests: only in the answer
+ *   of the save that made it (shown once)
+ */
+
+/**
+ * A trusted issuer: an identity provider (or the application's own backend) whose tokens
+ * {@link Client#exchange} turns into sessions. Its HMAC `secret`, if it has one, is never shown.
+ * @typedef {object} Issuer
+ * @property {string} name its name here (1-32 of `a-z0-9_-`), as in a user's `external.issuer`
+ * @property {string} issuer the tokens' `iss`
+ * @property {string} audience what the tokens' `aud` must be or contain
+ * @property {string[]} algorithms e.g. `["RS256"]`
+ * @property {string | null} jwks_url where its public keys are fetched
+ * @property {{keys: object[]} | null} jwks its public keys, when given inline
+ * @property {string} email_claim the claim holding the user's e-mail address (default `email`)
+ * @property {string | null} channels_claim a claim listing channels each exchange grants
+ * @property {string | null} info_claim a claim whose object becomes those grants' `info`
+ * @property {string} created_at
  */
 
 /**
  * The administration API (admin endpoints of the service) for a {@link Client} signed in as an
- * administrator: users, API keys, outgoing webhook endpoints, namespaces and channel members, the audit
- * log. The admin console (`/admin`) is built on it. Every method rejects with a {@link ServiceError}
+ * administrator: users, API keys, outgoing webhook endpoints, namespaces and channel members, trusted
+ * issuers, the audit log. The admin console (`/admin`) is built on it. Every method rejects with a {@link ServiceError}
  * (403 `forbidden` for a caller who is not an administrator, 404 `not_found`, 409 `conflict` when the
  * last administrator would be demoted or deleted, 422 `validation_failed`).
  */
@@ -819,8 +1094,9 @@ export class Admin {
   /**
    * Creates a namespace or replaces its rules.
    * @param {string} name 1-32 of `a-z0-9_-`
-   * @param {{subscribe: string, publish: string, presence?: boolean, join_leave?: boolean}} rules
-   * @returns {Promise<Namespace>}
+   * @param {{subscribe: string, publish: string, presence?: boolean, join_leave?: boolean, proxy_url?: string,
+   *   rotate_proxy_secret?: boolean}} rules `proxy_url` with `subscribe: "proxy"`
+   * @returns {Promise<Namespace>} with `proxy_secret` when this save made one (the only time it is shown)
    */
   putNamespace(name, rules) {
     return this.client.json(`/admin/namespaces/${encodeURIComponent(name)}`, { method: "PUT", body: rules });
@@ -869,6 +1145,32 @@ export class Admin {
   async revoke(channel, userId) {
     const path = `/channels/${encodeURIComponent(channel)}/members/${encodeURIComponent(userId)}`;
     await this.client.json(path, { method: "DELETE" });
+  }
+
+  /** @returns {Promise<Issuer[]>} every trusted issuer */
+  async issuers() {
+    return (await this.client.json("/admin/issuers")).issuers;
+  }
+
+  /**
+   * Trusts an issuer's tokens for {@link Client#exchange}, or replaces what is known of it.
+   * @param {string} name 1-32 of `a-z0-9_-`
+   * @param {{issuer: string, audience: string, algorithms: string[], jwks_url?: string, jwks?: object,
+   *   secret?: string, email_claim?: string, channels_claim?: string, info_claim?: string}} issuer exactly
+   *   one of `jwks_url`, `jwks` and `secret`
+   * @returns {Promise<Issuer>}
+   */
+  putIssuer(name, issuer) {
+    return this.client.json(`/admin/issuers/${encodeURIComponent(name)}`, { method: "PUT", body: issuer });
+  }
+
+  /**
+   * Stops trusting an issuer: every session its tokens opened ends, with its live connections.
+   * @param {string} name
+   * @returns {Promise<void>}
+   */
+  async deleteIssuer(name) {
+    await this.client.json(`/admin/issuers/${encodeURIComponent(name)}`, { method: "DELETE" });
   }
 
   /**
@@ -1144,6 +1446,10 @@ export class EventFeed {
    */
   start(transport) {
     if (!Object.hasOwn(this.runners(), transport)) throw new TypeError(`unknown transport: ${transport}`);
+    if (transport === "websocket" && this.client.bearer) {
+      // A browser sends no Authorization header on a WebSocket handshake: only cookies authenticate one.
+      throw new TypeError("websocket needs the cookie transport; with tokens in memory use sse, long-poll or poll");
+    }
     this.halt();
     this.transport = transport;
     this.running = true;
