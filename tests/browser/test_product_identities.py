@@ -72,11 +72,14 @@ async function idTokenFromCallback() {
   return tokens.id_token;
 }
 
-// The service: sessions from the product's token, exchanged again before they would need a refresh.
+// The service: sessions from the product's token, exchanged again before they would need a refresh. The
+// test may choose the tokens' transport and the feed's before logging in.
+const mode = JSON.parse(sessionStorage.getItem("mode") ?? '{"tokens": "body", "feed": "sse"}');
 const client = new Client({
   baseUrl: "%SERVICE%",
   subjectToken: async () => idToken,
   subjectTokenType: "id_token",
+  tokenTransport: mode.tokens,
   onLoggedOut: () => { $("status").textContent = "Logged out"; },
 });
 const people = new Map();
@@ -118,7 +121,7 @@ if (new URLSearchParams(location.search).has("code")) {
   const user = await client.exchange({ device: "The product's page" });
   document.body.dataset.userId = user.id;
   $("status").textContent = `Signed in as ${user.external.sub}`;
-  feed.start("sse");
+  feed.start(mode.feed);
 }
 window.product = { client, feed, join };
 </script></body></html>"""
@@ -201,10 +204,10 @@ def backend(stack, base_env, provider) -> Backend:
     return Backend(stack, base_env, provider)
 
 
-def logged_in(new_context, product: str, login: str, unauthorized: list | None = None):
+def logged_in(new_context, product: str, login: str, unauthorized: list | None = None, mode: dict | None = None):
     """A browser that logs in at the product's provider (its development login and consent screens) and
     comes back to the product's page signed in here: the page and the user's id here. The service's 401
-    answers to the page are noted in `unauthorized`."""
+    answers to the page are noted in `unauthorized`; `mode` chooses the transports of tokens and events."""
     page = new_context().new_page()
     errors = []
     page.on("pageerror", lambda error: errors.append(str(error)))
@@ -212,6 +215,8 @@ def logged_in(new_context, product: str, login: str, unauthorized: list | None =
         page.on("response", lambda response: response.status == 401 and unauthorized.append(response.url))
     page.goto(product + "/")
     page.wait_for_function("window.product !== undefined")  # the page's script is ready
+    if mode:
+        page.evaluate(f"sessionStorage.setItem('mode', {json.dumps(json.dumps(mode))})")
     page.get_by_role("button", name="Log in with the product's provider").click()
     page.locator('input[name="login"]').fill(login)
     page.locator('input[name="password"]').fill("anything")
@@ -282,3 +287,31 @@ def test_a_product_page_joins_a_room_with_its_providers_token_and_is_cut_off_wit
     expect(person(bob, ada_id)).to_have_count(0)
     expect(messages(ada)).to_have_text(["one", "two"])
     assert ada.evaluate("window.product.client.signedIn") is True  # her session goes on without the room
+
+
+def test_with_cookies_on_the_same_site_the_page_follows_the_room_by_websocket_across_a_renewal(
+    backend, product, new_context
+):
+    page, user_id = logged_in(
+        new_context, product, "cy@product.example", mode={"tokens": "cookie", "feed": "websocket"}
+    )
+    assert page.evaluate("window.product.client.accessToken") is None  # in the service's HttpOnly cookies
+    assert page.evaluate("document.cookie") == ""
+    room = f"{backend.namespace}:cookies"
+    backend.call("PUT", f"/channels/{room}/members/{user_id}", 204, json={"info": {"name": "Cy"}})
+    page.evaluate(f"window.product.join('{room}')")
+    expect(person(page, user_id)).to_have_text("Cy")
+    assert page.evaluate("window.product.feed.socket !== null")  # joined by a WebSocket frame
+
+    first = page.evaluate("window.product.client.sessionId")
+    assert page.evaluate("window.product.client.renew().then((user) => user.id)") == user_id
+    assert page.evaluate("window.product.client.sessionId") != first
+    backend.call("POST", "/events", 201, json={"channel": room, "event": "message", "data": {"text": "after"}})
+    expect(messages(page)).to_have_text(["after"])  # the WebSocket came back with the new session's cookie
+    sessions = backend.call("GET", f"/admin/users/{user_id}", 200, headers=backend.admin()).json()["sessions"]
+    assert [session["id"] for session in sessions] == [page.evaluate("window.product.client.sessionId")]
+
+    backend.call("DELETE", f"/channels/{room}/members/{user_id}", 204)
+    answered = time.time()
+    expect(page.locator("#room-state")).to_have_text("Room closed (revoked)")
+    assert page.evaluate("window.closedAt") / 1000 < answered + WITHIN + BROWSER_MARGIN
