@@ -98,6 +98,8 @@ def resend_verification():
     caller = current_caller()
     if caller.user.get("email_verified"):
         raise ApiError(409, "conflict", "This e-mail address is already verified.")
+    if caller.user.get("external"):  # the issuer vouches for (or not) its address; nothing is mailed to it here
+        raise ApiError(409, "conflict", "This account's address comes from its issuer and is not verified here.")
     mail.queue_mail(mail.VERIFY_EMAIL, user_id=caller.user_id)
     return _empty(202)
 

@@ -99,14 +99,23 @@ class SessionPath(Body):
     session_id: SessionId
 
 
+class ExternalIdentity(Answer):
+    """Who a user from a trusted issuer is there."""
+
+    issuer: str = Field(description="The issuer's name here.")
+    sub: str
+
+
 class User(Answer):
-    """`U`: a user as answers show them."""
+    """`U`: a user as answers show them; a user from a trusted issuer has `external`, and its e-mail as the issuer
+    gave it (or null)."""
 
     id: str
-    email: str
+    email: str | None
     role: Literal[ROLES]
     email_verified: bool
     mfa_enabled: bool
+    external: ExternalIdentity | None = None
 
 
 class UserAnswer(Answer):

@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from ..auth.schemas import Tokens, User
+from ..auth.schemas import ExternalIdentity, Tokens, User
 from ..schemas import Answer, Body, PlainText
 from .grants import ACCESS_TOKEN_TYPE, DEVICE_MAX, SUBJECT_TOKEN_TYPES, TOKEN_EXCHANGE, TRANSPORTS
 
@@ -26,17 +26,9 @@ class TokenRequest(Body):
     )
 
 
-class ExternalIdentity(Answer):
-    """Who the user is at its issuer."""
-
-    issuer: str = Field(description="The issuer's name here.")
-    sub: str
-
-
 class ExternalUser(User):
     """`U` of a user from a trusted issuer: its e-mail as the issuer gave it (or null), and its identity there."""
 
-    email: str | None
     external: ExternalIdentity
 
 

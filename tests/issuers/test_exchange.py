@@ -126,6 +126,14 @@ def test_an_external_user_changes_no_password(client, rsa_issuer):
     assert answer.status_code == 401
 
 
+def test_no_verification_link_is_mailed_to_an_address_an_issuer_gave(client, rsa_issuer):
+    """The issuer vouches for its users' addresses (or not): this service mails them nothing to verify."""
+    _, iss, signer = rsa_issuer
+    tokens = exchange(client, signer, claims(iss, email=random_email()))
+    answer = client.post("/auth/email/verify/resend", headers=bearer(tokens["access_token"]))
+    assert answer.status_code == 409 and answer.get_json()["error"]["code"] == "conflict"
+
+
 def test_admin_views_and_me_show_the_external_identity(client, admin, rsa_issuer):
     name, iss, signer = rsa_issuer
     tokens = exchange(client, signer, claims(iss, "who", email="who@example.com"))
