@@ -182,6 +182,8 @@ class Settings:
     presence_linger: float
     subscribe_proxy_timeout: float
     subscribe_proxy_grant_seconds: int
+    oidc_issuer: str | None  # the OpenID provider's issuer: OIDC_ISSUER, else PUBLIC_BASE_URL
+    oidc_id_token_alg: str
     prometheus_multiproc_dir: str | None
     metrics_allow_ips: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]
     metrics_token: Secret | None
@@ -287,6 +289,9 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         subscribe_proxy_grant_seconds=reader.integer(
             "SUBSCRIBE_PROXY_GRANT_SECONDS", 3600, minimum=1, maximum=10 * 366 * 24 * 3600
         ),
+        # The OpenID provider: its issuer identifier (never a request's Host), and how its ID tokens are signed.
+        oidc_issuer=reader.checked(_oidc_issuer, reader),
+        oidc_id_token_alg=reader.choice("OIDC_ID_TOKEN_ALG", "RS256", {"RS256", "ES256", "EdDSA"}),
         # Set by gunicorn.conf.py for its workers (and by `make run`'s var/.env for the CLI).
         prometheus_multiproc_dir=reader.text("PROMETHEUS_MULTIPROC_DIR", "") or None,
         # Who may read /metrics: these client addresses, or whoever sends the token as a bearer.
@@ -417,6 +422,20 @@ def _public_base_url(reader: _Reader) -> str | None:
     if url and (urlsplit(url).scheme not in {"http", "https"} or not urlsplit(url).netloc):
         raise SettingsError("PUBLIC_BASE_URL must be an http(s) URL such as https://auth.example.com")
     return url or None
+
+
+def _oidc_issuer(reader: _Reader) -> str | None:
+    """OIDC_ISSUER, else PUBLIC_BASE_URL: an http(s) URL with no query or fragment (https in production, as
+    PUBLIC_BASE_URL is behind TLS there)."""
+    issuer = reader.text("OIDC_ISSUER", "").rstrip("/")
+    if not issuer:
+        return _public_base_url(reader)
+    parts = urlsplit(issuer)
+    if parts.scheme not in {"http", "https"} or not parts.hostname or parts.query or parts.fragment:
+        raise SettingsError(
+            "OIDC_ISSUER must be an http(s) URL without a query or fragment, such as https://auth.example.com"
+        )
+    return issuer
 
 
 def _origin(value: str) -> str | None:

@@ -24,7 +24,15 @@ from ..http import plain_text, rfc3339
 from ..redis import Keys, get_redis
 
 KEY_PREFIX = "ak_"
-SCOPES = ("events:publish", "tokens:introspect", "webhooks:manage", "channels:manage", "audit:read", "issuers:manage")
+SCOPES = (
+    "events:publish",
+    "tokens:introspect",
+    "webhooks:manage",
+    "channels:manage",
+    "audit:read",
+    "issuers:manage",
+    "clients:manage",
+)
 NAME_LIMIT, CHANNELS_LIMIT = 100, 100
 TOUCH_INTERVAL_SECONDS = 60  # last_used_at is written at most this often per key
 
