@@ -1,5 +1,5 @@
 """auth-rt's Python client for backends: publish events, introspect tokens, manage channels, read events,
-verify webhooks."""
+verify webhooks, and exchange the application's own tokens for sessions."""
 
 from __future__ import annotations
 
@@ -12,7 +12,19 @@ from .errors import (
     ServiceUnreachable,
     WebhookVerificationError,
 )
-from .models import BatchItem, Event, Introspection, Member, Namespace, Presence, PresentUser, PublishedEvent
+from .models import (
+    BatchItem,
+    Event,
+    ExternalIdentity,
+    Introspection,
+    Member,
+    Namespace,
+    Presence,
+    PresentUser,
+    PublishedEvent,
+    Tokens,
+    User,
+)
 from .reader import EventReader
 from .webhooks import verify_webhook
 
@@ -23,6 +35,7 @@ __all__ = [
     "Client",
     "Event",
     "EventReader",
+    "ExternalIdentity",
     "Introspection",
     "Member",
     "Namespace",
@@ -31,6 +44,8 @@ __all__ = [
     "ProtocolError",
     "PublishedEvent",
     "ServiceUnreachable",
+    "Tokens",
+    "User",
     "WebhookVerificationError",
     "verify_webhook",
     "__version__",

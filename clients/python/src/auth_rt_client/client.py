@@ -1,5 +1,5 @@
 """`Client`: what a backend does with an API key (publish, publish in batches, introspect tokens, and manage
-channels: namespaces, members and presence)."""
+channels: namespaces, members and presence), and sessions for the application's own users by token exchange."""
 
 from __future__ import annotations
 
@@ -12,10 +12,13 @@ import httpx
 
 from ._version import USER_AGENT
 from .errors import ApiError, ProtocolError, ServiceUnreachable
-from .models import BatchItem, Introspection, Member, Namespace, Presence, PublishedEvent
+from .models import BatchItem, Introspection, Member, Namespace, Presence, PublishedEvent, Tokens
 
-SubscribeRule = Literal["members", "authenticated"]
+SubscribeRule = Literal["members", "authenticated", "proxy"]
 PublishRule = Literal["server", "subscribers"]
+# RFC 8693 names (URNs, not secrets).
+TOKEN_EXCHANGE = "urn:ietf:params:oauth:grant-type:token-exchange"  # noqa: S105
+TOKEN_TYPE_PREFIX = "urn:ietf:params:oauth:token-type:"  # noqa: S105
 
 
 class Client:
@@ -26,16 +29,50 @@ class Client:
     retried by itself: a publish is not idempotent, so whether to try again is the caller's decision.
 
     Managing channels (namespaces, members, presence) needs the `channels:manage` scope; an admin's access
-    token, given as `api_key`, may do it too.
+    token, given as `api_key`, may do it too. `exchange` needs no key: a client without one may only exchange.
     """
 
-    def __init__(self, base_url: str, api_key: str, *, timeout: float = 10.0) -> None:
+    def __init__(self, base_url: str, api_key: str | None = None, *, timeout: float = 10.0) -> None:
         """`base_url` is the service's origin, e.g. `https://rt.example.com`; `timeout` is in seconds."""
-        self._http = httpx.Client(
-            base_url=base_url.rstrip("/"),
-            headers={"Authorization": f"Bearer {api_key}", "User-Agent": USER_AGENT},
-            timeout=timeout,
+        headers = {"User-Agent": USER_AGENT}
+        if api_key is not None:
+            headers["Authorization"] = f"Bearer {api_key}"
+        self._http = httpx.Client(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout)
+
+    def exchange(
+        self,
+        subject_token: str,
+        subject_token_type: str = "jwt",  # noqa: S107 - a token type's name, not a secret
+        *,
+        device: str | None = None,
+    ) -> Tokens:
+        """A session for one of the application's own users (`POST /oauth/token`, RFC 8693 token exchange).
+
+        `subject_token` is a token of a trusted issuer (`PUT /admin/issuers/{name}`): the application's identity
+        provider's ID token or access token, or a JWT its backend signs. `subject_token_type` is `jwt`,
+        `id_token` or `access_token` (or the full `urn:ietf:params:oauth:token-type:` name). The service opens
+        an ordinary session for the user the issuer and the token's `sub` name (made at the first exchange);
+        `device` names it in the user's device list. Every exchange opens a new session: exchange again for
+        a fresh one rather than keeping many. The API key is not sent (the token is the credential).
+
+        Raises `ApiError` 400 with code `invalid_grant` for a token that is not accepted (signature, issuer,
+        audience, expiry, an unknown issuer; the message says which), `invalid_request` for an unknown
+        `subject_token_type`, 429 `rate_limited` (as logins are, per client address).
+        """
+        token_type = (
+            subject_token_type if subject_token_type.startswith("urn:") else TOKEN_TYPE_PREFIX + subject_token_type
         )
+        form = {
+            "grant_type": TOKEN_EXCHANGE,
+            "subject_token": subject_token,
+            "subject_token_type": token_type,
+            "transport": "body",
+        }
+        if device is not None:
+            form["device"] = device
+        request = self._http.build_request("POST", "/oauth/token", data=form)
+        request.headers.pop("Authorization", None)
+        return Tokens.from_json(self._json_of(self._send(request)))
 
     def publish(self, channel: str, event: str, data: Any = None) -> PublishedEvent:
         """Publish one event (`POST /events`) to a channel the key may publish to.
@@ -77,14 +114,30 @@ class Client:
         publish: PublishRule = "server",
         presence: bool = False,
         join_leave: bool = False,
+        proxy_url: str | None = None,
+        rotate_proxy_secret: bool = False,
     ) -> Namespace:
         """Create or replace a namespace (`PUT /admin/namespaces/{name}`).
 
         Open subscriptions to its channels follow the new rules at once. 422 for a name outside 1-32 of
         `a-z0-9_-`, a reserved one (`user`, `broadcast`, `webhooks`, `admin`), or `join_leave` without
         `presence`.
+
+        `subscribe="proxy"` needs `proxy_url`, the application's endpoint the service asks (by a signed `POST`)
+        whether a user without a grant may subscribe; it follows the outgoing webhooks' address rules (422
+        otherwise). The answer's `proxy_secret` signs those requests: it is there only when this call made
+        it (the namespace became a proxy one, or `rotate_proxy_secret=True` replaced it), never again.
         """
-        body = {"subscribe": subscribe, "publish": publish, "presence": presence, "join_leave": join_leave}
+        body: dict[str, Any] = {
+            "subscribe": subscribe,
+            "publish": publish,
+            "presence": presence,
+            "join_leave": join_leave,
+        }
+        if proxy_url is not None:
+            body["proxy_url"] = proxy_url
+        if rotate_proxy_secret:
+            body["rotate_proxy_secret"] = True
         return Namespace.from_json(self._json("PUT", f"/admin/namespaces/{_segment(name)}", json=body))
 
     def namespaces(self) -> list[Namespace]:
@@ -154,22 +207,29 @@ class Client:
         self.close()
 
     def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        return self._send(self._http.build_request(method, path, **kwargs))
+
+    def _send(self, request: httpx.Request) -> httpx.Response:
         try:
-            response = self._http.request(method, path, **kwargs)
+            response = self._http.send(request)
         except httpx.TransportError as error:
-            raise ServiceUnreachable(f"{method} {path}: {error}") from error
+            raise ServiceUnreachable(f"{request.method} {request.url.path}: {error}") from error
         if response.is_error:
             raise ApiError.from_response(response)
         return response
 
     def _json(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
-        response = self._call(method, path, **kwargs)
+        return self._json_of(self._call(method, path, **kwargs))
+
+    @staticmethod
+    def _json_of(response: httpx.Response) -> dict[str, Any]:
+        where = f"{response.request.method} {response.request.url.path}"
         try:
             answer = response.json()
         except ValueError as error:
-            raise ProtocolError(f"{method} {path}: the answer is not JSON") from error
+            raise ProtocolError(f"{where}: the answer is not JSON") from error
         if not isinstance(answer, dict):
-            raise ProtocolError(f"{method} {path}: unexpected answer {answer!r:.200}")
+            raise ProtocolError(f"{where}: unexpected answer {answer!r:.200}")
         return answer
 
 

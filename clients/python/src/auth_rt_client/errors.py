@@ -38,12 +38,20 @@ class ApiError(AuthRtError):
 
     @classmethod
     def from_response(cls, response: httpx.Response) -> ApiError:
-        """The error an answer carries; a body that is not the service's error shape still gives one."""
+        """The error an answer carries; a body that is not the service's error shape still gives one.
+
+        The token endpoint answers in OAuth's shape (RFC 6749, `{"error": "<code>", "error_description"}`):
+        its `error` is the code and its description the message.
+        """
         code, message = f"http_{response.status_code}", response.reason_phrase or "unexpected answer"
         try:
-            error = response.json()["error"]
-            code, message = str(error["code"]), str(error["message"])
-        except (ValueError, KeyError, TypeError):
+            body = response.json()
+            error = body["error"]
+            if isinstance(error, str):
+                code, message = error, str(body.get("error_description") or error)
+            else:
+                code, message = str(error["code"]), str(error["message"])
+        except (ValueError, KeyError, TypeError, AttributeError):
             pass  # e.g. a proxy's HTML page: keep the status-based code
         return cls(
             response.status_code,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, NotRequired, TypedDict
 
 from .errors import ProtocolError
@@ -91,8 +91,11 @@ class Introspection:
 class Namespace:
     """A namespace `N`: who may subscribe to its channels and publish to them, and whether they keep presence.
 
-    `subscribe` is `members` (the users granted a channel) or `authenticated` (every logged-in user);
+    `subscribe` is `members` (the users granted a channel), `authenticated` (every logged-in user) or `proxy`
+    (the granted users, and those the application's backend at `proxy_url` allows when they subscribe);
     `publish` is `server` (admins and API keys) or `subscribers` (also every user who may subscribe).
+    `proxy_secret` (`whsec_...`, which signs the requests to `proxy_url`) is only in the answer of the
+    `put_namespace` that made it: keep it then, it is not shown again.
     """
 
     name: str
@@ -100,15 +103,27 @@ class Namespace:
     publish: str
     presence: bool
     join_leave: bool
+    proxy_url: str | None = None
+    proxy_secret: str | None = field(default=None, repr=False)
 
     @classmethod
     def from_json(cls, value: Any) -> Namespace:
         """A namespace from its JSON object; `ProtocolError` if it is not one."""
         try:
-            namespace = cls(value["name"], value["subscribe"], value["publish"], value["presence"], value["join_leave"])
-        except (KeyError, TypeError) as error:
+            namespace = cls(
+                value["name"],
+                value["subscribe"],
+                value["publish"],
+                value["presence"],
+                value["join_leave"],
+                value.get("proxy_url"),
+                value.get("proxy_secret"),
+            )
+        except (KeyError, TypeError, AttributeError) as error:
             raise ProtocolError(f"not a namespace object: {value!r:.200}") from error
-        if not all(isinstance(text, str) for text in (namespace.name, namespace.subscribe, namespace.publish)):
+        texts = (namespace.name, namespace.subscribe, namespace.publish)
+        optional = (namespace.proxy_url, namespace.proxy_secret)
+        if not all(isinstance(text, str) for text in texts) or not all(_optional_str(text) for text in optional):
             raise ProtocolError(f"not a namespace object: {value!r:.200}")
         return namespace
 
@@ -180,3 +195,85 @@ class Presence:
     def user_ids(self) -> list[str]:
         """The ids of `users`, in order."""
         return [user.user_id for user in self.users]
+
+
+@dataclass(frozen=True, slots=True)
+class ExternalIdentity:
+    """Who a user is at a trusted issuer: the issuer's name in the service, and the `sub` its tokens give."""
+
+    issuer: str
+    sub: str
+
+
+@dataclass(frozen=True, slots=True)
+class User:
+    """A user `U` as the service describes one. `email` is None for a user of a trusted issuer whose token
+    named no address; `external` is set only for such users (made by a token exchange)."""
+
+    id: str
+    email: str | None
+    role: str
+    external: ExternalIdentity | None = None
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, value: Any) -> User:
+        """A user from its JSON object; `ProtocolError` if it is not one."""
+        try:
+            external = value.get("external")
+            identity = ExternalIdentity(external["issuer"], external["sub"]) if external is not None else None
+            user = cls(value["id"], value.get("email"), value["role"], identity, value)
+        except (KeyError, TypeError, AttributeError) as error:
+            raise ProtocolError(f"not a user object: {value!r:.200}") from error
+        texts = (user.id, user.role) + ((identity.issuer, identity.sub) if identity else ())
+        if not all(isinstance(text, str) for text in texts) or not _optional_str(user.email):
+            raise ProtocolError(f"not a user object: {value!r:.200}")
+        return user
+
+
+@dataclass(frozen=True, slots=True)
+class Tokens:
+    """A session's tokens, as every way of logging in answers them (`T`, body transport).
+
+    Send `access_token` as `Authorization: Bearer` (e.g. to `EventReader`) until `expires_at`; the session is
+    `session_id`, and `refresh_token` renews it. `issued_token_type` is set by a token exchange (RFC 8693).
+    """
+
+    access_token: str = field(repr=False)
+    refresh_token: str = field(repr=False)
+    token_type: str
+    expires_in: int
+    refresh_expires_in: int
+    session_id: str
+    user: User
+    expires_at: datetime
+    issued_token_type: str | None = None
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, value: Any) -> Tokens:
+        """The tokens of a login's JSON answer (`expires_at` counted from now); `ProtocolError` if it is not one."""
+        try:
+            tokens = cls(
+                access_token=value["access_token"],
+                refresh_token=value["refresh_token"],
+                token_type=value["token_type"],
+                expires_in=value["expires_in"],
+                refresh_expires_in=value["refresh_expires_in"],
+                session_id=value["session_id"],
+                user=User.from_json(value["user"]),
+                expires_at=datetime.now(UTC) + timedelta(seconds=value["expires_in"]),
+                issued_token_type=value.get("issued_token_type"),
+                raw=value,
+            )
+        except (KeyError, TypeError, AttributeError) as error:
+            raise ProtocolError("not a token answer") from error  # never the value: it holds tokens
+        texts = (tokens.access_token, tokens.refresh_token, tokens.token_type, tokens.session_id)
+        numbers = (tokens.expires_in, tokens.refresh_expires_in)
+        if not all(isinstance(text, str) for text in texts) or not all(isinstance(n, int) for n in numbers):
+            raise ProtocolError("not a token answer")
+        return tokens
+
+
+def _optional_str(value: Any) -> bool:
+    return value is None or isinstance(value, str)
