@@ -104,14 +104,15 @@ def parsed_recipients(header: str) -> set[str]:
 # In process: every door refuses what is not one plain address, and stores nothing.
 
 
-@pytest.mark.parametrize("address", MALFORMED.values(), ids=MALFORMED.keys())
-def test_a_malformed_address_is_422_at_registration_and_forgot_and_nothing_is_kept(client, rdb, address):
-    register = client.post("/auth/register", json={"email": address, "password": DEFAULT_PASSWORD})
-    forgot = client.post("/auth/password/forgot", json={"email": address})
-    for answer in (register, forgot):
-        assert answer.status_code == 422, (address, answer.get_json())
-        assert answer.get_json()["error"]["code"] == "validation_failed"
-    assert redis_snapshot(rdb) == {}  # no account, no index, no mail job
+@pytest.mark.not_on_cluster("the address is refused before Redis is touched: one Redis shows nothing was kept")
+def test_a_malformed_address_is_422_at_registration_and_forgot_and_nothing_is_kept(client, rdb):
+    for case, address in MALFORMED.items():  # one app for them all: building one per case cost 0.2 s each
+        register = client.post("/auth/register", json={"email": address, "password": DEFAULT_PASSWORD})
+        forgot = client.post("/auth/password/forgot", json={"email": address})
+        for answer in (register, forgot):
+            assert answer.status_code == 422, (case, address, answer.get_json())
+            assert answer.get_json()["error"]["code"] == "validation_failed", case
+        assert redis_snapshot(rdb) == {}, case  # no account, no index, no mail job
 
 
 @pytest.mark.parametrize("address", VALID, ids=repr)

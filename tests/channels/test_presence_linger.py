@@ -158,6 +158,8 @@ def test_leaves_of_a_worker_that_died_are_published_by_the_reapers(keepers, rdb,
 # Through the transports: two instances (one worker each) on the session's Redis, with the default linger.
 
 DEFAULT_LINGER = 2.0
+# The linger's Redis steps run in both modes in the keeper tests above; these add the transports.
+TRANSPORTS_ON_ONE_REDIS = "the linger's steps are tested on the cluster above; this adds two instances and a socket"
 
 
 @pytest.fixture(scope="module")
@@ -181,6 +183,7 @@ def presence_count(user: Api, channel: str) -> int:
     return answer.json()["count"]
 
 
+@pytest.mark.not_on_cluster(TRANSPORTS_ON_ONE_REDIS)
 def test_a_websocket_flooding_subscribe_and_unsubscribe_frames_publishes_one_join(instances, namespace, rdb):
     namespace("flood", subscribe="authenticated", publish="subscribers", presence=True, join_leave=True)
     room = "flood:room"
@@ -213,6 +216,7 @@ def test_a_websocket_flooding_subscribe_and_unsubscribe_frames_publishes_one_joi
         ws.close()
 
 
+@pytest.mark.not_on_cluster(TRANSPORTS_ON_ONE_REDIS)
 def test_a_reader_moving_to_another_instance_within_the_linger_neither_leaves_nor_joins(instances, namespace, rdb):
     namespace("move", subscribe="authenticated", publish="subscribers", presence=True, join_leave=True)
     room = "move:room"
