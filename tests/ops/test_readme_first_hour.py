@@ -1,4 +1,5 @@
-"""README's "Your first hour", the mail and webhook steps, as written there, against `make run` itself.
+"""README's "Your first hour", the mail, webhook and token-exchange steps, as written there, against `make run`
+itself.
 
 The commands and code are taken from README.md, so the README cannot drift from what works: only the
 addresses change, to the ports this test picks. scripts/run.sh gets those ports and where to keep its data,
@@ -13,6 +14,7 @@ import re
 import selectors
 import signal
 import subprocess
+import textwrap
 import time
 
 import pytest
@@ -52,6 +54,13 @@ def blocks(text: str, language: str) -> list[str]:
                 found.append("".join(lines))
             lines = None
     return found
+
+
+def indented_blocks(text: str, language: str) -> list[str]:
+    """The fenced code blocks of `text` with info string `language`, also those indented in a list item
+    (dedented)."""
+    fences = re.finditer(rf"^( *)```{re.escape(language)}\n(.*?)^\1```$", text, re.MULTILINE | re.DOTALL)
+    return [textwrap.dedent(fence.group(2)) for fence in fences]
 
 
 @pytest.fixture(scope="module")
@@ -191,3 +200,37 @@ def test_the_operations_guide_counts_the_mail_queue_that_is_really_there(run):
     here = command.replace("-p 6389 ", f"-p {run.ports['REDIS_PORT']} ")
     counted = subprocess.run(["bash", "-c", here], capture_output=True, text=True, timeout=10, check=True)
     assert counted.stdout.strip().isdigit(), counted
+
+
+@pytest.mark.slow
+def test_use_it_with_the_users_you_already_have(run):
+    """Every command of step 7 in one terminal: an issuer with an HMAC secret, a token made with PyJWT and
+    exchanged with curl, a room Ada is granted and present in, and the grant taken back from her stream."""
+    text = section("7. Use it with the users you already have")
+    commands = indented_blocks(text, "sh")
+    assert len(commands) == 6 and commands[0].startswith("BASE=http://127.0.0.1:8080\n")
+    script = localize("".join(commands), run)
+    # "sleep 1" lets the stream open on a developer's machine; on a busy test machine, wait until it has.
+    present = (
+        'until curl -s "$BASE/channels/rooms:design/presence" -H "Authorization: Bearer $KEY" '
+        "| python3 -c 'import json, sys; sys.exit(json.load(sys.stdin)[\"count\"] < 1)'; do sleep 0.1; done\n"
+    )
+    assert script.count("sleep 1\n") == 2
+    script = script.replace("sleep 1\n", present, 1)
+
+    terminal = shell(script, run)
+    try:
+        output = read_until(terminal, '"reason": "revoked"', 60, "Hello Ada")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(terminal.pid, signal.SIGTERM)  # the stream, in the background of that shell
+        terminal.wait(10)
+        terminal.stdout.close()
+    assert "'external': {'issuer': 'myapp', 'sub': 'ada'}" in output, output
+    assert "{'email': 'ada@myapp.example', 'email_verified': False, 'external'" in output, output
+    assert '"secret"' not in output and '"name":"myapp"' in output.replace(" ", ""), output
+    assert '"info":{"name":"Ada"}' in output.replace(" ", ""), output  # presence lists her with her info
+    joined, said, left = (output.index(text) for text in ("event: presence.join", "Hello Ada", "event: unsubscribed"))
+    assert joined < said < left, output
+    assert 'data: {"channel": "rooms:design", "reason": "revoked"}' in output, output
+    assert "Traceback" not in output and "% Total" not in output, output
