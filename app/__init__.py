@@ -37,6 +37,7 @@ from .events.handover import KeepsServerResponse
 from .events.opener import StreamOpener
 from .issuers import views as issuer_views
 from .oauth_server import views as oauth_server_views
+from .oidc import client_views as oauth_client_views
 from .outgoing import views as outgoing_views
 from .proxy import TrustedProxyFix
 from .settings import load_settings
@@ -106,6 +107,7 @@ def create_app(environ: Mapping[str, str] | None = None) -> Flask:
         channel_views.bp,
         issuer_views.bp,
         oauth_server_views.bp,
+        oauth_client_views.bp,
         webhook_views.bp,
         outgoing_views.bp,
         outgoing_views.page_bp,

@@ -375,6 +375,13 @@ class Keys:
         """The ids of the users an issuer's exchanges made or found (a set): whose sessions deleting it ends."""
         return f"issuer:{{{name}}}:users"
 
+    # The OpenID provider's clients (app/oidc/clients.py).
+
+    @staticmethod
+    def oauth_clients() -> str:
+        """Every OAuth client's record, by client id (a hash of JSON; a secret only as its SHA-256)."""
+        return "oauth_clients"
+
 
 # Ending sessions, shared by every script that ends some (reuse detection, logout, logout-all, password
 # change and reset, deleting a user). A script touches only keys passed in KEYS, so the caller reads

@@ -55,6 +55,9 @@ TYPES = (
     "channel.member_removed",
     "issuer.put",
     "issuer.deleted",
+    "oauth_client.created",
+    "oauth_client.updated",
+    "oauth_client.deleted",
 )
 ENTRY_ID_PATTERN = r"^[0-9]{13}-[0-9a-f]{16}$"
 ENTRY_ID = re.compile(ENTRY_ID_PATTERN)
