@@ -1,5 +1,5 @@
-"""Operator commands: `flask --app wsgi users ...`, `events publish`, `api-keys ...`, `channels ...` and
-`redis migrate-keys`."""
+"""Operator commands: `flask --app wsgi users ...`, `events publish`, `api-keys ...`, `channels ...`,
+`clients ...` and `redis migrate-keys`."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from .redis import describe_redis, redis_error, redis_url_setting
 
 
 def init_app(app: Flask) -> None:
-    """Add the `users`, `events`, `api-keys`, `channels` and `redis` command groups to `flask`."""
+    """Add the `users`, `events`, `api-keys`, `channels`, `clients` and `redis` command groups to `flask`."""
     users_group = click.Group("users", help="Manage user accounts.")
 
     @users_group.command("create")
@@ -256,6 +256,99 @@ def init_app(app: Flask) -> None:
             click.echo(f"{member['user_id']}  {member['expires_at'] or '-'}  {info}")
 
     app.cli.add_command(channels_group)
+
+    from .oidc.clients import GRANT_TYPES, SCOPES, TYPES
+
+    clients_group = click.Group("clients", help="Manage the applications that log users in with this service.")
+
+    @clients_group.command("create")
+    @click.option("--name", required=True, help="Shown to users when they are asked for consent.")
+    @click.option("--type", "client_type", type=click.Choice(TYPES), required=True)
+    @click.option("--redirect-uri", "redirect_uris", multiple=True, help="An exact redirect URI (repeat for more).")
+    @click.option(
+        "--grant-type",
+        "grant_types",
+        multiple=True,
+        type=click.Choice(GRANT_TYPES),
+        help="Default: authorization_code and refresh_token.",
+    )
+    @click.option(
+        "--scope",
+        "scopes",
+        multiple=True,
+        type=click.Choice(SCOPES),
+        help="What it may ask for (default: openid).",
+    )
+    @click.option("--post-logout-redirect-uri", "logout_uris", multiple=True, help="Where logout may send users.")
+    @click.option("--backchannel-logout-uri", help="Where logout tokens are POSTed (the outgoing webhooks' rules).")
+    @click.option("--first-party", is_flag=True, help="The product's own application: no consent page.")
+    @click.option("--audience", help="The aud of its access tokens (default: its client_id).")
+    @_one_line_errors
+    def create_client_command(
+        name: str,
+        client_type: str,
+        redirect_uris: tuple[str, ...],
+        grant_types: tuple[str, ...],
+        scopes: tuple[str, ...],
+        logout_uris: tuple[str, ...],
+        backchannel_logout_uri: str | None,
+        first_party: bool,
+        audience: str | None,
+    ):
+        """Register a client; print its client_id and, for a confidential client, its secret (shown this once)."""
+        from .oidc.clients import DEFAULT_GRANT_TYPES, DEFAULT_SCOPES, OAuthClient, create_client
+
+        asked = OAuthClient(
+            client_id="",
+            name=name,
+            type=client_type,
+            redirect_uris=redirect_uris,
+            grant_types=grant_types or DEFAULT_GRANT_TYPES,
+            scopes=scopes or DEFAULT_SCOPES,
+            post_logout_redirect_uris=logout_uris,
+            backchannel_logout_uri=backchannel_logout_uri,
+            first_party=first_party,
+            audience=audience or "",
+        )
+        client, secret = create_client(asked)
+        click.echo(f"client_id {client.client_id}")
+        if secret is not None:
+            click.echo(f"client_secret {secret}")
+            click.echo("the secret is shown this once: only its SHA-256 is kept", err=True)
+
+    @clients_group.command("list")
+    @_one_line_errors
+    def list_clients_command():
+        """List the clients, oldest first, one JSON object a line (never a secret)."""
+        from .oidc.clients import list_clients
+
+        for client in list_clients():
+            click.echo(json.dumps(client.answer()))
+
+    @clients_group.command("delete")
+    @click.argument("client_id")
+    @_one_line_errors
+    def delete_client_command(client_id: str):
+        """Delete CLIENT_ID: every token and session issued to it ends."""
+        from .oidc.clients import delete_client
+
+        if not delete_client(client_id):
+            raise click.ClickException(f"no OAuth client with id {client_id}")
+        click.echo(f"deleted {client_id}")
+
+    @clients_group.command("rotate-secret")
+    @click.argument("client_id")
+    @_one_line_errors
+    def rotate_client_secret_command(client_id: str):
+        """Give CLIENT_ID (a confidential client) a new secret and print it; the old one stops working at once."""
+        from .oidc.clients import rotate_secret
+
+        secret = rotate_secret(client_id)
+        if secret is None:
+            raise click.ClickException(f"no OAuth client with id {client_id}")
+        click.echo(f"client_secret {secret}")
+
+    app.cli.add_command(clients_group)
 
     redis_group = click.Group("redis", help="Maintain the data in Redis.")
 
