@@ -114,6 +114,7 @@ def api_key(service, module_cli) -> str:
         "channels:manage",
         "audit:read",
         "issuers:manage",
+        "clients:manage",
     ]
     return create_key(module_cli, "schemathesis", scopes, ["*"])
 
@@ -148,11 +149,12 @@ LOOPBACK_HOOK = "http://127.0.0.1:9/hook"  # the discard port; no delivery proce
 
 
 def keep_on_this_machine(case) -> None:
-    """Webhook endpoint and JWKS URLs point at loopback: saving one resolves its host, and a generated name
-    would send a DNS query off this machine. Only URLs the document accepts are replaced (an over-long one
-    stays, and is refused before any resolution), so an invalid case stays invalid."""
+    """Webhook endpoint, JWKS, proxy and back-channel logout URLs point at loopback: saving one resolves its
+    host, and a generated name would send a DNS query off this machine. Only URLs the document accepts are
+    replaced (an over-long one stays, and is refused before any resolution), so an invalid case stays invalid.
+    (A client's redirect URIs are checked by their form alone: nothing resolves them.)"""
     body = case.body if isinstance(case.body, dict) else None
-    for field in ("url", "jwks_url", "proxy_url"):
+    for field in ("url", "jwks_url", "proxy_url", "backchannel_logout_uri"):
         if body is not None and isinstance(body.get(field), str) and len(body[field]) <= URL_LIMIT:
             body[field] = LOOPBACK_HOOK
 
