@@ -19,6 +19,7 @@ from . import (
     logs,
     mail,
     oauth_server,
+    oidc,
     ops,
     outgoing,
     page,
@@ -38,6 +39,7 @@ from .events.opener import StreamOpener
 from .issuers import views as issuer_views
 from .oauth_server import views as oauth_server_views
 from .oidc import client_views as oauth_client_views
+from .oidc import discovery as oidc_discovery
 from .outgoing import views as outgoing_views
 from .proxy import TrustedProxyFix
 from .settings import load_settings
@@ -89,13 +91,13 @@ def create_app(environ: Mapping[str, str] | None = None) -> Flask:
     outgoing.init_app(app)
     issuers.init_app(app)
     oauth_server.init_app(app)
+    oidc.init_app(app)
     mail.init_app(app)
     page.init_app(app)
     # Every blueprint, registered here and only here.
     for blueprint in (
         ops.bp,
         auth_views.bp,
-        auth_views.jwks_bp,
         account.bp,
         passkey_views.bp,
         oauth.bp,
@@ -107,6 +109,7 @@ def create_app(environ: Mapping[str, str] | None = None) -> Flask:
         channel_views.bp,
         issuer_views.bp,
         oauth_server_views.bp,
+        oidc_discovery.bp,
         oauth_client_views.bp,
         webhook_views.bp,
         outgoing_views.bp,

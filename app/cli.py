@@ -1,5 +1,5 @@
 """Operator commands: `flask --app wsgi users ...`, `events publish`, `api-keys ...`, `channels ...`,
-`clients ...` and `redis migrate-keys`."""
+`clients ...`, `keys ...` and `redis migrate-keys`."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from .redis import describe_redis, redis_error, redis_url_setting
 
 
 def init_app(app: Flask) -> None:
-    """Add the `users`, `events`, `api-keys`, `channels`, `clients` and `redis` command groups to `flask`."""
+    """Add the `users`, `events`, `api-keys`, `channels`, `clients`, `keys` and `redis` command groups to `flask`."""
     users_group = click.Group("users", help="Manage user accounts.")
 
     @users_group.command("create")
@@ -349,6 +349,50 @@ def init_app(app: Flask) -> None:
         click.echo(f"client_secret {secret}")
 
     app.cli.add_command(clients_group)
+
+    signing_keys_group = click.Group("keys", help="Manage the OpenID provider's signing keys.")
+
+    @signing_keys_group.command("rotate")
+    @_one_line_errors
+    def rotate_signing_key_command():
+        """Make a new key (of OIDC_ID_TOKEN_ALG's algorithm) that signs from now on; print its kid. The key it
+        replaces stays published until the tokens it signed have expired."""
+        from .oidc.keys import iso, rotate
+
+        key, previous = rotate()
+        click.echo(key.kid)
+        replaced = f"; {previous.kid} no longer signs, published until {iso(previous.published_until())}"
+        click.echo(f"{key.alg} key {key.kid} signs from now on{replaced if previous else ''}", err=True)
+
+    @signing_keys_group.command("retire")
+    @click.argument("kid")
+    @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+    @_one_line_errors
+    def retire_signing_key_command(kid: str, yes: bool):
+        """Remove KID from the JWKS at once: tokens it signed stop verifying. The key that signs now cannot be
+        retired: rotate first."""
+        from .oidc.keys import KeyRefused, retire
+
+        if not yes:
+            click.confirm(f"Retire {kid}? Tokens it signed stop verifying at once.", abort=True)
+        try:
+            retire(kid)
+        except KeyRefused as refusal:
+            raise click.ClickException(str(refusal)) from None
+        click.echo(f"retired {kid}")
+
+    @signing_keys_group.command("list")
+    @_one_line_errors
+    def list_signing_keys_command():
+        """List the published keys, the one that signs first: kid, algorithm, created, until when it is published."""
+        from .oidc.keys import iso, list_keys
+
+        for key in list_keys():
+            until = "signs now" if key.published_until is None else f"published until {iso(key.published_until)}"
+            unreadable = "" if key.readable else "  (does not open with this SECRET_KEY)"
+            click.echo(f"{key.kid}  {key.alg}  created {iso(key.created_at)}  {until}{unreadable}")
+
+    app.cli.add_command(signing_keys_group)
 
     redis_group = click.Group("redis", help="Maintain the data in Redis.")
 

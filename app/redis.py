@@ -375,6 +375,28 @@ class Keys:
         """The ids of the users an issuer's exchanges made or found (a set): whose sessions deleting it ends."""
         return f"issuer:{{{name}}}:users"
 
+    # The OpenID provider's signing keys (app/oidc/keys.py): one hash tag, so one Lua step changes them all.
+
+    @staticmethod
+    def signing_keys() -> str:
+        """Every signing key by kid (a hash of JSON: algorithm, creation, public JWK, sealed private JWK)."""
+        return "oidc:{signing-keys}:records"
+
+    @staticmethod
+    def signing_keys_stopped() -> str:
+        """When each key that no longer signs stopped signing: kid -> epoch seconds (a hash)."""
+        return "oidc:{signing-keys}:stopped"
+
+    @staticmethod
+    def signing_key_current() -> str:
+        """The kid of the key that signs now."""
+        return "oidc:{signing-keys}:current"
+
+    @staticmethod
+    def signing_keys_version() -> str:
+        """A random value changed with every change of the keys, so processes know to read them again."""
+        return "oidc:{signing-keys}:version"
+
     # The OpenID provider's clients (app/oidc/clients.py).
 
     @staticmethod

@@ -20,7 +20,6 @@ from .guards import api_key_required, authenticate, current_caller, login_requir
 from .schemas import (
     Introspection,
     IntrospectionAnswer,
-    Jwks,
     Login,
     Me,
     MfaLogin,
@@ -35,7 +34,6 @@ from .schemas import (
 )
 
 bp = Blueprint("auth", __name__, url_prefix="/auth")
-jwks_bp = Blueprint("jwks", __name__)
 
 SESSION_ID = re.compile(r"[0-9a-f]{32}")
 USER = ("bearer", "cookie")
@@ -363,15 +361,3 @@ def _introspection(token: str) -> dict:
         "aud": settings.jwt_audience,
         "token_type": "access_token",
     }
-
-
-@jwks_bp.get("/.well-known/jwks.json")
-@operation("The public keys that verify access tokens", tags=["sessions"], responses={200: Jwks}, errors=(404,))
-def jwks():
-    """The public key that verifies access tokens (asymmetric algorithms only)."""
-    keys = current_app.extensions["token_keys"]
-    if not keys.kid:
-        raise not_found("This service signs with a shared secret; there is no public key.")
-    response = jsonify(keys.jwks)
-    response.headers["Cache-Control"] = "public, max-age=300"
-    return response
