@@ -1,11 +1,12 @@
-// The admin console: users, API keys, webhooks sent, channels, trusted issuers and the audit log. Every call goes
-// through the reference client (Client for the session, Admin for the administrators' endpoints, the
-// client's JSON request for the issuers); the page keeps nothing but what it shows. The server sends this
+// The admin console: users, API keys, webhooks sent, channels, trusted issuers, applications (OpenID clients) and
+// the audit log. Every call goes through the reference client (Client for the session, Admin for the
+// administrators' endpoints, the client's JSON request for the issuers and the applications); the page keeps
+// nothing but what it shows. The server sends this
 // page to administrators only.
 import { Admin, Client } from "./client.js";
 
 const $ = (id) => document.getElementById(id);
-const SECTIONS = ["users", "api-keys", "webhooks", "channels", "issuers", "audit"];
+const SECTIONS = ["users", "api-keys", "webhooks", "channels", "issuers", "oauth-clients", "audit"];
 const USERS_PAGE = 50;
 const AUDIT_PAGE = 50;
 const MESSAGES_PAGE = 20;
@@ -216,6 +217,7 @@ const loaders = {
   webhooks: loadEndpoints,
   channels: loadNamespaces,
   issuers: loadIssuers,
+  "oauth-clients": loadOAuthClients,
   audit: () => auditLog.reload(),
 };
 
@@ -884,6 +886,101 @@ async function deleteIssuer(issuer) {
   await loadIssuers();
 }
 
+// ---- Applications (OpenID clients) ----
+
+const oauthClients = {
+  path: (id) => `/admin/oauth-clients/${encodeURIComponent(id)}`,
+  list: async () => (await client.json("/admin/oauth-clients")).clients,
+  create: (body) => client.json("/admin/oauth-clients", { method: "POST", body }),
+  rotate: async (id) => (await client.json(`${oauthClients.path(id)}/rotate-secret`, { method: "POST" })).client_secret,
+  remove: (id) => client.json(oauthClients.path(id), { method: "DELETE" }),
+};
+
+function lines(text) {
+  return text
+    .split("\n")
+    .map((line) => line.trim())
+    .filter(Boolean);
+}
+
+async function loadOAuthClients() {
+  const found = await attempt("oauth-client-error", () => oauthClients.list());
+  if (!found) return;
+  $("oauth-client-list").tBodies[0].replaceChildren(
+    ...found.map((app) => {
+      const actions = [button("Delete", `Delete the application ${app.name}`, () => deleteOAuthClient(app), "danger")];
+      if (app.type === "confidential") {
+        actions.unshift(button("Rotate secret", `Rotate the secret of ${app.name}`, () => rotateOAuthSecret(app)), " ");
+      }
+      const row = el(
+        "tr",
+        { className: "oauth-client" },
+        cell(app.name),
+        cell(el("code", { text: app.client_id })),
+        el("td", { className: "type", text: app.first_party ? `${app.type}, first party` : app.type }),
+        cell(list(app.redirect_uris)),
+        cell(list(app.grant_types)),
+        cell(list(app.scopes)),
+        cell(time(app.created_at)),
+        cell(...actions),
+      );
+      row.dataset.clientId = app.client_id;
+      return row;
+    }),
+  );
+  $("oauth-client-list").hidden = found.length === 0;
+  $("oauth-clients-empty").hidden = found.length > 0;
+}
+
+function showOAuthSecret(about, secret) {
+  $("oauth-client-secret-about").textContent = about;
+  $("oauth-client-secret").textContent = secret;
+  $("oauth-client-secret-box").hidden = false;
+}
+
+async function createOAuthClient(event) {
+  event.preventDefault();
+  const form = $("oauth-client-form");
+  const checked = (name) => [...form.querySelectorAll(`input[name="${name}"]:checked`)].map((box) => box.value);
+  const body = {
+    name: form.name.value.trim(),
+    type: form.type.value,
+    redirect_uris: lines(form.redirect_uris.value),
+    grant_types: checked("grant_type"),
+    scopes: checked("scope"),
+    post_logout_redirect_uris: lines(form.post_logout_redirect_uris.value),
+    first_party: form.first_party.checked,
+  };
+  if (form.backchannel_logout_uri.value.trim()) body.backchannel_logout_uri = form.backchannel_logout_uri.value.trim();
+  if (form.audience.value.trim()) body.audience = form.audience.value.trim();
+  const created = await attempt("oauth-client-error", () => oauthClients.create(body));
+  if (!created) return;
+  form.reset();
+  if (created.client_secret) {
+    showOAuthSecret(
+      `The secret of ${created.name} (client id ${created.client_id}). Copy it now: it is not shown again.`,
+      created.client_secret,
+    );
+  }
+  await loadOAuthClients();
+}
+
+async function rotateOAuthSecret(app) {
+  const question = `Give ${app.name} a new secret? The old one stops working at once.`;
+  if (!(await confirmAction(question, "Rotate the secret"))) return;
+  const secret = await attempt("oauth-client-error", () => oauthClients.rotate(app.client_id));
+  if (secret) showOAuthSecret(`The new secret of ${app.name}. Copy it now: it is not shown again.`, secret);
+}
+
+async function deleteOAuthClient(app) {
+  const question =
+    `Delete the application ${app.name}? Every session and token issued to it ends at once, and its ` +
+    "users must sign in again once it is registered anew.";
+  if (!(await confirmAction(question, "Delete the application"))) return;
+  await perform("oauth-client-error", () => oauthClients.remove(app.client_id));
+  await loadOAuthClients();
+}
+
 // ---- The audit log ----
 
 let auditFilters = {};
@@ -949,6 +1046,11 @@ function start() {
   $("grant-form").addEventListener("submit", grant);
   $("issuer-form").addEventListener("submit", putIssuer);
   $("issuer-keys").addEventListener("change", showKeysField);
+  $("oauth-client-form").addEventListener("submit", createOAuthClient);
+  $("oauth-client-secret-done").addEventListener("click", () => {
+    $("oauth-client-secret-box").hidden = true;
+    $("oauth-client-secret").textContent = "";
+  });
   $("audit-form").addEventListener("submit", filterAudit);
   $("audit-clear-button").addEventListener("click", clearAudit);
   addEventListener("hashchange", route);

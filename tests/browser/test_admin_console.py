@@ -566,6 +566,95 @@ def test_an_administrator_manages_trusted_issuers_and_sees_their_users(stack, ba
     assert secret not in page.content()
 
 
+# ---- Applications (OpenID clients) ----
+
+
+def registered_client(base_env: dict, client_id: str):
+    """The client as the provider looks it up (None once deleted), read in process from the stack's Redis."""
+    from app.oidc.clients import get_client
+
+    with create_app(base_env).app_context():
+        return get_client(client_id)
+
+
+def test_an_administrator_registers_applications_rotates_a_secret_and_deletes_one(stack, base_env, new_context):
+    admin_email, admin_id = make_user(base_env, "admin")
+    name = f"Shop {uuid.uuid4().hex[:8]}"
+    page = new_context().new_page()
+    console(page, stack, admin_email)
+    section(page, "Applications (OpenID clients)")
+    form = page.locator("#oauth-client-form")
+
+    # A redirect URI with a fragment is refused with the service's word, and nothing is registered.
+    page.get_by_label("Application name").fill(name)
+    page.get_by_label(re.compile(r"^Redirect URIs")).fill("https://shop.example/cb#top")
+    page.get_by_role("button", name="Register the application").click()
+    expect(page.locator("#oauth-client-error")).to_contain_text("fragment")
+    expect(page.locator("#oauth-clients-empty, #oauth-client-list tr.oauth-client")).to_have_count(1)
+
+    # A web app with a backend: its secret is shown once.
+    page.get_by_label(re.compile(r"^Redirect URIs")).fill("https://shop.example/cb\n\nhttp://127.0.0.1:3000/cb\n")
+    form.locator("#oauth-client-grant-types").get_by_label("client_credentials").check()
+    form.get_by_label("email", exact=True).check()
+    page.get_by_role("button", name="Register the application").click()
+    expect(page.locator("#oauth-client-secret-box")).to_be_visible()
+    expect(page.locator("#oauth-client-error")).to_have_text("")
+    secret = page.locator("#oauth-client-secret").text_content()
+    assert re.fullmatch(r"cs_[A-Za-z0-9_-]{43}", secret)
+    row = page.locator("#oauth-client-list tr.oauth-client", has_text=name)
+    expect(row).to_contain_text("https://shop.example/cb, http://127.0.0.1:3000/cb")
+    expect(row).to_contain_text("authorization_code, refresh_token, client_credentials")
+    expect(row).to_contain_text("openid, email")
+    client_id = row.get_attribute("data-client-id")
+    expect(page.locator("#oauth-client-secret-about")).to_contain_text(client_id)
+    assert registered_client(base_env, client_id).check_client_secret(secret)
+    page.locator("#oauth-client-secret-done").click()
+    expect(page.locator("#oauth-client-secret-box")).to_be_hidden()
+    assert secret not in page.content()  # shown once: gone from the page once put away
+
+    # A mobile app: public, a private-use scheme, no secret to show or rotate.
+    phone = f"Phone {uuid.uuid4().hex[:8]}"
+    page.get_by_label("Application name").fill(phone)
+    page.get_by_label("Application type").select_option("public")
+    page.get_by_label(re.compile(r"^Redirect URIs")).fill("com.example.app:/oauth/cb")
+    page.get_by_label("First party").check()
+    page.get_by_role("button", name="Register the application").click()
+    phone_row = page.locator("#oauth-client-list tr.oauth-client", has_text=phone)
+    expect(phone_row.locator("td.type")).to_have_text("public, first party")
+    expect(page.locator("#oauth-client-secret-box")).to_be_hidden()
+    expect(phone_row.get_by_role("button", name=f"Rotate the secret of {phone}")).to_have_count(0)
+    keep(page, "admin-console-oauth-clients.png")
+
+    # Rotated: the new secret is shown once, and the old one stops working at once.
+    row.get_by_role("button", name=f"Rotate the secret of {name}").click()
+    confirm(page, "Rotate the secret")
+    expect(page.locator("#oauth-client-secret-box")).to_be_visible()
+    rotated = page.locator("#oauth-client-secret").text_content()
+    assert rotated != secret
+    found = registered_client(base_env, client_id)
+    assert found.check_client_secret(rotated) and not found.check_client_secret(secret)
+    page.locator("#oauth-client-secret-done").click()
+
+    # Deleting asks first; cancelled, nothing happens; confirmed, the client is unknown at once.
+    row.get_by_role("button", name=f"Delete the application {name}").click()
+    confirm(page, "Delete the application", cancel=True)
+    expect(row).to_have_count(1)
+    row.get_by_role("button", name=f"Delete the application {name}").click()
+    confirm(page, "Delete the application")
+    expect(row).to_have_count(0)
+    assert registered_client(base_env, client_id) is None
+    expect(phone_row).to_have_count(1)
+
+    section(page, "Audit log")
+    page.get_by_label("By (user e-mail or id, API key id, cli, system)").fill(admin_email)
+    page.get_by_role("button", name="Show", exact=True).click()
+    log = page.locator("#audit-log")
+    expect(log.locator('tr.entry[data-type="oauth_client.created"]')).to_have_count(2)
+    expect(entry(log, "oauth_client.updated", admin_id)).to_contain_text('"changed":["secret"]')
+    expect(entry(log, "oauth_client.deleted", admin_id)).to_contain_text(client_id)
+    assert secret not in page.content() and rotated not in page.content()
+
+
 # ---- The audit log: filters and pages ----
 
 
