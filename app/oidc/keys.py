@@ -34,6 +34,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import NamedTuple
 
 import jwt
 from cryptography.exceptions import InvalidTag
@@ -160,9 +161,8 @@ class KeyState:
     keys: dict[str, StoredKey]
 
 
-@dataclass(frozen=True)
-class Signer:
-    """The key to sign with now: its kid (the header's), algorithm and private joserfc key."""
+class Signer(NamedTuple):
+    """The key to sign with now: its kid (the header's), algorithm and private joserfc key (`kid, alg, key =`)."""
 
     kid: str
     alg: str
