@@ -571,3 +571,25 @@ def test_the_create_command_refuses_a_bad_client_in_one_line(cli, rdb, arguments
     done = cli("clients", "create", "--name", "Bad", *arguments)
     assert done.returncode != 0 and what in done.stderr and "Traceback" not in done.stderr
     assert rdb.hlen(Keys.oauth_clients()) == 0
+
+
+@MODE_FREE
+def test_the_document_describes_the_client_endpoints_as_the_service_answers(app, client, register):
+    document = client.get("/openapi.json").get_json()
+    made = register(web_app())
+    paths = document["paths"]
+    for path, methods in {
+        "/admin/oauth-clients": {"get", "post"},
+        "/admin/oauth-clients/{client_id}": {"get", "patch", "delete"},
+        "/admin/oauth-clients/{client_id}/rotate-secret": {"post"},
+    }.items():
+        assert set(paths[path]) == methods
+    (parameter,) = paths["/admin/oauth-clients/{client_id}"]["get"]["parameters"]
+    assert re.fullmatch(parameter["schema"]["pattern"].strip("^$"), made["client_id"])
+    assert "409" in paths["/admin/oauth-clients/{client_id}/rotate-secret"]["post"]["responses"]
+    schemas = document["components"]["schemas"]
+    assert re.fullmatch(
+        schemas["CreatedClient"]["properties"]["client_secret"]["anyOf"][0]["pattern"], made["client_secret"]
+    )
+    assert schemas["ClientRequest"]["required"] == ["name", "type", "redirect_uris"]
+    assert "client_secret" not in schemas["ClientAnswer"]["properties"]
