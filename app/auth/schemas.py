@@ -181,12 +181,6 @@ class IntrospectionAnswer(Answer):
     token_type: str | None = None
 
 
-class Jwks(Answer):
-    """The public keys that verify access tokens."""
-
-    keys: list[dict]
-
-
 class OAuthProviderPath(Body):
     """A configured OAuth provider (any other name is 404)."""
 

@@ -160,8 +160,9 @@ def test_eddsa_tokens_carry_kid_published_in_jwks(eddsa_client, eddsa_key):
     header = jwt.get_unverified_header(tokens["access_token"])
     assert header["alg"] == "EdDSA" and header["typ"] == "at+jwt"
     jwks = eddsa_client.get("/.well-known/jwks.json").get_json()
-    assert [key["kid"] for key in jwks["keys"]] == [header["kid"]]
-    public_key = jwt.PyJWK(jwks["keys"][0]).key
+    published = {key["kid"]: key for key in jwks["keys"]}  # beside the OpenID provider's keys
+    assert header["kid"] in published
+    public_key = jwt.PyJWK(published[header["kid"]]).key
     claims = jwt.decode(tokens["access_token"], public_key, algorithms=["EdDSA"], audience="auth-rt")
     assert claims["sub"] == tokens["user"]["id"]
     assert "password" not in json.dumps(claims)
@@ -179,8 +180,13 @@ def test_eddsa_refuses_hs256_signed_with_the_public_key(eddsa_client, eddsa_key)
     assert_refused(eddsa_client, hmac_sign({"alg": "HS256", "typ": "at+jwt", "kid": kid}, claims, public_pem))
 
 
-def test_hs256_service_has_no_jwks(client):
-    assert client.get("/.well-known/jwks.json").status_code == 404
+def test_an_hs256_service_publishes_no_shared_secret(client):
+    """The JWKS holds the OpenID provider's public keys only: never the HMAC secret access tokens are signed with."""
+    answer = client.get("/.well-known/jwks.json")
+    assert answer.status_code == 200
+    for key in answer.get_json()["keys"]:
+        assert key["kty"] in {"RSA", "EC", "OKP"} and key["alg"] in {"RS256", "ES256", "EdDSA"}, key
+        assert "k" not in key and "d" not in key, key
 
 
 def test_a_token_signed_to_live_longer_than_15_minutes_is_refused(client, session):
