@@ -460,7 +460,10 @@ def test_a_user_reads_the_presence_of_a_channel_it_may_read_only(server, admin):
 
 
 def test_the_users_of_a_worker_that_died_leave_within_the_presence_timeout(start_server, admin, app):
-    live = start_server(workers=1, PRESENCE_TIMEOUT_SECONDS="2", PRESENCE_LINGER_SECONDS="0")
+    # Presence keys outlive their last renewal by a lease and a timeout (here 3 + 5 s): enough for the new
+    # worker to boot and reap on a busy machine (with 2 s, a slow boot let them expire unreaped: no leave).
+    timeout = 5
+    live = start_server(workers=1, PRESENCE_TIMEOUT_SECONDS=str(timeout), PRESENCE_LINGER_SECONDS="0")
     name = f"d{secrets.token_hex(4)}"
     admin.put_namespace(name, subscribe="authenticated", presence=True, join_leave=True)
     room = f"{name}:room"
@@ -473,7 +476,7 @@ def test_the_users_of_a_worker_that_died_leave_within_the_presence_timeout(start
         os.kill(worker, signal.SIGKILL)  # no goodbye: only the lease can end its presence
         killed_at = time.monotonic()
         wait_until(lambda: requests.get(f"{live.url}/healthz", timeout=2).ok, timeout=30, message="a new worker")
-        reaping_from = max(time.monotonic(), killed_at + 2)  # a worker to reap, and the lease's end
+        reaping_from = max(time.monotonic(), killed_at + timeout)  # a worker to reap, and the lease's end
         wait_until(lambda: presence_of(user, room)["count"] == 0, timeout=15, message="left")
         assert time.monotonic() - reaping_from < 1 + MARGIN
         events = user.poll(cursor, channels=room).json()["events"]
