@@ -404,6 +404,21 @@ class Keys:
         """Every OAuth client's record, by client id (a hash of JSON; a secret only as its SHA-256)."""
         return "oauth_clients"
 
+    @staticmethod
+    def client_sessions(user_id: str) -> str:
+        """The user's client sessions (authorizations given to clients): session id -> client id (a hash in the
+        user's slot), written when such a session starts; an entry goes once its back-channel logout is queued."""
+        return f"user:{{{user_id}}}:client-sessions"
+
+    @staticmethod
+    def backchannel_targets() -> str:
+        """The ids of the back-channel logout targets, one per client told of a logout (a set, its own slot).
+
+        A target's keys are those of an outgoing endpoint (`outgoing_endpoint(target id)` ...), under its own
+        hash tag; it is never one of `outgoing_endpoints`, so webhook matching and management never see it.
+        """
+        return "outgoing:backchannel-targets"
+
 
 # Ending sessions, shared by every script that ends some (reuse detection, logout, logout-all, password
 # change and reset, deleting a user). A script touches only keys passed in KEYS, so the caller reads
