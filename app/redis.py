@@ -404,6 +404,36 @@ class Keys:
         """Every OAuth client's record, by client id (a hash of JSON; a secret only as its SHA-256)."""
         return "oauth_clients"
 
+    # The OpenID provider's authorizations (app/oidc/): a user's consents under the user's hash tag (and the
+    # user's client sessions, below); codes, nonces and revoked access tokens each a single key, changed in
+    # one-key steps.
+
+    @staticmethod
+    def user_consents(user_id: str) -> str:
+        """The clients the user consented to: client id -> JSON {"scopes", "granted_at"} (a hash)."""
+        return f"user:{{{user_id}}}:consents"
+
+    @staticmethod
+    def client_users(client_id: str) -> str:
+        """The users who consented to a client or hold a session of it (a set): whom deleting it concerns."""
+        return f"oidc:client:{client_id}:users"
+
+    @staticmethod
+    def authorization_code(code_hash: str) -> str:
+        """One authorization code, under its SHA-256 (a hash: what it is bound to; once used, the session it
+        started), kept a while after its use to recognise a second use."""
+        return f"oidc:code:{code_hash}"
+
+    @staticmethod
+    def authorization_nonce(client_id: str, nonce_hash: str) -> str:
+        """Set while a code carrying this nonce (its SHA-256) may be redeemed: a nonce serves one code."""
+        return f"oidc:nonce:{client_id}:{nonce_hash}"
+
+    @staticmethod
+    def revoked_access_token(jti: str) -> str:
+        """Set from a client access token's revocation until it expires (its `jti`)."""
+        return f"oidc:revoked-access:{jti}"
+
     @staticmethod
     def client_sessions(user_id: str) -> str:
         """The user's client sessions (authorizations given to clients): session id -> client id (a hash in the

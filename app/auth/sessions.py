@@ -33,6 +33,18 @@ ID = re.compile(r"[0-9a-f]{32}")
 
 
 @dataclass(frozen=True)
+class ClientGrant:
+    """What makes a session a client's: the client, the browser session the user authorized it from, the scope
+    granted, and how and when the user had signed in there (the client session's own authentication)."""
+
+    client_id: str
+    authorized_from: str
+    scope: str
+    authenticated_at: float
+    amr: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class IssuedSession:
     """A new session and the first refresh token of its family."""
 
@@ -137,8 +149,28 @@ def _all_sessions(user_id: str):
     return lambda: sorted(get_redis().smembers(Keys.user_sessions(user_id)))
 
 
+def amr_of(login: dict) -> list[str]:
+    """How a login proved who the user is, as RFC 8176 names authentication methods: `pwd` (a password), `fed`
+    (another provider, or a trusted issuer's token), `hwk` and `user` (a passkey: a key held by a device, used
+    by the user), then `otp` and `mfa` after a TOTP code, `mfa` after a recovery code (no RFC 8176 name)."""
+    first = {"password": ["pwd"], "passkey": ["hwk", "user"], "oauth": ["fed"], "token_exchange": ["fed"]}
+    methods = list(first.get(login.get("method", "password"), []))
+    second = login.get("second_factor")
+    if second == "totp":
+        methods += ["otp", "mfa"]
+    elif second == "recovery_code":
+        methods += ["mfa"]
+    return methods
+
+
 def start_session(
-    user_id: str, device: str | None, ip: str | None, login: dict | None = None, proves_factor: bool = True
+    user_id: str,
+    device: str | None,
+    ip: str | None,
+    login: dict | None = None,
+    proves_factor: bool = True,
+    client: ClientGrant | None = None,
+    session_id: str | None = None,
 ) -> IssuedSession:
     """A new session (device) with the first refresh token of its family, written in one transaction with
     its login.succeeded audit entry; `login` says how the user logged in (the entry's details).
@@ -146,8 +178,12 @@ def start_session(
     `proves_factor=False` (a trusted issuer's token exchange): the login proved no factor of this service,
     so the session is not recently authenticated, and what needs a fresh proof (TOTP setup, a new passkey)
     needs a password or a passkey, which a user from an issuer has neither of.
+
+    `client`: the session is an authorization the user gave a client (an OpenID relying party), entered in the
+    user's index of client sessions in the same transaction; `session_id` is then chosen by the caller (the
+    authorization code names it before the session starts).
     """
-    session_id = uuid.uuid4().hex
+    session_id = session_id or uuid.uuid4().hex
     raw, token_hash = _new_refresh_token(user_id, session_id)
     now, ttl = time.time(), _ttl()
     expires_at = f"{now + ttl:.3f}"
@@ -171,27 +207,66 @@ def start_session(
     for family in (Keys.session_tokens(user_id, session_id), Keys.session_live_tokens(user_id, session_id)):
         pipe.sadd(family, token_hash)
         pipe.expire(family, ttl)
-    pipe.hset(
-        Keys.session(user_id, session_id),
-        mapping={
-            "id": session_id,
-            "user_id": user_id,
-            "device": device,
-            "ip": ip or "",
-            "created_at": stamp,
-            "last_used_at": stamp,
-            "authenticated_at": stamp if proves_factor else "",  # a refresh keeps it: only proving a factor renews it
-            "expires_at": expires_at,
-            "current_hash": token_hash,
-            "previous_hash": "",
-        },
-    )
+    authenticated_at = stamp if proves_factor else ""  # a refresh keeps it: only proving a factor renews it
+    session = {
+        "id": session_id,
+        "user_id": user_id,
+        "device": device,
+        "ip": ip or "",
+        "created_at": stamp,
+        "last_used_at": stamp,
+        "authenticated_at": authenticated_at,
+        "amr": " ".join(amr_of(login or {})),
+        "expires_at": expires_at,
+        "current_hash": token_hash,
+        "previous_hash": "",
+    }
+    if client is not None:
+        session.update(
+            client_id=client.client_id,
+            authorized_from=client.authorized_from,
+            scope=client.scope,
+            authenticated_at=f"{client.authenticated_at:.3f}",  # when the user signed in, not when the client came
+            amr=" ".join(client.amr),
+        )
+        pipe.hset(Keys.client_sessions(user_id), session_id, client.client_id)
+        pipe.expire(Keys.client_sessions(user_id), ttl)  # outlives every client session (see keep_client_index)
+    pipe.hset(Keys.session(user_id, session_id), mapping=session)
     pipe.expire(Keys.session(user_id, session_id), ttl)
     pipe.sadd(Keys.user_sessions(user_id), session_id)
     audit.add_to_transaction(pipe, entry)
     pipe.execute()
     audit.complete(entry)
     return IssuedSession(session_id, raw, ttl)
+
+
+def keep_client_index(user_id: str) -> None:
+    """A client session was refreshed (and lives another refresh TTL): its index lives as long."""
+    get_redis().expire(Keys.client_sessions(user_id), _ttl())
+
+
+def client_sessions(user_id: str) -> dict[str, str]:
+    """The user's client sessions, as the index has them (session id -> client id); ended ones included until the
+    index forgets them."""
+    return get_redis().hgetall(Keys.client_sessions(user_id))
+
+
+def session_record(user_id: str, session_id: str) -> dict:
+    """The session's stored record ({} when there is none)."""
+    if not ID.fullmatch(user_id or "") or not ID.fullmatch(session_id or ""):
+        return {}
+    return get_redis().hgetall(Keys.session(user_id, session_id))
+
+
+def end_sessions_authorized_from(user_id: str, browser_session_id: str) -> list[str]:
+    """End the client sessions the user authorized from this browser session (it logged out); the ended ids."""
+    client_session_ids = sorted(client_sessions(user_id))
+    pipe = get_redis().pipeline(transaction=False)
+    for session_id in client_session_ids:
+        pipe.hget(Keys.session(user_id, session_id), "authorized_from")
+    origins = pipe.execute() if client_session_ids else []
+    authorized = [sid for sid, origin in zip(client_session_ids, origins, strict=True) if origin == browser_session_id]
+    return [sid for sid in authorized if end_session(user_id, sid, "session.revoked")]
 
 
 def rotate_refresh_token(raw: str) -> Rotation:
@@ -278,6 +353,17 @@ def checked_user(user_id: str, token_version: int, answer: list) -> dict | None:
     if issuer:  # a user from a trusted issuer (see users.public_user)
         found.update(email=email or None, external={"issuer": issuer, "sub": subject})
     return found
+
+
+def verify_client_session(user_id: str, session_id: str, scripts=None) -> tuple[dict, int] | None:
+    """For a client's access token, which names no token version: the user's public fields and current version
+    when the session still exists (ending every session, as logout-all and a reset do, deletes it)."""
+    keys, args = session_check(user_id, session_id)
+    answer = (scripts or get_scripts()).verify_access(keys=keys, args=args)
+    if answer[0] is None:
+        return None
+    user = checked_user(user_id, int(answer[0]), answer)
+    return (user, int(answer[0])) if user is not None else None
 
 
 def session_is_valid(user_id: str, session_id: str, token_version: int, scripts=None) -> bool:
