@@ -38,8 +38,10 @@ from .events.handover import KeepsServerResponse
 from .events.opener import StreamOpener
 from .issuers import views as issuer_views
 from .oauth_server import views as oauth_server_views
+from .oidc import backchannel as oidc_backchannel
 from .oidc import client_views as oauth_client_views
 from .oidc import discovery as oidc_discovery
+from .oidc import logout as oidc_logout
 from .outgoing import views as outgoing_views
 from .proxy import TrustedProxyFix
 from .settings import load_settings
@@ -92,6 +94,7 @@ def create_app(environ: Mapping[str, str] | None = None) -> Flask:
     issuers.init_app(app)
     oauth_server.init_app(app)
     oidc.init_app(app)
+    oidc_backchannel.init_app(app)  # after outgoing: its logouts go through the delivery process
     mail.init_app(app)
     page.init_app(app)
     # Every blueprint, registered here and only here.
@@ -111,6 +114,7 @@ def create_app(environ: Mapping[str, str] | None = None) -> Flask:
         oauth_server_views.bp,
         oidc_discovery.bp,
         oauth_client_views.bp,
+        oidc_logout.bp,
         webhook_views.bp,
         outgoing_views.bp,
         outgoing_views.page_bp,

@@ -14,6 +14,10 @@ Greenlets of one process, each a loop that outlives Redis outages:
   that no one has touched for much longer than an attempt can take;
 - heartbeat, and a pub/sub listener that wakes the reader when something is queued.
 
+The OpenID provider's back-channel logouts go the same way: each client told of logouts is a target whose
+queue, retries and attempts are an endpoint's (app/outgoing/backchannel.py), read, retried and claimed by the
+same loops; only what an attempt sends differs (a logout token signed at that attempt, no webhook signature).
+
 Every entry read stays in the consumer group's pending list until the Lua step that records its
 attempt acknowledges it, so a process killed mid-attempt loses nothing: another one (or its
 successor) claims the entry and sends the message again with the same `webhook-id`.
@@ -40,7 +44,8 @@ from flask import Flask
 from ..events.bus import Event
 from ..metrics import WEBHOOK_ATTEMPT_SECONDS, WEBHOOK_ATTEMPTS, WEBHOOK_MESSAGES
 from ..redis import Keys, Outage, describe_redis, redis_error
-from .sender import Sender
+from .backchannel import BACKCHANNEL_ATTEMPTS, BACKCHANNEL_LOGOUTS, NEVER_DISABLED, NotSendable, Targets, is_target
+from .sender import AttemptResult, Sender
 from .signing import signature_headers
 from .store import DELIVER_GROUP, DISPATCH_GROUP, WAKE_CHANNEL, Endpoint, OutgoingStore
 
@@ -81,7 +86,11 @@ class DeliveryWorker:
         self.settings = app.config["SETTINGS"].outgoing_webhooks
         self.client: redis.Redis = app.extensions["redis"]
         self.redis_url = app.config["SETTINGS"].redis_url
+        self.app = app
         self.store: OutgoingStore = app.extensions["outgoing_store"]
+        self.targets: Targets = app.extensions["backchannel_targets"]
+        # What a back-channel logout attempt sends (the OpenID provider registers it; absent: nothing is sent).
+        self.build_logout = app.extensions.get("backchannel_logout_request")
         self.sender = Sender(self.settings, self.settings.endpoint_concurrency)
         self.name = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
         self.bound = self.settings.endpoint_concurrency
@@ -155,7 +164,10 @@ class DeliveryWorker:
         if version != self.version or time.monotonic() - self.loaded > FULL_RELOAD:
             if time.monotonic() - self.loaded > FULL_RELOAD:
                 self.store.migrate_legacy_retries()
-            self.endpoints = {endpoint.id: endpoint for endpoint in self.store.load_endpoints()}
+                self.targets.prune(time.time())
+            # Back-channel targets are held as endpoints that want no event: read, retried and claimed alike.
+            loaded = [*self.store.load_endpoints(), *self.targets.load()]
+            self.endpoints = {endpoint.id: endpoint for endpoint in loaded}
             self.version, self.loaded = version, time.monotonic()
             self.sender.forget(set(self.endpoints))
 
@@ -373,6 +385,9 @@ class DeliveryWorker:
         pipe.hgetall(Keys.outgoing_message(endpoint_id, msg_id))
         pipe.hgetall(Keys.outgoing_endpoint(endpoint_id))
         record, stored = pipe.execute()
+        if is_target(stored):
+            self._attempt_logout(endpoint_id, entry_id, msg_id, record, stored)
+            return
         endpoint = Endpoint.from_record(stored) if stored else None
         if not record or endpoint is None or endpoint.disabled:
             self.store.give_up(endpoint_id, msg_id, entry_id)
@@ -397,12 +412,44 @@ class DeliveryWorker:
                 self.settings.disable_after_seconds,
             )
 
-    def _record(self, endpoint_id: str, msg_id: str, entry_id: str, attempt: dict, succeeded: bool) -> str:
+    def _attempt_logout(self, target_id: str, entry_id: str, msg_id: str, record: dict, target: dict) -> None:
+        """One back-channel logout attempt: the request is made now (a freshly signed logout token, to the URI
+        the client has now); a client that no longer takes logouts makes the message `failed` unsent."""
+        if not record or self.build_logout is None:
+            self.store.give_up(target_id, msg_id, entry_id)
+            if record:
+                BACKCHANNEL_LOGOUTS.labels("failed").inc()
+            return
+        client_id, started, now = target.get("client_id"), time.monotonic(), time.time()
+        try:
+            with self.app.app_context():
+                outgoing = self.build_logout(target, record)
+        except NotSendable as reason:
+            log.warning("back-channel logout: %s to client %s not sent: %s", msg_id, client_id, reason)
+            duration = int((time.monotonic() - started) * 1000)
+            result = AttemptResult(False, None, duration, str(reason), "unsendable")
+        else:
+            if outgoing is None:
+                self.store.give_up(target_id, msg_id, entry_id)
+                BACKCHANNEL_LOGOUTS.labels("failed").inc()
+                return
+            result = self.sender.send(target_id, outgoing.url, outgoing.body, outgoing.headers)
+        BACKCHANNEL_ATTEMPTS.labels(result.kind).inc()
+        outcome = self._record(target_id, msg_id, entry_id, result.as_record(now), result.succeeded, NEVER_DISABLED)
+        if outcome.startswith("delivered"):
+            BACKCHANNEL_LOGOUTS.labels("delivered").inc()
+        elif outcome.startswith("failed"):
+            BACKCHANNEL_LOGOUTS.labels("failed").inc()
+            log.warning("back-channel logout: %s to client %s failed for good: %s", msg_id, client_id, result.error)
+
+    def _record(
+        self, endpoint_id: str, msg_id: str, entry_id: str, attempt: dict, succeeded: bool, disable_after=None
+    ) -> str:
         """Write the outcome; while Redis is away keep trying for a while, so a restart costs no resend."""
         deadline, backoff = time.monotonic() + RECORD_PATIENCE, BACKOFF_START
         while True:
             try:
-                return self.store.record_attempt(endpoint_id, msg_id, entry_id, attempt, succeeded)
+                return self.store.record_attempt(endpoint_id, msg_id, entry_id, attempt, succeeded, disable_after)
             except REDIS_DOWN:
                 if time.monotonic() > deadline or self.stopping:
                     raise

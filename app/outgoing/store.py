@@ -602,8 +602,11 @@ class OutgoingStore:
             endpoint_id, [(record["event_id"], record["channel"], record["event"], record["body"])], force=True
         )
 
-    def record_attempt(self, endpoint_id: str, msg_id: str, entry_id: str, attempt: dict, succeeded: bool) -> str:
-        """Store an attempt's outcome and the message's next state; acknowledge its queue entry."""
+    def record_attempt(
+        self, endpoint_id: str, msg_id: str, entry_id: str, attempt: dict, succeeded: bool, disable_after=None
+    ) -> str:
+        """Store an attempt's outcome and the message's next state; acknowledge its queue entry. An endpoint
+        failing for `disable_after` seconds (default WEBHOOK_OUT_DISABLE_AFTER_SECONDS) is disabled."""
         outcome = self._record(
             keys=[
                 Keys.outgoing_queue(endpoint_id),
@@ -619,7 +622,7 @@ class OutgoingStore:
                 json.dumps(attempt, separators=(",", ":")),
                 "1" if succeeded else "0",
                 f"{time.time():.3f}",
-                self.settings.disable_after_seconds,
+                self.settings.disable_after_seconds if disable_after is None else disable_after,
                 self.settings.retention_seconds,
                 ATTEMPTS_KEPT,
                 *self.settings.retry_schedule,
