@@ -11,8 +11,9 @@ end is noticed and sent by the delivery process, retried and address-checked as 
   user whose record is gone is queued, and only then leaves the index, so an end noticed by no one (a process that
   died in between, an expiry) is queued at the user's next one. A message is made at most once per session.
 - A deleted client: `client_deleted` keeps its last URI with its target (messages queued afterwards still reach
-  it), finds its sessions among every user's client sessions (a scan: deleting a client is rare), queues their
-  logouts and ends those still alive.
+  it), finds its sessions through the users the client concerns (`Keys.client_users`, added before any session
+  of it starts), queues their logouts and ends those still alive. Whichever receiver of the signal runs first,
+  each session is told once.
 - The logout token is signed at each attempt, not when queued: `iat` is the attempt's, `exp` two minutes later
   (a retry hours later is still a token the client accepts), and `jti` new each time (a client that rejects a
   `jti` it has seen still accepts the retry after an answer that was lost). `sid` and `sub` name the session;
@@ -38,6 +39,7 @@ from ..redis import Keys, get_redis
 from . import keys
 from .clients import OAuthClient, client_deleted, get_client
 from .issuer import issuer
+from .sessions import client_sessions
 
 log = logging.getLogger(__name__)
 
@@ -45,12 +47,7 @@ EVENT = "http://schemas.openid.net/event/backchannel-logout"
 TOKEN_TYPE = "logout+jwt"  # noqa: S105 - a JWT type, not a secret
 TOKEN_LIFETIME_SECONDS = 120
 DELETION_WAIT_SECONDS = 3.0  # how long an attempt waits for a client's deletion to record its last URI
-SCAN_BATCH = 500  # users whose client sessions are read per round trip when a client is deleted
-
-
-def client_sessions(user_id: str) -> dict[str, str]:
-    """The user's client sessions: session id -> client id."""
-    return get_redis().hgetall(Keys.client_sessions(user_id))
+USERS_BATCH = 500  # users whose client sessions are read per round trip when a client is deleted
 
 
 def _targets() -> Targets:
@@ -95,20 +92,20 @@ def queue_logouts(user_id: str, client_id: str, session_ids: list[str], client: 
 
 
 def sessions_of_client(client_id: str) -> dict[str, list[str]]:
-    """Every user's client sessions with one client: user id -> session ids (reads every user's index)."""
+    """The client sessions of one client, by user (user id -> session ids), of the users it concerns."""
     client = get_redis()
-    found: dict[str, list[str]] = defaultdict(list)
-    start = 0
-    while True:
-        user_ids = client.zrange(Keys.users(), start, start + SCAN_BATCH - 1)
-        if not user_ids:
-            return found
+    user_ids = sorted(client.smembers(Keys.client_users(client_id)))
+    found: dict[str, list[str]] = {}
+    for start in range(0, len(user_ids), USERS_BATCH):
+        chunk = user_ids[start : start + USERS_BATCH]
         pipe = client.pipeline(transaction=False)
-        for user_id in user_ids:
+        for user_id in chunk:
             pipe.hgetall(Keys.client_sessions(user_id))
-        for user_id, held in zip(user_ids, pipe.execute(), strict=True):
-            found[user_id] += [sid for sid, holder in held.items() if holder == client_id]
-        start += SCAN_BATCH
+        for user_id, held in zip(chunk, pipe.execute(), strict=True):
+            owned = sorted(sid for sid, holder in held.items() if holder == client_id)
+            if owned:
+                found[user_id] = owned
+    return found
 
 
 def client_gone(client_id: str, client: OAuthClient) -> int:
@@ -117,8 +114,6 @@ def client_gone(client_id: str, client: OAuthClient) -> int:
     _targets().mark_deleted(client_id, client.backchannel_logout_uri)
     queued = 0
     for user_id, session_ids in sessions_of_client(client_id).items():
-        if not session_ids:
-            continue
         queued += queue_logouts(user_id, client_id, session_ids, client=client)
         for session_id in session_ids:
             end_session(user_id, session_id, "session.revoked")

@@ -31,10 +31,9 @@ from ..auth.guards import authenticate
 from ..errors import ApiError
 from ..http import has_control_characters
 from ..openapi import operation
-from ..redis import Keys, get_redis
 from . import keys
-from .backchannel import client_sessions
 from .clients import CLIENT_ID, OAuthClient, get_client
+from .sessions import client_sessions
 
 bp = Blueprint("oidc_logout", __name__)
 
@@ -212,20 +211,8 @@ def _end_browser_session() -> bool:
     if caller.via != "cookie":
         return False
     sessions.end_session(caller.user_id, caller.session_id, "logout")
-    for session_id in authorized_from(caller.user_id, caller.session_id):
-        sessions.end_session(caller.user_id, session_id, "logout")
+    sessions.end_sessions_authorized_from(caller.user_id, caller.session_id)
     return True
-
-
-def authorized_from(user_id: str, browser_session_id: str) -> list[str]:
-    """The user's client sessions that were authorized from one browser session."""
-    held = sorted(client_sessions(user_id))
-    if not held:
-        return []
-    pipe = get_redis().pipeline(transaction=False)
-    for session_id in held:
-        pipe.hget(Keys.session(user_id, session_id), "authorized_from")
-    return [sid for sid, origin in zip(held, pipe.execute(), strict=True) if origin == browser_session_id]
 
 
 def _back(asked: LogoutRequest) -> Response | None:

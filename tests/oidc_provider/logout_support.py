@@ -16,17 +16,14 @@ EVENT = "http://schemas.openid.net/event/backchannel-logout"
 
 
 def start_client_session(app, user_id: str, client_id: str, name: str, authorized_from: str | None = None) -> str:
-    """A client session as an authorization makes one: a session of the user's (its device the client's name) whose
-    record names the client and the browser session it was authorized from, and the user's index entry."""
+    """A client session as redeeming an authorization code starts one (app/oidc/sessions.py `start`): the user
+    among the client's, then a session of theirs (its device the client's name) in the user's client-session
+    index, naming the client and the browser session it was authorized from."""
     with app.app_context():
-        issued = sessions.start_session(user_id, name, "127.0.0.1", login={"client_id": client_id})
-        client = get_redis()
-        client.hset(
-            Keys.session(user_id, issued.session_id),
-            mapping={"client_id": client_id, "authorized_from": authorized_from or ""},
-        )
-        client.hset(Keys.client_sessions(user_id), issued.session_id, client_id)
-    return issued.session_id
+        get_redis().sadd(Keys.client_users(client_id), user_id)
+        grant = sessions.ClientGrant(client_id, authorized_from or "", "openid", time.time(), ("pwd",))
+        login = {"method": "oidc", "client_id": client_id, "amr": ["pwd"]}
+        return sessions.start_session(user_id, name, "127.0.0.1", login, client=grant).session_id
 
 
 def id_token(app, user_id: str, client_id: str, session_id: str, age: float = 0.0, **claims) -> str:
