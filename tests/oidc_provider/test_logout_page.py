@@ -1,0 +1,237 @@
+"""`GET /oauth/logout` (RP-Initiated Logout 1.0): a valid hint with a registered URI ends that client session and
+goes back with `state`; anything else asks the user on a page with its own anti-forgery field; no request sends
+the browser to a URI that is not registered for the client, and no forged answer ends anything."""
+
+from __future__ import annotations
+
+import time
+from urllib.parse import urlencode
+
+import jwt
+import pytest
+from cryptography.hazmat.primitives.asymmetric import rsa
+
+from app.auth.sessions import session_exists
+from app.oidc import clients, keys
+from app.oidc.issuer import issuer
+from app.oidc.logout import FORM_COOKIE
+from tests.oidc_provider.logout_support import id_token, start_client_session
+from tests.utils import parse_set_cookies
+
+BYE = "https://shop.example/bye"
+EVIL = "https://evil.example/phish"
+
+
+@pytest.fixture
+def shop(app):
+    """A registered client with two post-logout URIs."""
+    asked = clients.OAuthClient(
+        client_id="",
+        name="Corner Shop",
+        type="confidential",
+        redirect_uris=("https://shop.example/cb",),
+        post_logout_redirect_uris=(BYE, "https://shop.example/bye?lang=en"),
+    )
+    with app.app_context():
+        made, _ = clients.create_client(asked)
+    return made
+
+
+@pytest.fixture
+def browser(app, client, auth):
+    """A user signed in on this browser (cookies) and a client session authorized from it."""
+
+    def make(shop) -> dict:
+        user = auth.register()
+        signed_in = auth.login(user["email"], transport="cookie")
+        assert signed_in.status_code == 200
+        session_id = signed_in.get_json()["session_id"]
+        client_session = start_client_session(app, user["id"], shop.client_id, shop.name, session_id)
+        return {"id": user["id"], "session_id": session_id, "client_session": client_session}
+
+    return make
+
+
+def alive(app, user_id: str, session_id: str) -> bool:
+    with app.app_context():
+        return session_exists(user_id, session_id)
+
+
+def logout_url(**params) -> str:
+    return "/oauth/logout?" + urlencode(params)
+
+
+def form_token(page: str) -> str:
+    marker = 'name="form_token" value="'
+    return page[page.index(marker) + len(marker) :].split('"', 1)[0]
+
+
+def hidden_fields(page: str) -> dict[str, str]:
+    fields = {}
+    for chunk in page.split('<input type="hidden" name="')[1:]:
+        name, rest = chunk.split('" value="', 1)
+        fields[name] = rest.split('"', 1)[0]
+    return fields
+
+
+# ---- With a valid hint and a registered URI: done at once ----
+
+
+@pytest.mark.parametrize(
+    "registered, state, age, location",
+    [
+        (BYE, "xyz 1", 0, BYE + "?state=xyz+1"),
+        ("https://shop.example/bye?lang=en", "s", 0, "https://shop.example/bye?lang=en&state=s"),
+        (BYE, None, 3600, BYE),  # an expired ID token still names its session
+    ],
+)
+def test_a_valid_hint_ends_that_client_session_and_goes_back_with_state(
+    app, client, shop, browser, registered, state, age, location
+):
+    user = browser(shop)
+    other = start_client_session(app, user["id"], shop.client_id, shop.name, user["session_id"])
+    hint = id_token(app, user["id"], shop.client_id, user["client_session"], age=age)
+    params = {"id_token_hint": hint, "post_logout_redirect_uri": registered, **({"state": state} if state else {})}
+
+    answer = client.get(logout_url(**params))
+
+    assert answer.status_code == 302 and answer.headers["Location"] == location
+    assert answer.headers["Cache-Control"] == "no-store"
+    assert not alive(app, user["id"], user["client_session"])
+    # Only that session: the browser's own and the client's other session stay.
+    assert alive(app, user["id"], user["session_id"]) and alive(app, user["id"], other)
+
+
+def test_a_valid_hint_without_a_uri_ends_the_session_and_says_so(app, client, shop, browser):
+    user = browser(shop)
+    hint = id_token(app, user["id"], shop.client_id, user["client_session"])
+    answer = client.post("/oauth/logout", data={"id_token_hint": hint, "client_id": shop.client_id})  # as a form
+    assert answer.status_code == 200 and answer.mimetype == "text/html"
+    assert "You are logged out of <strong>Corner Shop</strong>" in answer.get_data(as_text=True)
+    assert not alive(app, user["id"], user["client_session"]) and alive(app, user["id"], user["session_id"])
+
+
+def forged_hints(app, user: dict, shop) -> dict[str, str]:
+    """ID tokens this service did not issue for this client session, each wrong in one way."""
+    with app.app_context():
+        kid = keys.signing_key().kid
+        now = int(time.time())
+        claims = {
+            "iss": issuer(),
+            "sub": user["id"],
+            "aud": shop.client_id,
+            "sid": user["client_session"],
+            "iat": now,
+            "exp": now + 900,
+        }
+        other_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        return {
+            "another key": jwt.encode(claims, other_key, algorithm="RS256", headers={"kid": kid}),
+            "alg none": jwt.encode(claims, None, algorithm="none", headers={"kid": kid}),
+            "another issuer": keys.sign({**claims, "iss": "https://other.example"}),
+            "an access token": keys.sign(claims, typ="at+jwt"),
+            "no sid": keys.sign({k: v for k, v in claims.items() if k != "sid"}),
+            "not a JWT": "not.a.jwt",
+        }
+
+
+def test_a_hint_this_service_did_not_issue_is_refused_by_a_page(app, client, shop, browser):
+    user = browser(shop)
+    hints = forged_hints(app, user, shop)
+    good = id_token(app, user["id"], shop.client_id, user["client_session"])
+    cases = {
+        **{name: {"id_token_hint": hint} for name, hint in hints.items()},
+        "another client's id": {"id_token_hint": good, "client_id": "cl_" + "0" * 32},
+        "an unknown client": {"client_id": "cl_" + "1" * 32},
+        "a malformed client id": {"client_id": "shop"},
+        "a control character": {"id_token_hint": good, "state": "a\x00b"},
+    }
+    for name, params in cases.items():
+        answer = client.get(logout_url(**{"post_logout_redirect_uri": BYE, "state": "s", **params}))
+        page = answer.get_data(as_text=True)
+        assert answer.status_code == 400 and answer.mimetype == "text/html", name
+        assert "Location" not in answer.headers and "cannot be acted on" in page, name
+        assert "form-action 'self'" in answer.headers["Content-Security-Policy"], name
+    assert alive(app, user["id"], user["client_session"]) and alive(app, user["id"], user["session_id"])
+
+
+# ---- Otherwise the user is asked ----
+
+
+def test_without_a_hint_the_user_is_asked_and_log_out_ends_this_browser_and_what_it_authorized(
+    app, client, shop, browser
+):
+    user = browser(shop)
+    elsewhere = start_client_session(app, user["id"], shop.client_id, shop.name, "f" * 32)  # another browser's
+
+    question = client.get(logout_url(client_id=shop.client_id, post_logout_redirect_uri=BYE, state="st"))
+
+    page = question.get_data(as_text=True)
+    assert question.status_code == 200 and question.mimetype == "text/html"
+    assert "Corner Shop" in page and ">Log out</button>" in page and ">Stay signed in</button>" in page
+    # Its answer is redirected to the registered URI: the page's form-action allows that origin, no other.
+    policy = question.headers["Content-Security-Policy"]
+    assert policy.endswith("form-action 'self' https://shop.example") and "frame-ancestors 'none'" in policy
+    cookie = parse_set_cookies(question.headers.getlist("Set-Cookie"))[FORM_COOKIE]
+    assert cookie["value"] == form_token(page)
+    assert {"secure", "httponly"} <= set(cookie) and cookie["samesite"] == "Strict" and cookie["path"] == "/"
+    assert alive(app, user["id"], user["session_id"])  # asking ends nothing
+
+    answer = client.post("/oauth/logout", data={**hidden_fields(page), "action": "logout"})
+
+    assert answer.status_code == 302 and answer.headers["Location"] == BYE + "?state=st"
+    assert not alive(app, user["id"], user["session_id"]) and not alive(app, user["id"], user["client_session"])
+    assert alive(app, user["id"], elsewhere)  # authorized from another browser: not this one's to end
+    cleared = parse_set_cookies(answer.headers.getlist("Set-Cookie"))
+    assert cleared["__Host-access"]["value"] == "" and cleared["__Secure-refresh"]["value"] == ""
+
+
+def test_stay_signed_in_ends_nothing(app, client, shop, browser):
+    user = browser(shop)
+    page = client.get(logout_url(client_id=shop.client_id, post_logout_redirect_uri=BYE, state="st")).get_data(
+        as_text=True
+    )
+    answer = client.post("/oauth/logout", data={**hidden_fields(page), "action": "stay"})
+    assert answer.status_code == 302 and answer.headers["Location"] == BYE + "?state=st"
+    assert alive(app, user["id"], user["session_id"]) and alive(app, user["id"], user["client_session"])
+
+
+def test_a_uri_that_is_not_registered_is_never_followed(app, client, shop, browser):
+    user = browser(shop)
+    hint = id_token(app, user["id"], shop.client_id, user["client_session"])
+    for params in ({"id_token_hint": hint}, {"client_id": shop.client_id}, {}):
+        question = client.get(logout_url(**params, post_logout_redirect_uri=EVIL, state="st"))
+        page = question.get_data(as_text=True)
+        assert question.status_code == 200 and "evil.example" not in page, params
+        assert question.headers["Content-Security-Policy"].endswith("form-action 'self'"), params
+        assert alive(app, user["id"], user["client_session"]), params  # the hint alone does not end it unasked
+
+    answer = client.post("/oauth/logout", data={**hidden_fields(page), "action": "logout"})
+    assert answer.status_code == 200 and "Location" not in answer.headers
+    assert "You are logged out" in answer.get_data(as_text=True)
+    assert not alive(app, user["id"], user["session_id"])
+
+
+def test_an_answer_not_from_this_browsers_page_ends_nothing(app, client, shop, browser):
+    """Another site cannot answer for the user: its form token is not the one in this browser's cookie (and a
+    cross-site POST carrying the session cookies is refused before that)."""
+    user = browser(shop)
+    hint = id_token(app, user["id"], shop.client_id, user["client_session"])
+    asked = logout_url(id_token_hint=hint, post_logout_redirect_uri=EVIL)
+    page = client.get(asked).get_data(as_text=True)
+    fields = {**hidden_fields(page), "action": "logout"}
+
+    for token in ("", "x" * 43, form_token(page)[:-1] + "A"):
+        refused = client.post("/oauth/logout", data={**fields, "form_token": token})
+        assert refused.status_code == 403 and refused.mimetype == "text/html", token
+    cross_site = client.post("/oauth/logout", data=fields, headers={"Origin": "https://evil.example"})
+    assert cross_site.status_code == 403 and cross_site.get_json()["error"]["code"] == "csrf_rejected"
+    client.delete_cookie(FORM_COOKIE, domain="localhost")
+    assert client.post("/oauth/logout", data=fields).status_code == 403
+    assert alive(app, user["id"], user["session_id"]) and alive(app, user["id"], user["client_session"])
+
+    # The same answer from this browser's own page (its cookie back) is acted on.
+    client.get(asked)
+    page = client.get(asked).get_data(as_text=True)
+    assert client.post("/oauth/logout", data={**hidden_fields(page), "action": "logout"}).status_code == 200
+    assert not alive(app, user["id"], user["session_id"]) and not alive(app, user["id"], user["client_session"])
