@@ -38,10 +38,12 @@ from .events.handover import KeepsServerResponse
 from .events.opener import StreamOpener
 from .issuers import views as issuer_views
 from .oauth_server import views as oauth_server_views
+from .oidc import authorize as oidc_authorize
 from .oidc import backchannel as oidc_backchannel
 from .oidc import client_views as oauth_client_views
 from .oidc import discovery as oidc_discovery
 from .oidc import logout as oidc_logout
+from .oidc import views as oidc_views
 from .outgoing import views as outgoing_views
 from .proxy import TrustedProxyFix
 from .settings import load_settings
@@ -114,6 +116,8 @@ def create_app(environ: Mapping[str, str] | None = None) -> Flask:
         oauth_server_views.bp,
         oidc_discovery.bp,
         oauth_client_views.bp,
+        oidc_authorize.bp,
+        oidc_views.bp,
         oidc_logout.bp,
         webhook_views.bp,
         outgoing_views.bp,

@@ -60,6 +60,8 @@ TYPES = (
     "oauth_client.deleted",
     "signing_key.rotated",
     "signing_key.retired",
+    "consent.granted",
+    "consent.withdrawn",
 )
 ENTRY_ID_PATTERN = r"^[0-9]{13}-[0-9a-f]{16}$"
 ENTRY_ID = re.compile(ENTRY_ID_PATTERN)

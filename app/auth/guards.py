@@ -32,6 +32,18 @@ def csrf_exempt(view):
     return view
 
 
+def accepts_client_tokens(blueprint):
+    """Declare at a blueprint that a client's access token with scope `events` (the OpenID provider's)
+    authenticates its user at every view of it; every other view refuses such tokens (401)."""
+    blueprint.accepts_client_tokens = True
+    return blueprint
+
+
+def _accepts_client_tokens() -> bool:
+    blueprint = current_app.blueprints.get(request.blueprint) if request.blueprint else None
+    return bool(getattr(blueprint, "accepts_client_tokens", False))
+
+
 def _declared(marker: str) -> bool:
     view = current_app.view_functions.get(request.endpoint) if request.endpoint else None
     return bool(getattr(view, marker, False))
@@ -48,11 +60,13 @@ class Caller:
     expires_at: int
     via: str  # "bearer" | "cookie"
     user: dict  # the user's public fields (`U` in docs/api.md) as verification found them
+    client_id: str | None = None  # a client's access token (the OpenID provider's), acting for its user
 
     @property
     def is_admin(self) -> bool:
-        """Whether the stored role (not the token's claim) is admin."""
-        return self.role == "admin"
+        """Whether the stored role (not the token's claim) is admin; never through a client's token: an
+        application the user let read their events does not get an administrator's powers with it."""
+        return self.role == "admin" and self.client_id is None
 
 
 def bearer_token() -> str | None:
@@ -86,17 +100,23 @@ def authenticate() -> Caller:
         token, via = request.cookies.get(cookies.ACCESS_COOKIE), "cookie"
     if not token:
         raise unauthorized()
-    g.caller = verified_caller(token, via)
+    g.caller = verified_caller(token, via, client_tokens=_accepts_client_tokens())
     return g.caller
 
 
-def verified_caller(token: str, via: str) -> Caller:
-    """The caller a user's access token names, once the token and its session are verified; else a 401 ApiError."""
+def verified_caller(token: str, via: str, client_tokens: bool = False) -> Caller:
+    """The caller a user's access token names, once the token and its session are verified; else a 401 ApiError.
+
+    With `client_tokens`, a client's access token with scope `events` sent as a bearer token stands for its user
+    too (the events endpoints); the service's own tokens are tried first, and a client's never verifies as one.
+    """
     try:
         claims = tokens.decode_access_token(token)
     except tokens.TokenExpired:
         raise unauthorized("The access token has expired.", "token_expired") from None
     except tokens.TokenInvalid:
+        if client_tokens and via == "bearer":
+            return current_app.extensions["client_tokens"].events_caller(token)
         raise unauthorized("The access token is not valid.") from None
     user = sessions.verify_session(claims.user_id, claims.session_id, claims.token_version)
     if user is None:

@@ -179,6 +179,8 @@ class IntrospectionAnswer(Answer):
     iss: str | None = None
     aud: str | None = None
     token_type: str | None = None
+    client_id: str | None = Field(None, description="A client's access token (the OpenID provider's): its client.")
+    scope: str | None = Field(None, description="A client's access token: the scope it was granted.")
 
 
 class OAuthProviderPath(Body):

@@ -318,6 +318,12 @@ def rotate_refresh_token(raw: str) -> Rotation:
     return Rotation(outcome, result[1], result[2], result[3] or "user", int(result[4] or 0), new_raw)
 
 
+def is_client_refresh_token(raw: str) -> bool:
+    """Whether a refresh token names a client's session (refreshed at the token endpoint by its client only)."""
+    named = parse_refresh_token(raw)
+    return named is not None and bool(get_redis().hget(Keys.session(*named), "client_id"))
+
+
 def session_of_refresh_token(raw: str) -> tuple[str, str] | None:
     """(user id, session id) of an unrevoked, unexpired refresh token."""
     named = parse_refresh_token(raw)

@@ -176,6 +176,11 @@ def refresh():
         raw = request.cookies.get(cookies.REFRESH_COOKIE)
     if not raw:
         return _refused(unauthorized("No refresh token was presented.", "invalid_refresh_token"), transport)
+    if sessions.is_client_refresh_token(raw):
+        # A client's session is refreshed by the client at /oauth/token, with the client's own tokens: here it
+        # would give the service's access tokens, good at every endpoint, to whoever holds the client's.
+        message = "This refresh token is an application's; it refreshes at /oauth/token."
+        return _refused(unauthorized(message, "invalid_refresh_token"), transport)
     rotation = sessions.rotate_refresh_token(raw)
     REFRESHES.labels(rotation.outcome).inc()  # `ended` apart from `reused`: a session already over is no theft
     if rotation.outcome == "reused":
@@ -217,12 +222,14 @@ def _session_to_end() -> tuple[str, str]:
     errors=(401, 403),
 )
 def logout():
-    """End the current session (its refresh family) and clear the cookies."""
+    """End the current session (its refresh family) and the client sessions authorized from it, and clear the
+    cookies."""
     try:
         user_id, session_id = _session_to_end()
     except ApiError as error:
         return _refused(error, "cookie")
     sessions.end_session(user_id, session_id, "logout")
+    sessions.end_sessions_authorized_from(user_id, session_id)  # the applications it signed in to (OpenID)
     return _no_content(clear_cookies=True)
 
 
@@ -292,6 +299,8 @@ def end_session(session_id: str):
         raise not_found("No such session.")
     ending_itself = session_id == caller.session_id
     sessions.end_session(caller.user_id, session_id, "logout" if ending_itself else "session.revoked")
+    if ending_itself:  # a logout, as POST /auth/logout: the applications it signed in to end with it
+        sessions.end_sessions_authorized_from(caller.user_id, session_id)
     return _no_content(clear_cookies=ending_itself)
 
 
@@ -335,16 +344,20 @@ INACTIVE = {"active": False}
 )
 @api_key_required("tokens:introspect")
 def introspect():
-    """RFC 7662: whether an access token is active now, by every rule the service applies itself."""
+    """RFC 7662: whether an access token (the service's, or a client's) is active now, by every rule the service
+    applies itself."""
     return jsonify(_introspection(validated_form(Introspection).token))
 
 
 def _introspection(token: str) -> dict:
-    """The active token's claims, or exactly {"active": false} whatever made it inactive."""
+    """The active token's claims, or exactly {"active": false} whatever made it inactive. A client's access token
+    (the OpenID provider's) answers with its client and scope."""
     try:
         claims = tokens.decode_access_token(token)
-    except (tokens.TokenExpired, tokens.TokenInvalid):
+    except tokens.TokenExpired:
         return INACTIVE
+    except tokens.TokenInvalid:
+        return current_app.extensions["client_tokens"].introspection(token) or INACTIVE
     user = sessions.verify_session(claims.user_id, claims.session_id, claims.token_version)
     if user is None:  # logged out, session ended, or an older tokenVersion
         return INACTIVE

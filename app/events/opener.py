@@ -3,9 +3,9 @@
 After a deploy or a network blip every client reconnects at once: thousands of `GET /events/stream`, and
 each paid for Flask's request context, URL routing, before- and after-request hooks and response conversion,
 about a quarter of what opening a stream cost the worker. The opener, a WSGI middleware in front of Flask,
-opens the streams it can itself: a GET of /events/stream with a user's access token and without named
-channels. It answers them as the view would (the same headers, access line and metrics) and streams the
-view's own body (`sse.stream_body`).
+opens the streams it can itself: a GET of /events/stream with a user's access token (or a client's, with scope
+`events`, for its user) and without named channels. It answers them as the view would (the same headers, access
+line and metrics) and streams the view's own body (`sse.stream_body`).
 
 A stream is opened on its token's claims: subscribed first, and its session checked, with the stored user
 read, in the opening's one round trip (`Follower`), not in a round trip of its own before. A session that
@@ -113,7 +113,7 @@ class StreamOpener:
         answer the refusal met on the way."""
         caller = None
         try:
-            caller = g.caller = verified_caller(token, via)
+            caller = g.caller = verified_caller(token, via, client_tokens=True)  # a client's token too (scope events)
             return caller, _follower(environ, args)
         except Exception as error:  # noqa: BLE001 - the view raises it again, where its error handlers answer it
             environ[REFUSED] = (caller, error)

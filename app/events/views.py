@@ -7,7 +7,7 @@ import time
 
 from flask import Blueprint, Response, current_app, g, jsonify, request
 
-from ..auth.guards import current_api_key, current_caller, login_required, user_or_api_key
+from ..auth.guards import accepts_client_tokens, current_api_key, current_caller, login_required, user_or_api_key
 from ..channels.access import check_publish, check_subscribe
 from ..channels.proxy import subscribe_proxy
 from ..errors import bad_request, error_response, validation_failed
@@ -20,7 +20,9 @@ from .hub import Hub, Unsubscribed
 from .leases import ConnectionLeases
 from .schemas import Batch, Events, Position, Publication, Published, PublishedBatch, Wait
 
-bp = Blueprint("events", __name__)
+# Every events endpoint (publishing, polling, long polling, SSE, WebSocket) also takes a client's access token with
+# scope `events` for its user: an application the user signed in to through this service reads their events.
+bp = accepts_client_tokens(Blueprint("events", __name__))
 
 
 def get_bus() -> Bus:

@@ -17,6 +17,7 @@ from ..http import has_control_characters
 from ..issuers import exchange
 from ..issuers.keys import TokenRefused
 from ..metrics import LOGINS
+from . import throttle
 
 # RFC 8693 names (URNs, not secrets).
 TOKEN_EXCHANGE = "urn:ietf:params:oauth:grant-type:token-exchange"  # noqa: S105
@@ -47,7 +48,9 @@ class TokenExchangeGrant(BaseGrant, TokenEndpointMixin):
     TOKEN_ENDPOINT_AUTH_METHODS = ["none"]
 
     def validate_token_request(self):
-        """The form's fields: 400 invalid_request for a missing or repeated one, or one of an unknown value."""
+        """The form's fields: 400 invalid_request for a missing or repeated one, or one of an unknown value. Limited
+        as a login, per client address: it logs a person in."""
+        throttle.take_per_address("login")
         given = self.request.payload.datalist
         for name in FIELDS:
             if len(given.get(name, [])) > 1:

@@ -1,17 +1,17 @@
-"""What `POST /oauth/token` takes (a form) and answers, its errors in RFC 6749's shape."""
+"""What `POST /oauth/token` takes (a form, one shape per grant type) and answers, its errors in RFC 6749's shape."""
 
 from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, RootModel
 
 from ..auth.schemas import ExternalIdentity, Tokens, User
 from ..schemas import Answer, Body, PlainText
 from .grants import ACCESS_TOKEN_TYPE, DEVICE_MAX, SUBJECT_TOKEN_TYPES, TOKEN_EXCHANGE, TRANSPORTS
 
 
-class TokenRequest(Body):
+class ExchangeRequest(Body):
     """RFC 8693 token exchange: a trusted issuer's token (a JWT) for a session of this service."""
 
     grant_type: Literal[TOKEN_EXCHANGE]
@@ -24,6 +24,62 @@ class TokenRequest(Body):
     device: Annotated[PlainText, Field(max_length=DEVICE_MAX)] | None = Field(
         None, description="A name for this device (defaults to the User-Agent)."
     )
+
+
+ClientSecret = Field(
+    None, description="client_secret_post: a confidential client's secret (or send it by HTTP Basic instead)."
+)
+
+
+class AuthorizationCodeRequest(Body):
+    """OpenID provider: redeem an authorization code (once), with the PKCE verifier of its challenge."""
+
+    grant_type: Literal["authorization_code"]
+    code: Annotated[str, Field(min_length=1)]
+    redirect_uri: str | None = Field(None, description="Exactly as in the authorization request, if it named one.")
+    code_verifier: Annotated[str, Field(pattern=r"^[A-Za-z0-9._~-]{43,128}$")]
+    client_id: str | None = Field(None, description="A public client's id (client authentication none).")
+    client_secret: str | None = ClientSecret
+
+
+class RefreshRequest(Body):
+    """OpenID provider: rotate a client session's refresh token (scope offline_access)."""
+
+    grant_type: Literal["refresh_token"]
+    refresh_token: Annotated[str, Field(min_length=1)]
+    scope: str | None = Field(None, description="At most the scope granted; the whole of it by default.")
+    client_id: str | None = None
+    client_secret: str | None = ClientSecret
+
+
+class ClientCredentialsRequest(Body):
+    """OpenID provider: a confidential client's own access token (no user)."""
+
+    grant_type: Literal["client_credentials"]
+    scope: str | None = Field(None, description="Among the client's scopes: events, orgs.")
+    client_id: str | None = None
+    client_secret: str | None = ClientSecret
+
+
+class TokenRequest(RootModel):
+    """The token request of one grant type (`grant_type` tells which)."""
+
+    root: Annotated[
+        ExchangeRequest | AuthorizationCodeRequest | RefreshRequest | ClientCredentialsRequest,
+        Field(discriminator="grant_type"),
+    ]
+
+
+class ClientTokens(Answer):
+    """A client's tokens: a JWT access token (typ at+jwt, 900 s), with scope openid an ID token, with scope
+    offline_access a refresh token."""
+
+    access_token: str
+    token_type: Literal["Bearer"]
+    expires_in: int
+    scope: str | None = None
+    refresh_token: str | None = None
+    id_token: str | None = None
 
 
 class ExternalUser(User):
@@ -39,9 +95,17 @@ class ExchangedTokens(Tokens):
     user: ExternalUser
 
 
+class TokenAnswer(RootModel):
+    """The tokens of a client (OpenID provider grants), or `T` of a token exchange."""
+
+    root: ClientTokens | ExchangedTokens
+
+
 class TokenError(Answer):
-    """An error of the token endpoint, in RFC 6749's shape: `invalid_request`, `invalid_grant`,
-    `unsupported_grant_type`, `insecure_transport` (plain HTTP from anywhere but loopback); and as the
+    """An error of the token endpoint, in RFC 6749's shape: `invalid_request`, `invalid_grant`, `invalid_client`
+    (401), `invalid_scope`, `unauthorized_client`, `unsupported_grant_type`, `unsupported_token_type`,
+    `invalid_token` and `insufficient_scope` (userinfo), `insecure_transport` (plain HTTP from anywhere but
+    loopback); and as the
     service's other errors name them: `csrf_rejected` (403), `payload_too_large` (413), `rate_limited`
     (429), `unavailable` (503)."""
 

@@ -12,9 +12,14 @@ from functools import cached_property
 
 from authlib.integrations.flask_oauth2 import AuthorizationServer as FlaskAuthorizationServer
 from authlib.integrations.flask_oauth2.requests import FlaskOAuth2Payload, FlaskOAuth2Request
+from authlib.oauth2.rfc6749 import InvalidClientError, OAuth2Request
+from authlib.oauth2.rfc9207 import IssuerParameter
 from flask import Response
 from flask import request as flask_request
 
+from ..oidc import clients, endpoints
+from ..oidc import grants as oidc_grants
+from ..oidc.issuer import issuer
 from .grants import TokenExchangeGrant
 
 
@@ -43,16 +48,59 @@ class FormRequest(FlaskOAuth2Request):
         self.payload = FormPayload(request)
 
 
+class QueryPayload(FormPayload):
+    """The request's parameters: its query string alone (an authorization request; the consent form's own fields
+    are not the request's)."""
+
+    @property
+    def data(self):
+        """The query's fields (a MultiDict)."""
+        return self._request.args
+
+
+class QueryRequest(FlaskOAuth2Request):
+    """Authlib's view of an authorization request, with `QueryPayload`."""
+
+    def __init__(self, request):
+        super().__init__(request)
+        self.payload = QueryPayload(request)
+
+
+class Issuer(IssuerParameter):
+    """RFC 9207: every authorization response (errors included) names the issuer, against mix-up attacks."""
+
+    def get_issuer(self) -> str:
+        """The provider's issuer (from the settings, never the request)."""
+        return issuer()
+
+
 class AuthorizationServer(FlaskAuthorizationServer):
-    """The token endpoint's server: no registered clients yet (the token exchange authenticates none)."""
+    """The service's authorization server: RFC 8693's token exchange (which authenticates no client) and the
+    OpenID provider's grants and endpoints, for the registered clients (app/oidc/)."""
 
     def __init__(self):
-        super().__init__(query_client=lambda client_id: None, save_token=lambda token, request: None)
+        super().__init__(query_client=clients.get_client, save_token=lambda token, request: None)
         self.register_grant(TokenExchangeGrant)
+        oidc_grants.register(self)
+        endpoints.register(self)
+        self.issuer_parameter = Issuer()
+        self.register_extension(self.issuer_parameter)
 
     def create_oauth2_request(self, request):
-        """Authlib's view of the Flask request at hand, its parameters from the form only."""
+        """Authlib's view of the Flask request at hand, its parameters from the form only (or the view's own, an
+        authorization request's from the query)."""
+        if isinstance(request, OAuth2Request):
+            return request
         return FormRequest(flask_request)
+
+    def authenticate_client(self, request, methods, endpoint="token"):
+        """The client, by one of `methods`; a client that fails to authenticate is 401 invalid_client, whichever
+        way it tried."""
+        try:
+            return super().authenticate_client(request, methods, endpoint)
+        except InvalidClientError as error:
+            error.status_code = 401
+            raise
 
     def handle_response(self, status_code, payload, headers):
         """A grant's answer is a response already (built as every login's is); an error's, a dict."""

@@ -1,4 +1,6 @@
-"""`POST /oauth/token`: the token endpoint (Authlib's server, app/oauth_server/server.py).
+"""`POST /oauth/token`: the token endpoint (Authlib's server, app/oauth_server/server.py), with every grant type:
+RFC 8693's token exchange and the OpenID provider's authorization code, refresh token and client credentials.
+Each grant is rate limited as it needs (throttle.py), none of the client grants per client address.
 
 Every error it answers is in RFC 6749's shape, `{"error", "error_description"}`, with `Cache-Control:
 no-store`: Authlib's own, and the service's (a refused cross-site request, the rate limit, a body too
@@ -13,9 +15,8 @@ from authlib.oauth2.rfc6749 import InvalidRequestError, OAuth2Error
 from flask import Blueprint, current_app, request
 
 from ..auth.views import TOKEN_COOKIES
-from ..limits import rate_limited
 from ..openapi import operation
-from .schemas import ExchangedTokens, TokenError, TokenRequest
+from .schemas import TokenAnswer, TokenError, TokenRequest
 
 bp = Blueprint("oauth_server", __name__)
 FORM = "application/x-www-form-urlencoded"
@@ -23,15 +24,15 @@ FORM = "application/x-www-form-urlencoded"
 
 @bp.post("/oauth/token")
 @operation(
-    "Token endpoint: RFC 8693 token exchange of a trusted issuer's token for a session",
-    tags=["issuers"],
+    "Token endpoint: a client's tokens (authorization code with PKCE, refresh token, client credentials), or RFC "
+    "8693 token exchange of a trusted issuer's token for a session",
+    tags=["openid", "issuers"],
     form=TokenRequest,
-    responses={200: ExchangedTokens},
-    errors=(400, 403, 413, 429),
+    responses={200: TokenAnswer},
+    errors=(400, 401, 403, 413, 429),
     error_answer=TokenError,
-    headers={200: TOKEN_COOKIES},
+    headers={200: TOKEN_COOKIES, 401: {"WWW-Authenticate": "Basic, when client authentication failed."}},
 )
-@rate_limited("login", per=("address",))
 def token():
     """Exchange a token (the grant decides; Authlib answers its errors)."""
     server = current_app.extensions["oauth_server"]

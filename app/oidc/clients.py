@@ -114,6 +114,11 @@ class OAuthClient(ClientMixin):
 
     # Authlib's ClientMixin.
 
+    @property
+    def client_metadata(self) -> dict:
+        """Registration metadata Authlib's endpoints consult: none is kept (userinfo answers plain JSON)."""
+        return {}
+
     def get_client_id(self) -> str:
         """The client's id."""
         return self.client_id

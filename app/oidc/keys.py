@@ -394,9 +394,10 @@ def signing_key() -> Signer:
     return _ring().signer()
 
 
-def sign(claims: dict, typ: str | None = None) -> str:
-    """A JWT of `claims` signed with the current key; its header names the kid (and `typ` when given)."""
-    signer = signing_key()
+def sign(claims: dict, typ: str | None = None, signer: Signer | None = None) -> str:
+    """A JWT of `claims` signed with the current key (or `signer`, the key a claim such as `at_hash` was computed
+    for); its header names the kid (and `typ` when given)."""
+    signer = signer or signing_key()
     headers = {"kid": signer.kid, **({"typ": typ} if typ else {})}
     return jwt.encode(claims, signer.key.private_key, algorithm=signer.alg, headers=headers)
 
