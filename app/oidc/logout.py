@@ -234,6 +234,9 @@ def _question(asked: LogoutRequest) -> Response:
     if asked.redirect_uri is not None:
         # The answer is redirected there: a form's redirect must be allowed by the page's form-action.
         response.headers["Content-Security-Policy"] = PAGE_POLICY + " " + _source(asked.redirect_uri)
+    # Under the site's `no-referrer` a browser sends `Origin: null` with the form's POST, which the cross-site rule
+    # refuses; `same-origin` names this origin to itself and still tells other sites nothing.
+    response.headers["Referrer-Policy"] = "same-origin"
     response.set_cookie(
         FORM_COOKIE, token, max_age=FORM_LIFETIME_SECONDS, path="/", secure=True, httponly=True, samesite="Strict"
     )

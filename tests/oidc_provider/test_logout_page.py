@@ -172,6 +172,7 @@ def test_without_a_hint_the_user_is_asked_and_log_out_ends_this_browser_and_what
     # Its answer is redirected to the registered URI: the page's form-action allows that origin, no other.
     policy = question.headers["Content-Security-Policy"]
     assert policy.endswith("form-action 'self' https://shop.example") and "frame-ancestors 'none'" in policy
+    assert question.headers["Referrer-Policy"] == "same-origin"  # so a browser's POST names its Origin (not null)
     cookie = parse_set_cookies(question.headers.getlist("Set-Cookie"))[FORM_COOKIE]
     assert cookie["value"] == form_token(page)
     assert {"secure", "httponly"} <= set(cookie) and cookie["samesite"] == "Strict" and cookie["path"] == "/"
