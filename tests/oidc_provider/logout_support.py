@@ -1,29 +1,50 @@
-"""What the logout tests share: client sessions, ID-token hints, and logout tokens checked as a relying party would."""
+"""What the logout tests share: client sessions by the real flow, ID-token hints, and logout tokens checked as a
+relying party would."""
 
 from __future__ import annotations
 
+import secrets
 import time
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, urlsplit
 
 import jwt
+import requests
+from authlib.integrations.requests_client import OAuth2Session
 
-from app.auth import sessions
 from app.oidc import keys
 from app.oidc.issuer import issuer
-from app.redis import Keys, get_redis
 
 EVENT = "http://schemas.openid.net/event/backchannel-logout"
 
 
-def start_client_session(app, user_id: str, client_id: str, name: str, authorized_from: str | None = None) -> str:
-    """A client session as redeeming an authorization code starts one (app/oidc/sessions.py `start`): the user
-    among the client's, then a session of theirs (its device the client's name) in the user's client-session
-    index, naming the client and the browser session it was authorized from."""
-    with app.app_context():
-        get_redis().sadd(Keys.client_users(client_id), user_id)
-        grant = sessions.ClientGrant(client_id, authorized_from or "", "openid", time.time(), ("pwd",))
-        login = {"method": "oidc", "client_id": client_id, "amr": ["pwd"]}
-        return sessions.start_session(user_id, name, "127.0.0.1", login, client=grant).session_id
+def authorize(service_url: str, client: dict, secret: str, access_cookie: str) -> dict:
+    """A client session made by the real flow: a browser signed in on the page (its access cookie) at the
+    authorization endpoint (a first-party client: no consent asked), and the code redeemed by Authlib's client with
+    PKCE S256. The token answer, with the ID token's claims (verified against the JWKS) as `claims`."""
+    discovery = requests.get(service_url + "/.well-known/openid-configuration", timeout=10).json()
+    rp = OAuth2Session(
+        client["client_id"],
+        secret,
+        scope="openid email offline_access",
+        redirect_uri=client["redirect_uris"][0],
+        code_challenge_method="S256",
+        token_endpoint_auth_method="client_secret_basic",
+    )
+    verifier = secrets.token_urlsafe(48)
+    url, state = rp.create_authorization_url(discovery["authorization_endpoint"], code_verifier=verifier)
+    # The cookie is Secure; requests keeps such cookies from http://127.0.0.1, so the browser's is given by hand.
+    answer = requests.get(url, headers={"Cookie": f"__Host-access={access_cookie}"}, allow_redirects=False, timeout=10)
+    location = answer.headers.get("Location", "")
+    assert answer.status_code == 302 and location.startswith(client["redirect_uris"][0]), (answer.status_code, location)
+    assert parse_qs(urlsplit(location).query)["state"] == [state]
+    token = rp.fetch_token(discovery["token_endpoint"], authorization_response=location, code_verifier=verifier)
+    header = jwt.get_unverified_header(token["id_token"])
+    key = jwt.PyJWKSet.from_dict(requests.get(discovery["jwks_uri"], timeout=10).json())[header["kid"]]
+    claims = jwt.decode(
+        token["id_token"], key.key, algorithms=[key.algorithm_name], audience=client["client_id"],
+        issuer=discovery["issuer"],
+    )  # fmt: skip
+    return {**token, "claims": claims}
 
 
 def id_token(app, user_id: str, client_id: str, session_id: str, age: float = 0.0, **claims) -> str:

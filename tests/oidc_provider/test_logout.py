@@ -1,5 +1,6 @@
 """Back-channel logout against real processes: gunicorn, the delivery process (`worker.py`) and a relying party's
-receiver on loopback. Every way a client session ends tells its client within 5 s, with a logout token a relying
+receiver on loopback. Client sessions are made by the real flow (the browser's authorization, the code redeemed by
+Authlib's client). Every way a client session ends tells its client within 5 s, with a logout token a relying
 party verifies against the JWKS; a failing receiver gets it again; an address refused at sending gets nothing.
 
 One service per module (each test has its own users, clients and receiver path).
@@ -19,12 +20,7 @@ from app.auth import mailtokens
 from app.auth.users import create_user
 from app.outgoing.backchannel import target_id
 from app.redis import Keys
-from tests.oidc_provider.logout_support import (
-    id_token,
-    logout_token_of,
-    start_client_session,
-    verified_logout_claims,
-)
+from tests.oidc_provider.logout_support import authorize, logout_token_of, verified_logout_claims
 from tests.outgoing.receivers import DeliveryProcess, Receiver
 from tests.servers import LiveServer, wait_until
 from tests.utils import DEFAULT_PASSWORD, bearer, random_email
@@ -59,14 +55,17 @@ class Provider:
         return requests.request(method, self.url + path, timeout=10, allow_redirects=False, **kwargs)
 
     def new_client(self, **fields) -> tuple[dict, str]:
-        """A registered client whose back-channel URI is a path of its own on the receiver: (C, that path)."""
+        """A registered first-party client (no consent page) whose back-channel URI is a path of its own on the
+        receiver: (C with its `client_secret`, that path)."""
         path = f"/backchannel/{uuid.uuid4().hex[:12]}"
         body = {
             "name": f"Shop {path[-4:]}",
             "type": "confidential",
             "redirect_uris": ["https://shop.example/cb"],
             "post_logout_redirect_uris": ["https://shop.example/bye"],
+            "scopes": ["openid", "email", "offline_access"],
             "backchannel_logout_uri": self.receiver.url(path),
+            "first_party": True,
             **fields,
         }
         answer = self.call("POST", "/admin/oauth-clients", json=body, headers=self.admin)
@@ -74,15 +73,25 @@ class Provider:
         return answer.json(), path
 
     def new_user(self) -> dict:
-        """A user signed in on a browser: id, e-mail, access token, session id."""
+        """A user signed in twice: on a device (body transport: `token`, `session_id`) and on a browser (cookie
+        transport: `cookie`, `browser_session_id`), from which clients are authorized."""
         email = random_email()
         with self.app.app_context():
             user = create_user(email, DEFAULT_PASSWORD)
-        body = {"email": email, "password": DEFAULT_PASSWORD, "transport": "body"}
-        login = self.call("POST", "/auth/login", json=body)
-        assert login.status_code == 200, login.text
-        tokens = login.json()
-        return {"id": user["id"], "email": email, "token": tokens["access_token"], "session_id": tokens["session_id"]}
+        found = {"id": user["id"], "email": email}
+        for transport in ("body", "cookie"):
+            body = {"email": email, "password": DEFAULT_PASSWORD, "transport": transport}
+            login = self.call("POST", "/auth/login", json=body)
+            assert login.status_code == 200, login.text
+            if transport == "body":
+                found.update(token=login.json()["access_token"], session_id=login.json()["session_id"])
+            else:
+                found.update(cookie=login.cookies["__Host-access"], browser_session_id=login.json()["session_id"])
+        return found
+
+    def authorized(self, user: dict, client: dict) -> dict:
+        """The user's browser authorizes the client: its tokens, the ID token's claims in `claims`."""
+        return authorize(self.url, client, client["client_secret"], user["cookie"])
 
     def logout_claims(self, path: str, client_id: str, count: int = 1) -> list[dict]:
         """The verified claims of the first `count` logout tokens the receiver got at `path`."""
@@ -101,6 +110,7 @@ def provider(base_env, tmp_path_factory):
     (logs / "metrics").mkdir()
     env = {**base_env, **OUT, "PROMETHEUS_MULTIPROC_DIR": str(logs / "metrics")}
     web = LiveServer(env, workers=2, log_path=logs / "gunicorn.log")
+    env["OIDC_ISSUER"] = web.env["OIDC_ISSUER"] = web.url  # the discovery document names its own endpoints
     web.start()
     worker = DeliveryProcess(env, logs / "worker.log").start()
     receiver = Receiver().start()
@@ -126,48 +136,63 @@ def arrived_in_time(provider: Provider, path: str, ended_at: float) -> None:
 # ---- Every way a client session ends ----
 
 
-def end_by_deleting_it(provider, user, client, session_id):
+def end_by_deleting_it(provider, user, client, token):
+    session_id = token["claims"]["sid"]
     assert provider.call("DELETE", f"/auth/sessions/{session_id}", headers=bearer(user["token"])).status_code == 204
 
 
-def end_by_logout_everywhere(provider, user, client, session_id):
+def end_by_logging_out_the_browser(provider, user, client, token):
+    cookie = {"Cookie": f"__Host-access={user['cookie']}"}
+    assert provider.call("POST", "/auth/logout", headers=cookie).status_code == 204
+
+
+def end_by_reusing_a_refresh_token(provider, user, client, token):
+    auth = (client["client_id"], client["client_secret"])
+    form = {"grant_type": "refresh_token", "refresh_token": token["refresh_token"]}
+    assert provider.call("POST", "/oauth/token", data=form, auth=auth).status_code == 200
+    reused = provider.call("POST", "/oauth/token", data=form, auth=auth)
+    assert reused.status_code == 400 and reused.json()["error"] == "invalid_grant"
+
+
+def end_by_logout_everywhere(provider, user, client, token):
     assert provider.call("POST", "/auth/logout-all", headers=bearer(user["token"])).status_code == 204
 
 
-def end_by_password_change(provider, user, client, session_id):
+def end_by_password_change(provider, user, client, token):
     body = {"current_password": DEFAULT_PASSWORD, "new_password": "another good passphrase"}
     assert provider.call("POST", "/auth/password", json=body, headers=bearer(user["token"])).status_code == 204
 
 
-def end_by_password_reset(provider, user, client, session_id):
+def end_by_password_reset(provider, user, client, token):
     with provider.app.app_context():
         token = mailtokens.issue_token(user["id"], user["email"], mailtokens.RESET)
     body = {"token": token, "new_password": "another good passphrase"}
     assert provider.call("POST", "/auth/password/reset", json=body).status_code == 204
 
 
-def end_by_an_administrator(provider, user, client, session_id):
+def end_by_an_administrator(provider, user, client, token):
     assert provider.call("DELETE", f"/admin/users/{user['id']}/sessions", headers=provider.admin).status_code == 204
 
 
-def end_by_deleting_the_user(provider, user, client, session_id):
+def end_by_deleting_the_user(provider, user, client, token):
     assert provider.call("DELETE", f"/admin/users/{user['id']}", headers=provider.admin).status_code == 204
 
 
-def end_by_deleting_the_client(provider, user, client, session_id):
+def end_by_deleting_the_client(provider, user, client, token):
     answer = provider.call("DELETE", f"/admin/oauth-clients/{client['client_id']}", headers=provider.admin)
     assert answer.status_code == 204
 
 
-def end_by_rp_initiated_logout(provider, user, client, session_id):
-    hint = id_token(provider.app, user["id"], client["client_id"], session_id)
-    query = {"id_token_hint": hint, "post_logout_redirect_uri": "https://shop.example/bye", "state": "s1"}
+def end_by_rp_initiated_logout(provider, user, client, token):
+    query = {"id_token_hint": token["id_token"], "post_logout_redirect_uri": "https://shop.example/bye", "state": "s1"}
     answer = provider.call("GET", "/oauth/logout", params=query)
     assert answer.status_code == 302 and answer.headers["Location"] == "https://shop.example/bye?state=s1"
 
 
 WAYS = [
     end_by_deleting_it,
+    end_by_logging_out_the_browser,
+    end_by_reusing_a_refresh_token,
     end_by_logout_everywhere,
     end_by_password_change,
     end_by_password_reset,
@@ -182,13 +207,14 @@ WAYS = [
 def test_a_client_hears_of_its_session_ending_within_five_seconds(provider, end):
     client, path = provider.new_client()
     user = provider.new_user()
-    session_id = start_client_session(provider.app, user["id"], client["client_id"], client["name"], user["session_id"])
+    token = provider.authorized(user, client)
+    session_id = token["claims"]["sid"]
     listed = provider.call("GET", "/auth/sessions", headers=bearer(user["token"])).json()["sessions"]
     assert {"id": session_id, "device": client["name"]}.items() <= next(
         s for s in listed if s["id"] == session_id
     ).items()
 
-    end(provider, user, client, session_id)
+    end(provider, user, client, token)
     ended_at = time.time()
 
     arrived_in_time(provider, path, ended_at)
@@ -206,11 +232,12 @@ def test_deleting_a_client_tells_it_of_every_users_session_and_ends_them(provide
     other, other_path = provider.new_client()
     users = [provider.new_user() for _ in range(2)]
     held = {
-        start_client_session(provider.app, user["id"], client["client_id"], client["name"]): user["id"]
+        provider.authorized(user, client)["claims"]["sid"]: user["id"]
         for user in users
         for _ in range(2 if user is users[0] else 1)
     }
-    kept = start_client_session(provider.app, users[0]["id"], other["client_id"], other["name"])
+    kept_token = provider.authorized(users[0], other)
+    kept = kept_token["claims"]["sid"]
 
     end_by_deleting_the_client(provider, users[0], client, None)
     ended_at = time.time()
@@ -223,15 +250,16 @@ def test_deleting_a_client_tells_it_of_every_users_session_and_ends_them(provide
         assert not redis_client.exists(Keys.session(user_id, session_id))
     # The other client's session lives on and is not told of anything, until it ends too.
     assert redis_client.exists(Keys.session(users[0]["id"], kept)) and provider.receiver.at(other_path) == []
-    end_by_deleting_it(provider, users[0], other, kept)
+    end_by_deleting_it(provider, users[0], other, kept_token)
     assert [c["sid"] for c in provider.logout_claims(other_path, other["client_id"])] == [kept]
 
 
 def test_a_client_without_a_backchannel_uri_is_sent_nothing_and_its_session_leaves_the_index(provider):
     client, _ = provider.new_client(backchannel_logout_uri=None)
     user = provider.new_user()
-    session_id = start_client_session(provider.app, user["id"], client["client_id"], client["name"])
-    end_by_deleting_it(provider, user, client, session_id)
+    token = provider.authorized(user, client)
+    session_id = token["claims"]["sid"]
+    end_by_deleting_it(provider, user, client, token)
     redis_client = provider.app.extensions["redis"]
     assert not redis_client.hexists(Keys.client_sessions(user["id"]), session_id)
     assert not redis_client.sismember(Keys.backchannel_targets(), target_id(client["client_id"]))
@@ -241,9 +269,10 @@ def test_a_receiver_that_fails_gets_the_logout_again_with_a_fresh_token(provider
     client, path = provider.new_client()
     provider.receiver.behave(path, fail_first=1, fail_status=503)
     user = provider.new_user()
-    session_id = start_client_session(provider.app, user["id"], client["client_id"], client["name"])
+    token = provider.authorized(user, client)
+    session_id = token["claims"]["sid"]
 
-    end_by_deleting_it(provider, user, client, session_id)
+    end_by_deleting_it(provider, user, client, token)
 
     first, second = provider.logout_claims(path, client["client_id"], count=2)
     assert first["sid"] == second["sid"] == session_id
@@ -268,12 +297,13 @@ def test_an_address_refused_at_sending_gets_nothing_until_the_settings_allow_it(
     once a process allowed to send it takes over: the path works, only the refusal kept it away."""
     client, path = provider.new_client()
     user = provider.new_user()
-    session_id = start_client_session(provider.app, user["id"], client["client_id"], client["name"])
+    token = provider.authorized(user, client)
+    session_id = token["claims"]["sid"]
     provider.worker.kill()
     strict_env = {**provider.env, "WEBHOOK_OUT_ALLOW_PRIVATE": "false", "WEBHOOK_OUT_RETRY_SCHEDULE": "3"}
     strict = DeliveryProcess(strict_env, provider.logs / "strict-worker.log").start()
     try:
-        end_by_deleting_it(provider, user, client, session_id)
+        end_by_deleting_it(provider, user, client, token)
         target = target_id(client["client_id"])
         redis_client = provider.app.extensions["redis"]
 

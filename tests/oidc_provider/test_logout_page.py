@@ -4,8 +4,12 @@ the browser to a URI that is not registered for the client, and no forged answer
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import secrets
 import time
-from urllib.parse import urlencode
+from dataclasses import dataclass
+from urllib.parse import parse_qs, urlencode, urlsplit
 
 import jwt
 import pytest
@@ -15,41 +19,92 @@ from app.auth.sessions import session_exists
 from app.oidc import clients, keys
 from app.oidc.issuer import issuer
 from app.oidc.logout import FORM_COOKIE
-from tests.oidc_provider.logout_support import id_token, start_client_session
+from tests.conftest import https_client
+from tests.oidc_provider.logout_support import id_token
 from tests.utils import parse_set_cookies
 
 BYE = "https://shop.example/bye"
 EVIL = "https://evil.example/phish"
 
 
+@dataclass(frozen=True)
+class Shop:
+    """The registered client, as its relying party knows it."""
+
+    client_id: str
+    name: str
+    redirect_uris: tuple[str, ...]
+    secret: str
+
+
 @pytest.fixture
 def shop(app):
-    """A registered client with two post-logout URIs."""
+    """A registered first-party client (no consent page) with two post-logout URIs; `secret` beside it."""
     asked = clients.OAuthClient(
         client_id="",
         name="Corner Shop",
         type="confidential",
         redirect_uris=("https://shop.example/cb",),
         post_logout_redirect_uris=(BYE, "https://shop.example/bye?lang=en"),
+        first_party=True,
     )
     with app.app_context():
-        made, _ = clients.create_client(asked)
-    return made
+        made, secret = clients.create_client(asked)
+    return Shop(made.client_id, made.name, made.redirect_uris, secret)
+
+
+def authorize(app, browser, shop) -> dict:
+    """The signed-in browser authorizes the client, and the client redeems the code with PKCE: the token answer."""
+    verifier = secrets.token_urlsafe(48)
+    challenge = base64.urlsafe_b64encode(hashlib.sha256(verifier.encode()).digest()).rstrip(b"=").decode()
+    asked = {
+        "response_type": "code",
+        "client_id": shop.client_id,
+        "redirect_uri": shop.redirect_uris[0],
+        "scope": "openid",
+        "state": "st",
+        "code_challenge": challenge,
+        "code_challenge_method": "S256",
+    }
+    answer = browser.get("/oauth/authorize?" + urlencode(asked))
+    assert answer.status_code == 302, answer.get_data(as_text=True)[:300]
+    code = parse_qs(urlsplit(answer.headers["Location"]).query)["code"][0]
+    form = {"grant_type": "authorization_code", "code": code, "redirect_uri": shop.redirect_uris[0]}
+    basic = base64.b64encode(f"{shop.client_id}:{shop.secret}".encode()).decode()
+    token = https_client(app).post(
+        "/oauth/token", data={**form, "code_verifier": verifier}, headers={"Authorization": f"Basic {basic}"}
+    )
+    assert token.status_code == 200, token.get_json()
+    return token.get_json()
 
 
 @pytest.fixture
 def browser(app, client, auth):
-    """A user signed in on this browser (cookies) and a client session authorized from it."""
+    """A user signed in on this browser (cookies) and a client session it authorized (the real flow)."""
 
     def make(shop) -> dict:
         user = auth.register()
         signed_in = auth.login(user["email"], transport="cookie")
         assert signed_in.status_code == 200
-        session_id = signed_in.get_json()["session_id"]
-        client_session = start_client_session(app, user["id"], shop.client_id, shop.name, session_id)
-        return {"id": user["id"], "session_id": session_id, "client_session": client_session}
+        token = authorize(app, client, shop)
+        found = {"id": user["id"], "email": user["email"], "session_id": signed_in.get_json()["session_id"]}
+        return {**found, "client_session": sid_of(app, token, shop), "id_token": token["id_token"]}
 
     return make
+
+
+def another_browser(app, user: dict, shop) -> str:
+    """The same user signs in on another browser and authorizes the client there: that client session's id."""
+    elsewhere = https_client(app)
+    login = {"email": user["email"], "password": "correct horse battery", "transport": "cookie"}
+    assert elsewhere.post("/auth/login", json=login).status_code == 200
+    return sid_of(app, authorize(app, elsewhere, shop), shop)
+
+
+def sid_of(app, token: dict, shop) -> str:
+    """The client session an ID token names."""
+    with app.app_context():
+        return keys.verify(token["id_token"], typ=None, audience=shop.client_id)["sid"]
 
 
 def alive(app, user_id: str, session_id: str) -> bool:
@@ -89,8 +144,8 @@ def test_a_valid_hint_ends_that_client_session_and_goes_back_with_state(
     app, client, shop, browser, registered, state, age, location
 ):
     user = browser(shop)
-    other = start_client_session(app, user["id"], shop.client_id, shop.name, user["session_id"])
-    hint = id_token(app, user["id"], shop.client_id, user["client_session"], age=age)
+    other = sid_of(app, authorize(app, client, shop), shop)
+    hint = id_token(app, user["id"], shop.client_id, user["client_session"], age=age) if age else user["id_token"]
     params = {"id_token_hint": hint, "post_logout_redirect_uri": registered, **({"state": state} if state else {})}
 
     answer = client.get(logout_url(**params))
@@ -104,8 +159,7 @@ def test_a_valid_hint_ends_that_client_session_and_goes_back_with_state(
 
 def test_a_valid_hint_without_a_uri_ends_the_session_and_says_so(app, client, shop, browser):
     user = browser(shop)
-    hint = id_token(app, user["id"], shop.client_id, user["client_session"])
-    answer = client.post("/oauth/logout", data={"id_token_hint": hint, "client_id": shop.client_id})  # as a form
+    answer = client.post("/oauth/logout", data={"id_token_hint": user["id_token"], "client_id": shop.client_id})
     assert answer.status_code == 200 and answer.mimetype == "text/html"
     assert "You are logged out of <strong>Corner Shop</strong>" in answer.get_data(as_text=True)
     assert not alive(app, user["id"], user["client_session"]) and alive(app, user["id"], user["session_id"])
@@ -138,7 +192,7 @@ def forged_hints(app, user: dict, shop) -> dict[str, str]:
 def test_a_hint_this_service_did_not_issue_is_refused_by_a_page(app, client, shop, browser):
     user = browser(shop)
     hints = forged_hints(app, user, shop)
-    good = id_token(app, user["id"], shop.client_id, user["client_session"])
+    good = user["id_token"]
     cases = {
         **{name: {"id_token_hint": hint} for name, hint in hints.items()},
         "another client's id": {"id_token_hint": good, "client_id": "cl_" + "0" * 32},
@@ -162,7 +216,7 @@ def test_without_a_hint_the_user_is_asked_and_log_out_ends_this_browser_and_what
     app, client, shop, browser
 ):
     user = browser(shop)
-    elsewhere = start_client_session(app, user["id"], shop.client_id, shop.name, "f" * 32)  # another browser's
+    elsewhere = another_browser(app, user, shop)
 
     question = client.get(logout_url(client_id=shop.client_id, post_logout_redirect_uri=BYE, state="st"))
 
@@ -199,7 +253,7 @@ def test_stay_signed_in_ends_nothing(app, client, shop, browser):
 
 def test_a_uri_that_is_not_registered_is_never_followed(app, client, shop, browser):
     user = browser(shop)
-    hint = id_token(app, user["id"], shop.client_id, user["client_session"])
+    hint = user["id_token"]
     for params in ({"id_token_hint": hint}, {"client_id": shop.client_id}, {}):
         question = client.get(logout_url(**params, post_logout_redirect_uri=EVIL, state="st"))
         page = question.get_data(as_text=True)
@@ -217,7 +271,7 @@ def test_an_answer_not_from_this_browsers_page_ends_nothing(app, client, shop, b
     """Another site cannot answer for the user: its form token is not the one in this browser's cookie (and a
     cross-site POST carrying the session cookies is refused before that)."""
     user = browser(shop)
-    hint = id_token(app, user["id"], shop.client_id, user["client_session"])
+    hint = user["id_token"]
     asked = logout_url(id_token_hint=hint, post_logout_redirect_uri=EVIL)
     page = client.get(asked).get_data(as_text=True)
     fields = {**hidden_fields(page), "action": "logout"}
