@@ -36,7 +36,7 @@ def _share_url_builders_between_apps() -> None:
 
     def compile_builder(self: Rule, append_unknown: bool = True) -> Callable:
         defaults = self.defaults or {}
-        if any(is_variable and part in defaults for is_variable, part in self._trace):
+        if defaults and any(is_variable and part in defaults for is_variable, part in self._trace):
             return original(self, append_unknown)
         key = (self.rule, tuple(self._trace), tuple(sorted(defaults)), append_unknown)
         if key not in builders:
