@@ -1,4 +1,5 @@
-"""The outgoing-webhook delivery process: `python worker.py` (the Procfile's `worker:` line).
+"""The delivery process: `python worker.py` (the Procfile's `worker:` line). It sends outgoing webhooks and the
+OpenID provider's back-channel logouts.
 
 gevent patches the standard library first, so every attempt's socket and DNS lookup yields instead of
 blocking. Logging is gunicorn.conf.py's (one JSON object per line, LOG_LEVEL), so both processes' lines
