@@ -19,6 +19,8 @@ In order:
 
 The consent page's content security policy is the page's, with the client's redirect URI's origin allowed as a
 form action: allowing or denying redirects the form's submission there, which `form-action 'self'` would stop.
+Its referrer policy is `same-origin` (not the service's `no-referrer`), so that its form's POST carries its Origin
+and passes the cross-site rule of cookie-authenticated requests like any of the page's own requests.
 """
 
 from __future__ import annotations
@@ -203,6 +205,9 @@ def _consent_page(client: OAuthClient, browser, scopes: list[str], redirect_uri:
         destination=_origin(redirect_uri),
     )
     response.headers["Content-Security-Policy"] = consent_policy(redirect_uri)
+    # The form's POST must carry this page's Origin for the cross-site rule of cookie-authenticated requests: under
+    # the service's usual no-referrer policy a browser sends `Origin: null` with a form's POST.
+    response.headers["Referrer-Policy"] = "same-origin"
     return response
 
 

@@ -8,8 +8,12 @@ const SESSIONS_REFRESH_MS = 3000;
 // whose namespace sends none, and people whose server went away (their presence runs out).
 const ROOM_PRESENCE_REFRESH_MS = 10_000;
 const ACTIVITY_PAGE = 20;
-// The one page a visitor may be sent here to come back to once signed in (GET /admin without a session).
+// Where a visitor may be sent here to come back to once signed in: the admin console (GET /admin without a
+// session), and an application's sign-in request to this service (GET /oauth/authorize, with its query).
 const RETURN_PATHS = new Set(["/admin"]);
+const AUTHORIZE_PATH = "/oauth/authorize";
+// An application's sign-in request, kept in this tab across a provider login that asks for a second factor.
+const NEXT_KEY = "authRt.next";
 
 const TRANSPORT_NAMES = {
   sse: "server-sent events",
@@ -37,7 +41,8 @@ const feed = new EventFeed(client, {
 let me = null;
 let sessionsTimer = null;
 let hasPasskeys = false;
-let returnTo = null; // where an administrator goes once signed in (the console sent them here)
+let returnTo = null; // where the visitor goes once signed in (the console, or an application's sign-in request)
+let reauth = false; // the application asked for a new sign-in, even if someone is signed in here already
 
 // For debugging from the console (and for the browser tests): the client objects, never a token.
 window.authRt = { client, feed };
@@ -72,8 +77,18 @@ function showSignedOut(message) {
   clearInterval(sessionsTimer);
   $("signed-in").hidden = true;
   $("signed-out").hidden = false;
-  $("status").textContent = returnTo ? "Log in as an administrator to open the admin console." : message;
+  $("status").textContent = returnTo ? returnMessage() : message;
   showForm("login-form");
+}
+
+function returnMessage() {
+  if (!authorizing()) return "Log in as an administrator to open the admin console.";
+  return reauth ? "Log in again to continue to the application." : "Log in to continue to the application.";
+}
+
+// Whether the visitor came from an application signing them in through this service (OpenID Connect).
+function authorizing() {
+  return returnTo?.startsWith(`${AUTHORIZE_PATH}?`) ?? false;
 }
 
 // The signed-out forms: one at a time.
@@ -136,6 +151,7 @@ function passkeyErrorText(error) {
 }
 
 async function showSignedIn(user) {
+  if (authorizing()) return continueToApplication();
   if (returnTo && user.role === "admin") return location.assign(returnTo); // the session is open: go back
   me = user;
   client.loggedIn();
@@ -149,6 +165,7 @@ async function showSignedIn(user) {
   $("status").textContent = `Logged in as ${user.email}`;
   showAccount(user);
   loadPasskeys();
+  loadConsents();
   loadActivity();
   await loadSessions();
   clearInterval(sessionsTimer);
@@ -215,6 +232,8 @@ const ACTIVITY_TEXTS = {
   "passkey.added": (details) => `Passkey “${details.name ?? "unnamed"}” added`,
   "passkey.removed": () => "A passkey was removed",
   "role.changed": (details) => `Role changed to ${details.role}`,
+  "consent.granted": (details) => `An application was allowed: ${(details.scopes ?? []).join(", ")}`,
+  "consent.withdrawn": () => "An application's consent was withdrawn",
 };
 // Entries that may mean someone else is trying: marked for the eye.
 const ACTIVITY_WARNINGS = new Set(["login.failed", "refresh.reuse_detected", "mfa.reset"]);
@@ -482,6 +501,42 @@ async function reauthenticateWithPasskey() {
   await reauthenticated();
 }
 
+// The applications the user let sign them in (OpenID Connect consents): listed, each one withdrawn at will (its
+// sessions end with it).
+async function loadConsents() {
+  $("consents-error").textContent = "";
+  let consents;
+  try {
+    consents = (await client.json("/auth/consents")).consents;
+  } catch (error) {
+    $("consents-error").textContent = error.message;
+    return;
+  }
+  $("consents-empty").hidden = consents.length > 0;
+  $("consents").replaceChildren(...consents.map(consentItem));
+}
+
+function consentItem(consent) {
+  const item = document.createElement("li");
+  item.dataset.clientId = consent.client_id;
+  item.append(
+    part("span", "consent-name", consent.name),
+    part("span", "consent-scopes", ` — ${consent.scopes.join(", ")} `),
+    smallButton("Withdraw", `Withdraw what ${consent.name} may do`, () => withdrawConsent(consent)),
+  );
+  return item;
+}
+
+async function withdrawConsent(consent) {
+  $("consents-error").textContent = "";
+  const path = `/auth/consents/${encodeURIComponent(consent.client_id)}`;
+  const response = await client.request(path, { method: "DELETE" });
+  if (!response.ok && response.status !== 404) $("consents-error").textContent = "The consent could not be withdrawn.";
+  loadConsents();
+  loadSessions();
+  loadActivity();
+}
+
 // The account's passkeys: list, add (named), rename, remove.
 async function loadPasskeys() {
   if (!passkeysSupported()) return;
@@ -652,11 +707,52 @@ async function followLink() {
 }
 
 // `/?next=/admin`: the console sent a visitor without a session here; an administrator goes back once signed in.
+// `/?next=/oauth/authorize?...`: an application signs its user in through this service; once signed in (by any
+// way: password, a second factor, a passkey, another provider), the visitor goes on with that request.
+// `&reauth=1`: the application asked for a new sign-in, so the form shows even to someone signed in already.
 function takeReturnTo() {
-  const next = new URLSearchParams(location.search).get("next");
-  if (location.pathname !== "/" || next === null) return null;
+  const asked = new URLSearchParams(location.search);
+  if (location.pathname === "/login-mfa") return safeReturn(sessionStorage.getItem(NEXT_KEY)); // a provider's login
+  sessionStorage.removeItem(NEXT_KEY);
+  if (location.pathname !== "/" || asked.get("next") === null) return null;
   history.replaceState(null, "", `/${location.hash}`);
-  return RETURN_PATHS.has(next) ? next : null; // only our own pages: never an open redirect
+  const next = safeReturn(asked.get("next"));
+  reauth = next !== null && asked.get("reauth") === "1";
+  if (next?.startsWith(`${AUTHORIZE_PATH}?`)) sessionStorage.setItem(NEXT_KEY, next);
+  return next;
+}
+
+// Only our own pages: a path on this origin that is the console or the authorization endpoint, never an open
+// redirect (another origin, a scheme, `//host`, a backslash a browser might read as a slash).
+function safeReturn(next) {
+  if (typeof next !== "string" || !next.startsWith("/") || next.startsWith("//") || next.includes("\\")) return null;
+  let url;
+  try {
+    url = new URL(next, location.origin);
+  } catch {
+    return null;
+  }
+  if (url.origin !== location.origin) return null;
+  if (RETURN_PATHS.has(url.pathname) && !url.search) return url.pathname;
+  return url.pathname === AUTHORIZE_PATH && url.search ? `${url.pathname}${url.search}` : null;
+}
+
+// Signed in: on to the application's request, which now finds the session (and asks for consent, or answers).
+function continueToApplication() {
+  const next = returnTo;
+  returnTo = null;
+  sessionStorage.removeItem(NEXT_KEY);
+  $("status").textContent = "Signed in. Going back to the application…";
+  location.assign(next);
+}
+
+// Logging in with another provider on the way to an application: the provider's login comes back to its request.
+function keepRequestThroughProviders() {
+  for (const link of document.querySelectorAll("nav.providers a")) {
+    const url = new URL(link.href, location.origin);
+    url.searchParams.set("next", returnTo);
+    link.href = `${url.pathname}${url.search}`;
+  }
 }
 
 // After the session is known: what the verification link did, and what the visitor can do next.
@@ -907,6 +1003,7 @@ async function start() {
   addEventListener("online", () => me && feed.state === "offline" && feed.start(selectedTransport()));
 
   returnTo = takeReturnTo();
+  if (authorizing()) keepRequestThroughProviders();
   const link = await followLink();
   if (link.reset) {
     showSignedOut("Choose a new password for your account.");
@@ -919,7 +1016,7 @@ async function start() {
   let user = null;
   try {
     user = await client.me(); // GET /auth/status first: a visitor without a session sees no 401
-    if (user) await showSignedIn(user);
+    if (user && !reauth) await showSignedIn(user);
     else showSignedOut("You are logged out.");
   } catch (error) {
     showSignedOut(`The service cannot check your session: ${error.message}`);
