@@ -20,6 +20,7 @@ import requests
 from authlib.integrations.requests_client import OAuth2Session
 
 from app import create_app
+from app.apikeys.store import create_key
 from app.auth.users import create_user
 from app.oidc import clients
 from tests.servers import LiveServer
@@ -73,12 +74,26 @@ class Service:
         with self.app.app_context():
             return clients.create_client(asked)
 
-    def new_user(self, email: str | None = None) -> dict:
+    def new_user(self, email: str | None = None, role: str = "user") -> dict:
         """A user with a password: id and e-mail."""
         email = email or random_email()
         with self.app.app_context():
-            user = create_user(email, DEFAULT_PASSWORD)
+            user = create_user(email, DEFAULT_PASSWORD, role=role)
         return {"id": user["id"], "email": email}
+
+    def api_key(self, *scopes: str) -> dict:
+        """A bearer header of a new API key with these scopes (every channel)."""
+        with self.app.app_context():
+            raw, _ = create_key(f"key {uuid.uuid4().hex[:6]}", list(scopes), ["*"])
+        return {"Authorization": f"Bearer {raw}"}
+
+    def introspect(self, token: str) -> dict:
+        """RFC 7662's answer for a token, asked with an API key of scope tokens:introspect."""
+        if not hasattr(self, "_introspector"):
+            self._introspector = self.api_key("tokens:introspect")
+        answer = self.call("POST", "/auth/introspect", data={"token": token}, headers=self._introspector)
+        assert answer.status_code == 200, answer.text
+        return answer.json()
 
 
 def start_service(base_env: dict, log_dir, **settings) -> Service:
@@ -163,8 +178,8 @@ class RelyingParty:
         self.state = None
 
     def authorization_url(self, **params) -> str:
-        """The authorization request (with PKCE and a nonce unless told otherwise), as a path on the service."""
-        params.setdefault("nonce", self.nonce)
+        """The authorization request (with PKCE, and a new nonce unless told otherwise)."""
+        self.nonce = params.setdefault("nonce", secrets.token_urlsafe(16))
         url, self.state = self.session.create_authorization_url(
             self.service.discovery["authorization_endpoint"], code_verifier=self.verifier, **params
         )
@@ -196,6 +211,18 @@ class RelyingParty:
             issuer=self.service.discovery["issuer"],
             options={"require": ["iss", "sub", "aud", "exp", "iat", "auth_time", "sid", "amr", "at_hash"]},
         )
+
+
+def authorized(rp: RelyingParty, browser: Browser, email: str, **params) -> dict:
+    """A whole authorization: the request, the sign-in if the browser has none, the consent if asked (allowed),
+    and the code redeemed; the token answer."""
+    answer = rp.authorize(browser, **params)
+    if answer.sign_in_next is not None:
+        answer = sign_in_and_come_back(browser, answer, email)
+    if answer.consent_page:
+        answer = consent(browser, answer)
+    assert answer.at_client and "code" in answer.params, (answer.response.status_code, answer.location)
+    return rp.redeem(answer)
 
 
 def sign_in_and_come_back(browser: Browser, answer: Answer, email: str) -> Answer:
