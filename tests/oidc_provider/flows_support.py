@@ -168,7 +168,7 @@ class RelyingParty:
             client.client_id,
             secret,
             scope=scope,
-            redirect_uri=client.redirect_uris[0],
+            redirect_uri=client.redirect_uris[0] if client.redirect_uris else None,
             code_challenge_method="S256",
             token_endpoint_auth_method=auth,
             **kwargs,
