@@ -51,10 +51,8 @@ class S256CodeChallenge(CodeChallenge):
     def validate_code_challenge(self, grant, redirect_uri):
         """invalid_request unless the request carries a code_challenge with code_challenge_method=S256."""
         data = grant.request.payload.data
-        if not data.get("code_challenge"):
-            raise InvalidRequestError("PKCE is required: send code_challenge with code_challenge_method=S256.")
-        if data.get("code_challenge_method") != "S256":
-            raise InvalidRequestError("code_challenge_method must be S256.")
+        if not data.get("code_challenge") or data.get("code_challenge_method") != "S256":
+            raise InvalidRequestError("PKCE is required: a code_challenge with code_challenge_method=S256.")
         super().validate_code_challenge(grant, redirect_uri)
 
 
