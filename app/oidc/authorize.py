@@ -148,7 +148,7 @@ def _max_age(given: str | None) -> int | None:
     """max_age in seconds, or None; invalid_request unless it is a whole number."""
     if given is None or given == "":
         return None
-    if not given.isdigit() or len(given) > 10:
+    if not re.fullmatch(r"[0-9]{1,10}", given):
         raise InvalidRequestError("max_age must be a whole number of seconds.")
     return int(given)
 

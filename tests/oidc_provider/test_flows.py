@@ -343,3 +343,30 @@ def test_prompt_login_and_an_exceeded_max_age_ask_for_a_new_sign_in(service):
         later = rp.verified_id_token(rp.redeem(answer))
         assert later["auth_time"] > first["auth_time"]
         first = later
+
+
+@REQUEST_CHECKS
+def test_hostile_values_are_refused_cleanly(service):
+    """Quotes, backslashes, control characters, other scripts and odd digits in every parameter: a page or an
+    error at the client, never a 500 (the suite checks the server's log for tracebacks at its end)."""
+    client, secret = service.new_client(first_party=True)
+    user = service.new_user()
+    browser = Browser(service)
+    assert browser.sign_in(user["email"]).status_code == 200
+    rp = RelyingParty(service, client, secret, "openid")
+    hostile = ['a"b', "a\\b", "\u00e9\u4e2d", "\u00b2", "\u0000x", "x" * 3000, "%", "<script>"]
+    for name in ("response_type", "scope", "state", "prompt", "nonce", "max_age", "code_challenge", "redirect_uri"):
+        for value in hostile:
+            answer = browser.go(rp.authorization_url(), params={name: value})
+            assert answer.status_code in (302, 400), (name, value, answer.status_code)
+    for value in hostile:
+        form = {"grant_type": "authorization_code", "code": value, "code_verifier": value, "redirect_uri": value}
+        answer = service.call("POST", "/oauth/token", data=form, auth=(client.client_id, secret))
+        assert answer.status_code == 400, (value, answer.text)
+        form = {"grant_type": "refresh_token", "refresh_token": value, "scope": value}
+        assert service.call("POST", "/oauth/token", data=form, auth=(client.client_id, secret)).status_code == 400
+        revoked = service.call("POST", "/oauth/revoke", data={"token": value}, auth=(client.client_id, secret))
+        assert revoked.status_code == 200, (value, revoked.text)
+        if value.isascii() and value.isprintable():  # what a header can carry
+            answer = service.call("GET", "/oauth/userinfo", headers={"Authorization": f"Bearer {value}"})
+            assert answer.status_code == 401, (value, answer.text)
