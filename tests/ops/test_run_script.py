@@ -117,9 +117,57 @@ def start_make_run(tmp_path):
         run.stop()
 
 
+@pytest.fixture(scope="module")
+def _plain_make_runs(tmp_path_factory):
+    """`make run` with nothing set, one at a time for the module: the running one, or a new one once a test
+    has stopped it. Each start is some 7 s of CPU (Redis, the mail catcher, gunicorn's two workers, the delivery
+    process, nginx), and the tests that only look at it or end it need no fresh one of their own."""
+    started: list[MakeRun] = []
+
+    def running() -> MakeRun:
+        if not started or started[-1].process.poll() is not None:
+            started.append(MakeRun(tmp_path_factory.mktemp("make-run")))
+        return started[-1]
+
+    yield running
+    for run in started:
+        run.stop()
+
+
+@pytest.fixture
+def plain_make_run(_plain_make_runs) -> MakeRun:
+    """A running `make run` with nothing set, maybe one an earlier test of the module used (never one it stopped)."""
+    return _plain_make_runs()
+
+
 @pytest.mark.slow
-def test_the_cli_reaches_make_runs_redis_and_its_events_are_counted(start_make_run):
-    run = start_make_run()
+def test_make_run_sets_up_mail_and_webhooks_on_this_machine_with_nothing_typed(plain_make_run):
+    run = plain_make_run
+    ports = run.ports
+    defaults = dict(line.split("=", 1) for line in (run.data_dir / ".env").read_text().splitlines() if "=" in line)
+    assert {name: defaults.get(name) for name in ("SMTP_URL", "SMTP_STARTTLS", "PUBLIC_BASE_URL")} == {
+        "SMTP_URL": f"smtp://127.0.0.1:{ports['MAILCATCHER_PORT']}",
+        "SMTP_STARTTLS": "never",
+        "PUBLIC_BASE_URL": f"http://127.0.0.1:{ports['NGINX_PORT']}",
+    }
+    assert defaults["WEBHOOK_OUT_ALLOW_HTTP"] == defaults["WEBHOOK_OUT_ALLOW_PRIVATE"] == "true"
+    # Passkeys at localhost: browsers take no IP address as the domain a passkey belongs to.
+    assert (defaults["WEBAUTHN_RP_ID"], defaults["WEBAUTHN_ORIGINS"]) == (
+        "localhost",
+        f"http://localhost:{ports['NGINX_PORT']}",
+    )
+    # The catcher takes mail and shows it on loopback only.
+    assert listening_addresses(ports["MAILCATCHER_PORT"]) == {"127.0.0.1"}
+    assert listening_addresses(ports["MAILCATCHER_WEB_PORT"]) == {"127.0.0.1"}
+    page = requests.get(f"http://127.0.0.1:{ports['MAILCATCHER_WEB_PORT']}/", timeout=5)
+    # The module's first test on the shared run, before any other has made the service send a mail.
+    assert page.ok and "No mail yet" in page.text
+    assert f"mail:    smtp://127.0.0.1:{ports['MAILCATCHER_PORT']}" in run.log()
+
+
+@pytest.mark.slow
+def test_the_cli_reaches_make_runs_redis_and_its_events_are_counted(plain_make_run):
+    run = plain_make_run
     data_dir, service = run.data_dir, run.service
     env_file = (data_dir / ".env").read_text()
     assert f"REDIS_URL=redis://127.0.0.1:{run.ports['REDIS_PORT']}/0" in env_file
@@ -154,30 +202,6 @@ def test_the_cli_reaches_make_runs_redis_and_its_events_are_counted(start_make_r
     # The reader's idle keep-alive connection to gunicorn would hold its graceful stop (the teardown's) for
     # the whole graceful_timeout: closed here, as a client that has finished would.
     reader.http.close()
-
-
-@pytest.mark.slow
-def test_make_run_sets_up_mail_and_webhooks_on_this_machine_with_nothing_typed(start_make_run):
-    run = start_make_run()
-    ports = run.ports
-    defaults = dict(line.split("=", 1) for line in (run.data_dir / ".env").read_text().splitlines() if "=" in line)
-    assert {name: defaults.get(name) for name in ("SMTP_URL", "SMTP_STARTTLS", "PUBLIC_BASE_URL")} == {
-        "SMTP_URL": f"smtp://127.0.0.1:{ports['MAILCATCHER_PORT']}",
-        "SMTP_STARTTLS": "never",
-        "PUBLIC_BASE_URL": f"http://127.0.0.1:{ports['NGINX_PORT']}",
-    }
-    assert defaults["WEBHOOK_OUT_ALLOW_HTTP"] == defaults["WEBHOOK_OUT_ALLOW_PRIVATE"] == "true"
-    # Passkeys at localhost: browsers take no IP address as the domain a passkey belongs to.
-    assert (defaults["WEBAUTHN_RP_ID"], defaults["WEBAUTHN_ORIGINS"]) == (
-        "localhost",
-        f"http://localhost:{ports['NGINX_PORT']}",
-    )
-    # The catcher takes mail and shows it on loopback only.
-    assert listening_addresses(ports["MAILCATCHER_PORT"]) == {"127.0.0.1"}
-    assert listening_addresses(ports["MAILCATCHER_WEB_PORT"]) == {"127.0.0.1"}
-    page = requests.get(f"http://127.0.0.1:{ports['MAILCATCHER_WEB_PORT']}/", timeout=5)
-    assert page.ok and "No mail yet" in page.text
-    assert f"mail:    smtp://127.0.0.1:{ports['MAILCATCHER_PORT']}" in run.log()
 
 
 def descendants(pid: int) -> dict[int, str]:
@@ -241,9 +265,9 @@ def exit_order(watched: dict[int, int], timeout: float) -> dict[int, int]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
-def test_make_run_stops_in_order_redis_last_and_exits_0(start_make_run, how):
+def test_make_run_stops_in_order_redis_last_and_exits_0(plain_make_run, how):
     """Ctrl-C reaches the whole foreground process group from the terminal; make forwards SIGTERM to the script."""
-    run = start_make_run()
+    run = plain_make_run
     processes = descendants(run.process.pid)
     assert set(processes.values()) == set(STOP_ORDER), processes
     watched = pidfds(processes)  # before the signal: nginx, first, is gone at once
@@ -280,9 +304,9 @@ def test_make_run_stops_in_order_redis_last_and_exits_0(start_make_run, how):
 
 
 @pytest.mark.slow
-def test_make_run_ends_when_one_of_its_processes_does(start_make_run):
+def test_make_run_ends_when_one_of_its_processes_does(plain_make_run):
     """A process that exits by itself (here the delivery process) ends `make run`, with the others, saying so."""
-    run = start_make_run()
+    run = plain_make_run
     processes = descendants(run.process.pid)
     watched = pidfds(processes)
     [worker] = [pid for pid, part in processes.items() if part == "delivery process"]
