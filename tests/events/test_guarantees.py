@@ -246,6 +246,7 @@ def test_refresh_token_reuse_and_password_change_close_streams(server):
     assert stream.next_event(timeout=2)["event"] == "session_ended"
 
 
+@pytest.mark.not_on_cluster("the worker ends a stream when its token expires: no Redis step")
 def test_access_token_expiry_ends_streams(start_server):
     live = start_server(ACCESS_TOKEN_TTL_SECONDS="2")
     user = Api(live.url)
@@ -259,6 +260,7 @@ def test_access_token_expiry_ends_streams(start_server):
 # Slow consumers, shutdown, restarts
 
 
+@pytest.mark.not_on_cluster("a socket's send queue is the worker's own: no Redis step")
 def test_websocket_that_never_reads_is_closed_1013_while_others_keep_receiving(start_server):
     live = start_server(workers=1, WS_SEND_QUEUE="20", WS_SEND_TIMEOUT_SECONDS="1")
     slow, fast = Api(live.url), Api(live.url)
@@ -283,7 +285,8 @@ def test_websocket_that_never_reads_is_closed_1013_while_others_keep_receiving(s
     fast_ws.close()
 
 
-def test_sigterm_ends_streams_promptly_and_clients_resume_elsewhere(start_server):
+@pytest.mark.not_on_cluster("the worker's own shutdown; resuming by cursor runs on the cluster above")
+def test_sigterm_ends_streams_promptly_and_clients_resume_elsewhere(start_server, server):
     first = start_server(workers=1)
     user = Api(first.url)
     stream, ws = SSE(first.url, user.auth), open_ws(first.url, user.auth)
@@ -297,18 +300,17 @@ def test_sigterm_ends_streams_promptly_and_clients_resume_elsewhere(start_server
     assert stream.closed.wait(5)
     assert time.monotonic() - started < 3  # not the 10 s graceful_timeout
 
-    second = start_server(workers=1)
-    user.base = second.url
+    user.base = server.url  # another server on the same Redis
     missed = publish_many(user, 10)
-    resumed = SSE(second.url, {**user.auth, "Last-Event-ID": frame["id"]})
+    resumed = SSE(server.url, {**user.auth, "Last-Event-ID": frame["id"]})
     try:
         assert sse_ids(resumed, 10) == missed
     finally:
         resumed.close()
 
 
-def test_resume_after_a_worker_is_killed_and_across_instances(start_server):
-    a, b = start_server(workers=1), start_server(workers=1)
+def test_resume_after_a_worker_is_killed_and_across_instances(start_server, server):
+    a, b = start_server(workers=1), server  # b: the module's server, on the same Redis
     user = Api(a.url)
     stream = SSE(a.url, user.auth)
     stream.next(skip_comments=False)
