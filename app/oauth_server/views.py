@@ -26,7 +26,7 @@ FORM = "application/x-www-form-urlencoded"
 @operation(
     "Token endpoint: a client's tokens (authorization code with PKCE, refresh token, client credentials), or RFC "
     "8693 token exchange of a trusted issuer's token for a session",
-    tags=["openid", "issuers"],
+    tags=["openid"],
     form=TokenRequest,
     responses={200: TokenAnswer},
     errors=(400, 401, 403, 413, 429),

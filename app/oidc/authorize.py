@@ -65,7 +65,7 @@ class UnknownTarget(Exception):
 @operation(
     "OpenID Connect authorization endpoint: a code for the client (302), the consent page (200), or a page "
     "for an unknown client or redirect URI (400, never redirected)",
-    tags=["openid", "pages"],
+    tags=["pages"],
     query=AuthorizationRequest,
     responses={
         200: ("text/html", "The consent page: the client, the scopes, Allow and Deny"),

@@ -13,6 +13,7 @@ import hashlib
 import time
 from urllib.parse import parse_qs, urlencode, urlsplit
 
+import jwt
 import pytest
 from authlib.integrations.base_client import OAuthError
 
@@ -40,10 +41,12 @@ def service(base_env, tmp_path_factory):
     running.web.stop()
 
 
-def at_hash(access_token: str) -> str:
-    """RFC 7518's left half of the SHA-256 (RS256 and ES256 keys), as OpenID Connect Core 3.1.3.6 has it."""
-    digest = hashlib.sha256(access_token.encode()).digest()
-    return base64.urlsafe_b64encode(digest[:16]).rstrip(b"=").decode()
+def at_hash(access_token: str, id_token: str) -> str:
+    """The left half of the access token's hash by the ID token's algorithm's hash (OpenID Connect Core 3.1.3.6):
+    SHA-256 for RS256 and ES256, SHA-512 for EdDSA with Ed25519."""
+    algorithm = jwt.get_unverified_header(id_token)["alg"]
+    digest = (hashlib.sha512 if algorithm == "EdDSA" else hashlib.sha256)(access_token.encode()).digest()
+    return base64.urlsafe_b64encode(digest[: len(digest) // 2]).rstrip(b"=").decode()
 
 
 def refused_at_client(answer: Answer, rp: RelyingParty, error: str) -> None:
@@ -85,7 +88,7 @@ def test_a_relying_party_signs_a_user_in_by_discovery(service):
     assert set(token["scope"].split()) == {"openid", "email", "profile", "offline_access"}
     claims = rp.verified_id_token(token)
     assert claims["sub"] == user["id"] and claims["aud"] == client.client_id and claims["nonce"] == rp.nonce
-    assert claims["amr"] == ["pwd"] and claims["at_hash"] == at_hash(token["access_token"])
+    assert claims["amr"] == ["pwd"] and claims["at_hash"] == at_hash(token["access_token"], token["id_token"])
     assert claims["email"] == user["email"] and claims["email_verified"] is False
     assert claims["preferred_username"] == user["email"].split("@")[0]
     assert abs(claims["auth_time"] - time.time()) < 60 and claims["exp"] - claims["iat"] == 900
