@@ -34,6 +34,7 @@ CLAIMS = (
     "at_hash",
     "email",
     "email_verified",
+    "preferred_username",
 )
 
 
