@@ -1,7 +1,8 @@
 """Every way of signing in on the service's page leads back into an authorization, and the ID token says which it
 was (`amr`, RFC 8176): a password, a password and TOTP (or a recovery code), a passkey (the suite's software
 authenticator), another OpenID provider (node-oidc-provider, as in tests/auth/test_oauth.py). And the page itself,
-in Chromium, goes on to an authorization request once signed in, and nowhere else.
+in Chromium, goes on to an authorization request once signed in, and nowhere else; it lists the applications the
+user allowed, and withdraws one.
 
 How a sign-in went is a field of the session written with it: its Redis steps run on the cluster in test_flows.
 """
@@ -24,6 +25,7 @@ from tests.oidc_provider.flows_support import (
     Browser,
     RelyingParty,
     Service,
+    authorized,
     secure_cookies_to_loopback,  # noqa: F401 - a module-scoped autouse fixture
 )
 from tests.servers import CLIENT_ID, CLIENT_SECRET, LiveServer, OpenIdProvider
@@ -180,3 +182,25 @@ def test_the_page_goes_on_to_an_authorization_request_and_nowhere_else(service, 
     sign_in_at(service.url + asked.location)
     expect(page).to_have_url(re.compile(r"^http://127\.0\.0\.1:9/callback\?code="))
     assert "iss=" in arrived[-1] and f"state={rp.state}" in arrived[-1]
+
+
+def test_the_page_lists_the_applications_allowed_and_withdraws_one(service, page):
+    user = service.new_user()
+    client, secret = service.new_client(name="Corner Shop")
+    browser = Browser(service)
+    rp = RelyingParty(service, client, secret, "openid email")
+    token = authorized(rp, browser, user["email"])
+
+    page.goto(service.url + "/")
+    page.get_by_label("E-mail", exact=True).fill(user["email"])
+    page.get_by_label("Password", exact=True).fill(DEFAULT_PASSWORD)
+    page.get_by_role("button", name="Log in", exact=True).click()
+    allowed = page.locator(f"#consents li[data-client-id='{client.client_id}']")
+    expect(allowed).to_contain_text("Corner Shop")
+    expect(allowed).to_contain_text("email, openid")
+    expect(page.locator(f"#sessions li[data-session-id='{rp.verified_id_token(token)['sid']}']")).to_be_visible()
+    allowed.get_by_role("button", name="Withdraw").click()
+    expect(page.locator("#consents li")).to_have_count(0)
+    expect(page.locator("#consents-empty")).to_be_visible()
+    assert browser.go("/auth/consents").json() == {"consents": []}
+    assert service.introspect(token["access_token"]) == {"active": False}  # its session ended with it
