@@ -181,7 +181,7 @@ def _decided(server, oauth_request, grant, client: OAuthClient, browser, scopes:
         return server.create_authorization_response(request=oauth_request, grant_user=None, grant=grant)
     if decision != "allow":
         return _page("oauth_error.html", 400, message="Choose Allow or Deny.")
-    if not client.first_party and scopes:
+    if not client.first_party:
         consents.grant(browser.user_id, client, scopes)
     return server.create_authorization_response(request=oauth_request, grant_user=browser, grant=grant)
 

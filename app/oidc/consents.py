@@ -53,15 +53,17 @@ return 1
 )
 
 
-def consented_scopes(user_id: str, client_id: str) -> set[str]:
-    """The scopes the user let the client have (none when it never asked, or the consent was withdrawn)."""
+def consented_scopes(user_id: str, client_id: str) -> set[str] | None:
+    """The scopes the user let the client have; None when the user never allowed it anything (or withdrew)."""
     stored = get_redis().hget(Keys.user_consents(user_id), client_id)
-    return set(json.loads(stored)["scopes"]) if stored else set()
+    return set(json.loads(stored)["scopes"]) if stored else None
 
 
 def covers(user_id: str, client_id: str, scopes: list[str]) -> bool:
-    """Whether the user has consented to every one of `scopes` for this client already."""
-    return set(scopes) <= consented_scopes(user_id, client_id)
+    """Whether the user has allowed this client already, every one of `scopes` included (a request for no scope at
+    all still needs the user to have allowed the client: it would learn who signed in)."""
+    allowed = consented_scopes(user_id, client_id)
+    return allowed is not None and set(scopes) <= allowed
 
 
 def grant(user_id: str, client: OAuthClient, scopes: list[str]) -> None:

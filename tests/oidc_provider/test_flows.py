@@ -318,7 +318,10 @@ def test_prompt_none_never_shows_a_page(service):
     refused_at_client(rp.authorize(browser, prompt="none"), rp, "login_required")
     assert browser.sign_in(user["email"]).status_code == 200
     refused_at_client(rp.authorize(browser, prompt="none"), rp, "consent_required")
+    scopeless = RelyingParty(service, client, secret, None)  # would still learn who signed in: asked too
+    refused_at_client(scopeless.authorize(browser, prompt="none"), scopeless, "consent_required")
     consent(browser, rp.authorize(browser))
+    assert scopeless.authorize(browser, prompt="none").at_client  # allowed once: nothing more to ask
     silent = rp.authorize(browser, prompt="none")
     assert silent.at_client and "code" in silent.params
     assert rp.verified_id_token(rp.redeem(silent))["sub"] == user["id"]
