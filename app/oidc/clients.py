@@ -148,8 +148,8 @@ class OAuthClient(ClientMixin):
         return method in AUTH_METHODS[self.type]
 
     def check_response_type(self, response_type: str) -> bool:
-        """The authorization code flow only."""
-        return response_type in RESPONSE_TYPES
+        """The authorization code flow only, for a client registered for it."""
+        return response_type in RESPONSE_TYPES and "authorization_code" in self.grant_types
 
     def check_grant_type(self, grant_type: str) -> bool:
         """Whether the client is registered for this grant type."""

@@ -250,6 +250,9 @@ def test_other_errors_go_back_to_the_client_with_state_and_iss(service):
     refused_at_client(rp.authorize(browser, prompt="none login"), rp, "invalid_request")
     refused_at_client(rp.authorize(browser, max_age="soon"), rp, "invalid_request")
     refused_at_client(Answer(browser.go(rp.authorization_url() + "&scope=email")), rp, "invalid_request")
+    backend, backend_secret = service.new_client(grant_types=("client_credentials",))  # not for the code flow
+    only_credentials = RelyingParty(service, backend, backend_secret, "openid")
+    refused_at_client(only_credentials.authorize(browser), only_credentials, "unauthorized_client")
 
 
 def test_consent_refused_remembered_narrowed_asked_again_and_withdrawn(service):
