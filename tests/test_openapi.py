@@ -25,6 +25,14 @@ def test_every_route_is_in_the_document(app):
             assert methods <= set(documented[path]), rule.rule
 
 
+@pytest.mark.not_on_cluster("the document is built from the views alone")
+def test_every_operation_has_one_tag(app):
+    """The reference page draws an operation once under each of its tags."""
+    for path, operations in build_document(app)["paths"].items():
+        for method, described in operations.items():
+            assert len(described.get("tags", ())) == 1, (method, path)
+
+
 def test_a_route_that_declares_nothing_is_caught(make_app):
     app = make_app()
     app.add_url_rule("/forgotten", "forgotten", lambda: "")
@@ -138,7 +146,12 @@ def test_the_document_carries_the_constraints_the_views_enforce(app, client, aut
 
 
 # The OAuth token endpoint answers every error in RFC 6749's shape, as its clients (OAuth libraries) expect.
-RFC_6749 = {("post", "/oauth/token")}
+RFC_6749 = {  # the OAuth endpoints answer as RFC 6749, 6750 and 7009 say
+    ("post", "/oauth/token"),
+    ("post", "/oauth/revoke"),
+    ("get", "/oauth/userinfo"),
+    ("post", "/oauth/userinfo"),
+}
 
 
 def test_every_error_has_the_one_error_shape(app):

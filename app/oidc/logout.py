@@ -85,7 +85,7 @@ class LogoutRequest:
     "RP-initiated logout: with a valid id_token_hint and a registered post_logout_redirect_uri, that client "
     "session ends and the browser goes back there with state; otherwise a page asks the user first "
     "(query: id_token_hint, post_logout_redirect_uri, client_id, state)",
-    tags=["pages", "openid"],
+    tags=["pages"],
     responses={
         200: ("text/html", "A page asking the user, or saying the client session has ended"),
         302: None,
@@ -101,7 +101,7 @@ def logout():
 @bp.post("/oauth/logout")
 @operation(
     "RP-initiated logout by a form (as its GET), or the answer to the page's question (Log out / Stay signed in)",
-    tags=["pages", "openid"],
+    tags=["pages"],
     responses={
         200: ("text/html", "A page asking the user, or saying what ended"),
         302: None,
