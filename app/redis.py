@@ -206,6 +206,34 @@ class Keys:
         """The channels a user is granted: channel -> expiry in epoch seconds, or "" (a hash)."""
         return f"user:{{{user_id}}}:grants"
 
+    # Organizations (app/orgs/): one organization's keys share its hash tag `{org:<org id>}`, so one Lua step
+    # can check and change its members (the last-owner rule) and its invitations together.
+
+    @staticmethod
+    def org(org_id: str) -> str:
+        """An organization's record: id, name, created_at (a hash)."""
+        return f"org:{{org:{org_id}}}"
+
+    @staticmethod
+    def org_members(org_id: str) -> str:
+        """An organization's members: user id -> JSON {"role", "joined_at"} (a hash)."""
+        return f"org:{{org:{org_id}}}:members"
+
+    @staticmethod
+    def org_invitations(org_id: str) -> str:
+        """An organization's open invitations: invitation id -> JSON with the token's hash (a hash)."""
+        return f"org:{{org:{org_id}}}:invitations"
+
+    @staticmethod
+    def orgs() -> str:
+        """Every organization's id, scored by creation time in ms (a sorted set), for the admins' listing."""
+        return "orgs"
+
+    @staticmethod
+    def user_orgs(user_id: str) -> str:
+        """The organizations a user belongs to: org id -> role (a hash), in the user's slot."""
+        return f"user:{{{user_id}}}:orgs"
+
     # Presence (app/channels/presence.py owns these keys).
 
     @staticmethod

@@ -513,6 +513,16 @@ class Bus:
         else:
             self.client.publish(target, message)
 
+    def announce_org_changed(self, org_id: str, user_id: str | None = None) -> None:
+        """Tell every worker of every instance that membership of an organization changed: one user's
+        (`user_id`: removed, left, or a role changed) or everyone's (None: the organization was deleted).
+        Their open subscriptions to the organization's channels are checked again (on the control channel)."""
+        message = json.dumps({"org": {"org_id": org_id, "user_id": user_id}})
+        if self.cluster:
+            self.client.spublish(CONTROL_CHANNEL, message)
+        else:
+            self.client.publish(CONTROL_CHANNEL, message)
+
     def present(self, channels: list[str]) -> dict[str, str]:
         """The position just after the newest event of each channel (0-0 for a channel never used)."""
         return self.opening([], channels, {}).present
