@@ -44,6 +44,7 @@ from .oidc import client_views as oauth_client_views
 from .oidc import discovery as oidc_discovery
 from .oidc import logout as oidc_logout
 from .oidc import views as oidc_views
+from .orgs import switch as org_switch
 from .outgoing import views as outgoing_views
 from .proxy import TrustedProxyFix
 from .settings import load_settings
@@ -119,6 +120,7 @@ def create_app(environ: Mapping[str, str] | None = None) -> Flask:
         oidc_authorize.bp,
         oidc_views.bp,
         oidc_logout.bp,
+        org_switch.bp,
         webhook_views.bp,
         outgoing_views.bp,
         outgoing_views.page_bp,

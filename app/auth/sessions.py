@@ -7,6 +7,7 @@ ending the session revokes the whole family. Only SHA-256 hashes of refresh toke
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import secrets
 import time
@@ -316,6 +317,95 @@ def rotate_refresh_token(raw: str) -> Rotation:
         sessions_ended.send(current_app._get_current_object(), user_id=result[1], session_ids=[result[2]])
         return Rotation("reused", result[1], result[2])
     return Rotation(outcome, result[1], result[2], result[3] or "user", int(result[4] or 0), new_raw)
+
+
+# KEYS: 1 the session, 2 the record of its current refresh token, 3 the new token's record, 4 its token set,
+# 5 its live-token set. ARGV: now, new expiry (epoch s), ttl (s), the current token's hash, the new hash, the
+# active organization's id ('' for none).
+# A refresh without a presented token: the current token is revoked (the one before it stays good for the
+# grace period, as after a refresh), a new one joins the family, and the session keeps the organization.
+# 'gone' when the session ended, 'stale' when a refresh changed its current token since it was read.
+SWITCH_ORG_LUA = """
+local current = redis.call('HGET', KEYS[1], 'current_hash')
+if not current then return 'gone' end
+if current ~= ARGV[4] then return 'stale' end
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  redis.call('HSET', KEYS[2], 'revoked_at', ARGV[1])
+end
+redis.call('SREM', KEYS[5], ARGV[4])
+local uid = redis.call('HGET', KEYS[1], 'user_id')
+redis.call('HSET', KEYS[3], 'user_id', uid, 'family_id', redis.call('HGET', KEYS[1], 'id'), 'created_at', ARGV[1],
+           'expires_at', ARGV[2], 'revoked_at', '')
+redis.call('EXPIRE', KEYS[3], ARGV[3])
+for _, set in ipairs({KEYS[4], KEYS[5]}) do
+  redis.call('SADD', set, ARGV[5])
+  redis.call('EXPIRE', set, ARGV[3])
+end
+redis.call('HSET', KEYS[1], 'previous_hash', ARGV[4], 'current_hash', ARGV[5], 'last_used_at', ARGV[1],
+           'expires_at', ARGV[2], 'org_id', ARGV[6])
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+return 'switched'
+"""
+
+# KEYS[1] the session. ARGV: the organization it had. Clears the session's organization if it is still that one.
+FORGET_ORG_LUA = """
+if redis.call('HGET', KEYS[1], 'org_id') == ARGV[1] then redis.call('HSET', KEYS[1], 'org_id', '') end
+return 1
+"""
+
+
+def switch_org(user_id: str, session_id: str, org_id: str | None) -> IssuedSession | None:
+    """Make `org_id` (None: none) the session's active organization and rotate its refresh token as a refresh
+    does; the new token, or None when the session has ended. The caller has checked the membership."""
+    ttl = _ttl()
+    script = get_script(SWITCH_ORG_LUA)
+    for _ in range(STALE_ATTEMPTS):
+        current = get_redis().hget(Keys.session(user_id, session_id), "current_hash")
+        if current is None:
+            return None
+        raw, new_hash = _new_refresh_token(user_id, session_id)
+        now = time.time()
+        keys = [
+            Keys.session(user_id, session_id),
+            Keys.refresh_token(user_id, current),
+            Keys.refresh_token(user_id, new_hash),
+            Keys.session_tokens(user_id, session_id),
+            Keys.session_live_tokens(user_id, session_id),
+        ]
+        args = [f"{now:.3f}", f"{now + ttl:.3f}", ttl, current, new_hash, org_id or ""]
+        outcome = script(keys=keys, args=args)
+        if outcome == "gone":
+            return None
+        if outcome == "switched":
+            return IssuedSession(session_id, raw, ttl)
+    raise ApiError(503, "unavailable", "The session kept changing; try again.")
+
+
+def active_org(user_id: str, session_id: str) -> tuple[str, str] | None:
+    """(org id, role) of the session's active organization while the user is still a member of it, else None.
+
+    Read when an access token is issued, so that a removal or a role change applies to the next token. An
+    organization the user no longer belongs to is forgotten by the session (a later return does not bring it
+    back unasked)."""
+    client = get_redis()
+    org_id = client.hget(Keys.session(user_id, session_id), "org_id")
+    if not org_id:
+        return None
+    role = member_role(client.hget(Keys.org_members(org_id), user_id))
+    if role is None:
+        get_script(FORGET_ORG_LUA)(keys=[Keys.session(user_id, session_id)], args=[org_id])
+        return None
+    return org_id, role
+
+
+def member_role(stored: str | None) -> str | None:
+    """The role in an organization's members-hash entry {"role", "joined_at"} (None for none or a broken one)."""
+    try:
+        member = json.loads(stored) if stored else None
+    except ValueError:
+        return None
+    role = member.get("role") if isinstance(member, dict) else None
+    return role if isinstance(role, str) else None
 
 
 def is_client_refresh_token(raw: str) -> bool:

@@ -14,6 +14,8 @@ import jwt
 from cryptography.hazmat.primitives import serialization
 from flask import Flask, current_app
 
+from . import sessions
+
 REQUIRED_CLAIMS = ["iss", "aud", "sub", "role", "ver", "sid", "jti", "iat", "exp"]
 MAX_LIFETIME_SECONDS = 900  # 15 minutes, whatever a token that was signed with our key claims
 TOKEN_TYPE = "at+jwt"  # noqa: S105 (a JWT "typ" value, not a secret)
@@ -42,6 +44,8 @@ class AccessClaims:
     session_id: str
     expires_at: int
     issued_at: int
+    org_id: str | None = None  # the session's active organization when the token was issued, and the role there
+    org_role: str | None = None
 
 
 class TokenKeys:
@@ -85,7 +89,9 @@ def _keys() -> TokenKeys:
 
 
 def issue_access_token(user_id: str, role: str, token_version: int, session_id: str) -> str:
-    """A signed access token; it names the user, role, tokenVersion and session, nothing secret."""
+    """A signed access token; it names the user, role, tokenVersion and session, nothing secret, and the
+    session's active organization with the user's role there (`org_id`, `org_role`) while the user is a member
+    of it, as read now."""
     keys = _keys()
     now = int(time.time())
     claims = {
@@ -99,6 +105,9 @@ def issue_access_token(user_id: str, role: str, token_version: int, session_id: 
         "iat": now,
         "exp": now + keys.ttl,
     }
+    org = sessions.active_org(str(user_id), session_id)
+    if org is not None:
+        claims["org_id"], claims["org_role"] = org
     headers = {"typ": TOKEN_TYPE}
     if keys.kid:
         headers["kid"] = keys.kid
@@ -149,4 +158,9 @@ def _verify(keys: TokenKeys, token: str) -> AccessClaims:
         raise TokenInvalid("malformed claims")
     if claims["exp"] - claims["iat"] > MAX_LIFETIME_SECONDS:
         raise TokenInvalid("lives longer than an access token may")
-    return AccessClaims(claims["sub"], claims["role"], claims["ver"], claims["sid"], claims["exp"], claims["iat"])
+    org_id, org_role = claims.get("org_id"), claims.get("org_role")
+    if (org_id, org_role) != (None, None) and not (isinstance(org_id, str) and isinstance(org_role, str)):
+        raise TokenInvalid("malformed organization claims")
+    return AccessClaims(
+        claims["sub"], claims["role"], claims["ver"], claims["sid"], claims["exp"], claims["iat"], org_id, org_role
+    )

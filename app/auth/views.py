@@ -13,6 +13,7 @@ from ..http import validated, validated_form
 from ..limits import rate_limited
 from ..metrics import LOGINS, REFRESHES
 from ..openapi import operation
+from ..redis import Keys, get_redis
 from . import account, cookies, devices, mailtokens, mfa, passwords, sessions, tokens, users
 from .answers import device_name as _device_name  # (passkey_views takes it from here)
 from .answers import token_response as _token_response
@@ -362,7 +363,7 @@ def _introspection(token: str) -> dict:
     if user is None:  # logged out, session ended, or an older tokenVersion
         return INACTIVE
     settings = _settings()
-    return {
+    answer = {
         "active": True,
         "sub": claims.user_id,
         "role": user["role"],  # the stored role, as the service's own checks use it
@@ -374,3 +375,8 @@ def _introspection(token: str) -> dict:
         "aud": settings.jwt_audience,
         "token_type": "access_token",
     }
+    if claims.org_id is not None:  # the role held now: a removal or a role change shows at once
+        org_role = sessions.member_role(get_redis().hget(Keys.org_members(claims.org_id), claims.user_id))
+        if org_role is not None:
+            answer.update(org_id=claims.org_id, org_role=org_role)
+    return answer

@@ -13,11 +13,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from ..auth.sessions import member_role
 from ..errors import ApiError, bad_request, forbidden, not_found
 from ..events.bus import BROADCAST, USER_CHANNEL_PREFIX, WEBHOOKS, user_channel
 from ..redis import Keys
 from .grants import grant_start, live_grant
-from .namespaces import RESERVED, Namespace, get_namespace, get_namespaces, parse_namespace, split_channel
+from .namespaces import (
+    RESERVED,
+    Namespace,
+    get_namespace,
+    get_namespaces,
+    org_of_channel,
+    parse_namespace,
+    split_channel,
+)
 
 NO_NAMESPACE = "namespace_deleted"
 
@@ -45,35 +54,54 @@ def _read_default(channel: str, user_id: str, is_admin: bool) -> Access:
     return Access(True) if allowed else Access(False, "access_changed")
 
 
-def _read_named(namespace: Namespace | None, stored_grant: str | None, is_admin: bool, now: float) -> Access:
+def _read_named(namespace: Namespace | None, stored: str | None, is_admin: bool, now: float) -> Access:
+    """Access to a channel of `namespace`; `stored` is what decides it for a user: the channel's grant of them
+    (members, proxy) or their entry in the members of the organization the channel names (org namespaces)."""
     if namespace is None:
         return Access(False, NO_NAMESPACE)
     if is_admin or namespace.subscribe == "authenticated":
         return Access(True, namespace=namespace)
-    grant = live_grant(stored_grant, now)
+    if namespace.by_org:  # members of the organization read all kept history, as long as they are members
+        allowed = namespace.admits_role(member_role(stored))
+        return Access(True, namespace=namespace) if allowed else Access(False, "revoked", namespace=namespace)
+    grant = live_grant(stored, now)
     if grant is None:
-        return Access(False, "expired" if stored_grant else "revoked", namespace=namespace)
+        return Access(False, "expired" if stored else "revoked", namespace=namespace)
     return Access(True, expires_at=grant["expires_at"], namespace=namespace, start=grant_start(grant))
 
 
+def deciding_key(channel: str, namespace: Namespace | None) -> str | None:
+    """The hash whose field of the user decides whether a user (not an admin) reads a channel of `namespace`: the
+    channel's grants (members, proxy), the members of the organization it names (org namespaces); None when no
+    entry of the user decides (authenticated, no namespace)."""
+    if namespace is None:
+        return None
+    if namespace.by_grant:
+        return Keys.channel_members(channel)
+    if namespace.by_org:
+        org_id = org_of_channel(split_channel(channel)[1])
+        return Keys.org_members(org_id) if org_id else None
+    return None
+
+
 def current_access(client, user_id: str, is_admin: bool, channels: list[str]) -> dict[str, Access]:
-    """What the user may read of `channels` now: one HMGET of namespaces and one pipelined HGET per
-    channel whose namespace admits granted users only (`members`, `proxy`). A malformed name counts as a
-    namespace that is gone."""
+    """What the user may read of `channels` now: one HMGET of namespaces and one pipelined HGET per channel
+    whose namespace admits some users only (a grant for `members` and `proxy`, membership of the organization
+    the channel names for `org_members` and `org_admins`). A malformed name counts as a namespace that is gone."""
     named = {channel: split_channel(channel) for channel in channels if not _own_channel(channel)}
     namespaces = get_namespaces(client, {split[0] for split in named.values() if split and split[0] not in RESERVED})
     namespace_of = {channel: namespaces.get(split[0]) if split else None for channel, split in named.items()}
-    needs_grant = [
-        channel
+    deciding = {
+        channel: key
         for channel, namespace in namespace_of.items()
-        if not is_admin and namespace is not None and namespace.by_grant
-    ]
+        if not is_admin and (key := deciding_key(channel, namespace)) is not None
+    }
     stored = {}
-    if needs_grant:
+    if deciding:
         pipe = client.pipeline(transaction=False)  # one key each: fine across hash slots
-        for channel in needs_grant:
-            pipe.hget(Keys.channel_members(channel), user_id)
-        stored = dict(zip(needs_grant, pipe.execute(), strict=True))
+        for key in deciding.values():
+            pipe.hget(key, user_id)
+        stored = dict(zip(deciding, pipe.execute(), strict=True))
     now = time.time()
     return {
         channel: (
@@ -94,18 +122,20 @@ class Recheck(NamedTuple):
 
 def recheck(client, user_id: str, is_admin: bool, checked: dict[str, Access]) -> Recheck:
     """Read again what decides the user's access to the channels of `checked` (each with the Access its check
-    found): one HMGET of their namespaces, and one HGET of the grant of each channel whose namespace admitted
-    granted users only. A namespace opened to `authenticated` users since is judged by its new rules; one closed
-    to granted users since (no grant was read) is asked about in a round trip of its own (`current_access`)."""
+    found): one HMGET of their namespaces, and one HGET of the grant (or the organization's membership) of each
+    channel whose namespace admitted some users only. A namespace opened to `authenticated` users since is judged
+    by its new rules; one closed to some users since (nothing of the user was read, or another entry decides
+    now) is asked about in a round trip of its own (`current_access`)."""
     named = {channel: split_channel(channel) for channel in checked if not _own_channel(channel)}
     names = sorted({split[0] for split in named.values() if split and split[0] not in RESERVED})
-    granted = [
-        channel
+    read = {
+        channel: key
         for channel, access in checked.items()
-        if channel in named and not is_admin and access.namespace is not None and access.namespace.by_grant
-    ]
+        if channel in named and not is_admin and (key := deciding_key(channel, access.namespace)) is not None
+    }
+    granted = list(read)
     commands = [("hmget", (Keys.namespaces(), names), {})] if names else []
-    commands += [("hget", (Keys.channel_members(channel), user_id), {}) for channel in granted]
+    commands += [("hget", (key, user_id), {}) for key in read.values()]
 
     def judge(answers: list) -> dict[str, Access]:
         stored = dict(zip(granted, answers[1:] if names else answers, strict=True))
@@ -117,7 +147,8 @@ def recheck(client, user_id: str, is_admin: bool, checked: dict[str, Access]) ->
                 continue
             split = named[channel]
             namespace = parse_namespace(split[0], namespaces.get(split[0])) if split else None
-            if not is_admin and namespace is not None and namespace.by_grant and channel not in stored:
+            deciding = None if is_admin else deciding_key(channel, namespace)
+            if deciding is not None and read.get(channel) != deciding:
                 unknown.append(channel)
             else:
                 found[channel] = _read_named(namespace, stored.get(channel), is_admin, now)
@@ -163,7 +194,7 @@ def check_publish(client, channel: str, *, user_id: str | None, is_admin: bool, 
 
     Channels outside namespaces keep section 4's rules: users their own channel, admins any, keys their
     list. In a namespace, `server`: admins and keys whose channels cover it; `subscribers`: also users
-    who may subscribe.
+    who may subscribe (granted users, or the organization's members the namespace admits).
     """
     split = split_channel(channel)
     if split is None or split[0] == "user":
@@ -181,7 +212,8 @@ def check_publish(client, channel: str, *, user_id: str | None, is_admin: bool, 
     elif not is_admin:
         if namespace.publish != "subscribers" or user_id is None:
             raise forbidden(f"Only the server publishes to {channel!r}.")
-        stored = client.hget(Keys.channel_members(channel), user_id) if namespace.by_grant else None
+        deciding = deciding_key(channel, namespace)
+        stored = client.hget(deciding, user_id) if deciding is not None else None
         if not _read_named(namespace, stored, False, time.time()).allowed:
             raise forbidden(f"You may not publish to {channel!r}.")
     return namespace

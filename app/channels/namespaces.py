@@ -20,8 +20,11 @@ RESERVED = frozenset({"user", "broadcast", "webhooks", "admin"})
 NAMESPACE_PATTERN = r"[a-z0-9_-]{1,32}"
 CHANNEL_NAME_PATTERN = r"[A-Za-z0-9_.=@-]{1,95}"
 NAMED_CHANNEL = re.compile(rf"({NAMESPACE_PATTERN}):({CHANNEL_NAME_PATTERN})")
-SUBSCRIBE_RULES = ("members", "authenticated", "proxy")
+SUBSCRIBE_RULES = ("members", "authenticated", "proxy", "org_members", "org_admins")
 BY_GRANT = ("members", "proxy")  # the rules under which a user needs a grant in force to read a channel
+# The rules under which a channel `<ns>:<org id>` or `<ns>:<org id>.<name>` is read by the organization's
+# members, with the roles each admits.
+BY_ORG = {"org_members": ("owner", "admin", "member"), "org_admins": ("owner", "admin")}
 RULES = ("subscribe", "publish", "presence", "join_leave")
 PUBLISH_RULES = ("server", "subscribers")
 
@@ -46,6 +49,15 @@ class Namespace:
         """Whether a user (not an admin) reads its channels only under a grant in force."""
         return self.subscribe in BY_GRANT
 
+    @property
+    def by_org(self) -> bool:
+        """Whether a user (not an admin) reads its channels only as a member of the organization they name."""
+        return self.subscribe in BY_ORG
+
+    def admits_role(self, role: str | None) -> bool:
+        """Whether a member with `role` in a channel's organization may read it (org namespaces only)."""
+        return role in BY_ORG.get(self.subscribe, ())
+
     def as_json(self) -> dict:
         """The name and rules, as audit entries record them: never the proxy's URL (it may hold a credential)
         nor its secret."""
@@ -68,6 +80,11 @@ def split_channel(channel: str) -> tuple[str, str] | None:
     A-Za-z0-9_.=@-), None when `channel` is not of that shape (caller decides 400)."""
     matched = NAMED_CHANNEL.fullmatch(channel)
     return (matched[1], matched[2]) if matched else None
+
+
+def org_of_channel(name: str) -> str:
+    """The organization a channel name of an org namespace names: `<org id>` or `<org id>.<name>` ('' for none)."""
+    return name.partition(".")[0]
 
 
 def validate_namespace(namespace: Namespace) -> Namespace:

@@ -195,8 +195,8 @@ class Follower:
             if access.allowed:
                 self.access[channel] = allowed[channel] = access
                 continue
-            # A grant missing where the check found none needed: the namespace's rules changed, not a grant.
-            granted = checked.namespace is not None and checked.namespace.by_grant
+            # A grant (or membership) missing where the check found none needed: the namespace's rules changed.
+            granted = checked.namespace is not None and (checked.namespace.by_grant or checked.namespace.by_org)
             reason = "access_changed" if access.reason == "revoked" and not granted else access.reason
             self.remove_channel(channel)
             self.pending.append(Delivery(Unsubscribed(channel, reason or "access_changed"), self.cursor))

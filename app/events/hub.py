@@ -68,6 +68,12 @@ FAN_OUT_SLICE = 100
 CONTROL_PREFIX = '{"control"'  # a control message on a channel's own wake-up channel, not an event
 
 
+def _names_org(channel: str, org_id: str) -> bool:
+    """Whether a channel's name (after `<ns>:`) is the organization's id or starts with it and a dot."""
+    name = channel.partition(":")[2]
+    return name == org_id or name.startswith(f"{org_id}.")
+
+
 class Unsubscribed(NamedTuple):
     """A channel taken from a live connection: its reader tells the client, and reads the channel no more."""
 
@@ -337,6 +343,20 @@ class Hub:
         else:
             self.recheck(pairs, "access_changed")
 
+    def _org_control(self, message: dict) -> None:
+        """Membership of an organization changed: one user's (`user_id`) or everyone's (None: it was deleted).
+        Their subscriptions to channels naming the organization (`<ns>:<org id>`, `<ns>:<org id>.<name>`) are
+        checked again; one no longer allowed is taken with reason `revoked`."""
+        org_id, user_id = message.get("org_id"), message.get("user_id")
+        if not isinstance(org_id, str) or not org_id:
+            return
+        if user_id is None:
+            readers = {s for subscriptions in self.by_user.values() for s in subscriptions}
+        else:
+            readers = set(self.by_user.get(user_id, ()))
+        pairs = [(s, c) for s in readers if not s.is_admin for c in s.channels if _names_org(c, org_id)]
+        self.recheck(pairs, "revoked")
+
     def shutdown(self) -> None:
         """End every local connection (worker shutting down): clients reconnect elsewhere by cursor."""
         self.closing = True
@@ -565,6 +585,9 @@ class Hub:
     def _control(self, message: dict) -> None:
         if "access" in message:
             self._namespace_control(message["access"])
+            return
+        if "org" in message:
+            self._org_control(message["org"])
             return
         if message.get("whole_user"):
             targets = list(self.by_user.get(message["user_id"], ()))

@@ -35,6 +35,7 @@ CLAIMS = (
     "email",
     "email_verified",
     "preferred_username",
+    "orgs",
 )
 
 

@@ -29,7 +29,7 @@ from .clients import SCOPES
 CLIENT_AUTH = ["client_secret_basic", "client_secret_post", "none"]
 SECRET_AUTH = ["client_secret_basic", "client_secret_post"]
 OFFLINE_ACCESS = "offline_access"
-USER_SCOPES = ("openid", "email", "profile", "offline_access")  # about a user: no client_credentials token has one
+USER_SCOPES = ("openid", "email", "profile", "offline_access", "orgs")  # about a user: no client's own token has one
 
 
 class ClientScopes:
@@ -151,7 +151,7 @@ class ClientCredentialsGrant(ClientScopes, grants.ClientCredentialsGrant):
         super().validate_requested_scope()
         asked = scope_to_list(self.request.payload.scope) or []
         if any(scope in USER_SCOPES for scope in asked):
-            raise InvalidScopeError("A client's own token has no user: openid, email, profile and offline_access.")
+            raise InvalidScopeError("A client's own token has no user: openid, email, profile, offline_access, orgs.")
 
 
 class ClientTokens(BearerTokenGenerator):
