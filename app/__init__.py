@@ -45,6 +45,7 @@ from .oidc import discovery as oidc_discovery
 from .oidc import logout as oidc_logout
 from .oidc import views as oidc_views
 from .orgs import switch as org_switch
+from .orgs import views as org_views
 from .outgoing import views as outgoing_views
 from .proxy import TrustedProxyFix
 from .settings import load_settings
@@ -113,6 +114,7 @@ def create_app(environ: Mapping[str, str] | None = None) -> Flask:
         audit_views.bp,
         event_views.bp,
         channel_views.bp,
+        org_views.bp,
         issuer_views.bp,
         oauth_server_views.bp,
         oidc_discovery.bp,

@@ -166,6 +166,7 @@ class Settings:
     rate_limit_passkey_options: str
     rate_limit_publish: str
     require_verified_email: bool
+    org_creation: str  # who may create organizations: everyone (with a verified address) | admins
     mfa_max_failures: int
     max_connections_per_user: int
     sse_heartbeat_seconds: float
@@ -261,6 +262,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         # Events a user (not an admin, not an API key) may publish, in a rolling window.
         rate_limit_publish=reader.rate_limit("RATE_LIMIT_PUBLISH", "50/second"),
         require_verified_email=reader.boolean("REQUIRE_VERIFIED_EMAIL", False),
+        org_creation=reader.choice("ORG_CREATION", "everyone", {"everyone", "admins"}),
         # Wrong second-factor codes in a row before an account's MFA login is locked until a password reset.
         mfa_max_failures=reader.integer("MFA_MAX_FAILURES", 100, minimum=1),
         max_connections_per_user=reader.integer("MAX_CONNECTIONS_PER_USER", 50, minimum=1),

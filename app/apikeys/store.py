@@ -32,6 +32,7 @@ SCOPES = (
     "audit:read",
     "issuers:manage",
     "clients:manage",
+    "orgs:manage",
 )
 NAME_LIMIT, CHANNELS_LIMIT = 100, 100
 TOUCH_INTERVAL_SECONDS = 60  # last_used_at is written at most this often per key

@@ -62,6 +62,15 @@ TYPES = (
     "signing_key.retired",
     "consent.granted",
     "consent.withdrawn",
+    "org.created",
+    "org.updated",
+    "org.deleted",
+    "org.member_added",
+    "org.member_removed",
+    "org.role_changed",
+    "org.invitation_created",
+    "org.invitation_revoked",
+    "org.invitation_accepted",
 )
 ENTRY_ID_PATTERN = r"^[0-9]{13}-[0-9a-f]{16}$"
 ENTRY_ID = re.compile(ENTRY_ID_PATTERN)

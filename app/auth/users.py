@@ -363,19 +363,23 @@ return {1, ended}
 def delete_user(user_id: str) -> bool:
     """Delete a user and every record of theirs; their sessions and live connections end at once.
 
-    Deleting the last administrator is 409.
+    Deleting the last administrator is 409, and so is deleting the last owner of an organization that has
+    other members (checked before anything changes); an organization the user alone belongs to is deleted
+    with them, and their other memberships end.
 
     The user's own keys go in one step; then the global indexes that name the user are released and
     the user's event history deleted (other hash slots: if this stops in between, indexes naming a
     missing record count as free).
     """
     from ..events.bus import user_channel
+    from ..orgs import manage as orgs
     from . import mailtokens
 
     client = get_redis()
     user = get_user(user_id)
     if user is None:
         return False
+    orgs.leave_all(user_id)
     if user.get("role") == "admin":
         _release_admin(user_id)
     identities = sorted(client.smembers(Keys.user_identities(user_id)))
@@ -404,6 +408,7 @@ def delete_user(user_id: str) -> bool:
         return False
     audit.complete(entry)
     forget_user_grants(client, user_id)  # after the record is gone: no grant can be indexed again
+    orgs.leave_all(user_id, gone=True)  # memberships made while it was being deleted: none can be made now
     by_email = [] if is_external(user) else [Keys.user_by_email(user["email"])]  # never indexed by address
     for index in [*by_email, *identities, *passkeys]:
         indexes.release(index, user_id)

@@ -8,10 +8,10 @@ import logging
 from flask import Flask, current_app
 
 from .backends import LogBackend, SmtpBackend
-from .messages import GIVE_UP_AFTER, PASSWORD_RESET, VERIFY_EMAIL
+from .messages import GIVE_UP_AFTER, ORG_INVITATION, PASSWORD_RESET, VERIFY_EMAIL
 from .queue import MailQueue
 
-__all__ = ["PASSWORD_RESET", "VERIFY_EMAIL", "init_app", "queue_mail", "start_background_tasks"]
+__all__ = ["ORG_INVITATION", "PASSWORD_RESET", "VERIFY_EMAIL", "init_app", "queue_mail", "start_background_tasks"]
 
 log = logging.getLogger(__name__)
 
@@ -42,15 +42,16 @@ def start_background_tasks(app: Flask) -> None:
     queue.start()
 
 
-def queue_mail(kind: str, *, user_id: str | None = None, email: str | None = None) -> str | None:
-    """Queue a mail of `kind` for a user (or, for a reset, an address as typed); never waits for sending.
+def queue_mail(kind: str, *, user_id: str | None = None, email: str | None = None, **fields: str) -> str | None:
+    """Queue a mail of `kind` for a user (or, for a reset or an invitation, an address); never waits for
+    sending. `fields`: what else the kind's message is built from (an invitation's organization and id).
 
     Returns the job's id, or None when mail is off (MAIL_ENABLED=false): nothing is queued.
     """
     queue = current_app.extensions["mail_queue"]
     if queue is None:
         return None
-    return queue.enqueue(kind, GIVE_UP_AFTER[kind], user_id=user_id, email=email, base_url=_base_url())
+    return queue.enqueue(kind, GIVE_UP_AFTER[kind], user_id=user_id, email=email, base_url=_base_url(), **fields)
 
 
 def _base_url() -> str:

@@ -17,13 +17,20 @@ from ..auth import emails, mailtokens, users
 from .backends import Mail, PermanentMailError
 
 VERIFY_EMAIL, PASSWORD_RESET = "verify_email", "password_reset"
+#: An invitation to an organization: to an address, which may have no account yet.
+ORG_INVITATION = "org_invitation"
 #: Notices to an account's owner of a change to how it signs in; they carry no token.
 MFA_ENABLED, MFA_RESET, MFA_LOCKED = "mfa_enabled", "mfa_reset", "mfa_locked"
 PASSKEY_ADDED = "passkey_added"
 NOTICES = (MFA_ENABLED, MFA_RESET, MFA_LOCKED, PASSKEY_ADDED)
 #: How long a job of each kind is worth retrying: a reset nobody received within half an hour has
 #: usually been asked for again; a verification link and a notice are useful for a day.
-GIVE_UP_AFTER = {VERIFY_EMAIL: 24 * 3600, PASSWORD_RESET: 30 * 60, **dict.fromkeys(NOTICES, 24 * 3600)}
+GIVE_UP_AFTER = {
+    VERIFY_EMAIL: 24 * 3600,
+    PASSWORD_RESET: 30 * 60,
+    ORG_INVITATION: 24 * 3600,
+    **dict.fromkeys(NOTICES, 24 * 3600),
+}
 SUBJECTS = {
     VERIFY_EMAIL: "Confirm your e-mail address",
     PASSWORD_RESET: "Reset your password",
@@ -31,6 +38,7 @@ SUBJECTS = {
     MFA_RESET: "Two-factor authentication was turned off by an administrator",
     MFA_LOCKED: "Two-factor login is locked after too many wrong codes",
     PASSKEY_ADDED: "A passkey was added to your account",
+    ORG_INVITATION: "You are invited to join an organization",
 }
 PAGES = {VERIFY_EMAIL: "verify-email", PASSWORD_RESET: "reset-password"}
 
@@ -38,6 +46,8 @@ PAGES = {VERIFY_EMAIL: "verify-email", PASSWORD_RESET: "reset-password"}
 def build(job: dict) -> Mail | None:
     """The message for a job, with a fresh token in its link, or None when there is nothing to send."""
     kind = job["kind"]
+    if kind == ORG_INVITATION:
+        return _invitation(job)
     if kind in NOTICES:
         user = users.get_user(job.get("user_id", ""))
         if not user:
@@ -69,6 +79,36 @@ def build(job: dict) -> Mail | None:
         "minutes": mailtokens.LIFETIMES[mailtokens.RESET] // 60,
     }
     return compose(job["id"], to, SUBJECTS[kind], f"mail/{kind}", context)
+
+
+def _invitation(job: dict) -> Mail | None:
+    """An invitation's mail with a fresh token (whose hash replaces any earlier one's), or None when the
+    invitation was used, revoked or has expired, or its organization is gone."""
+    from ..orgs import store as orgs
+
+    to = _plain_mailbox(job.get("email", ""))
+    org_id, invitation_id = job.get("org_id", ""), job.get("invitation_id", "")
+    record, _ = orgs.get(org_id)
+    token = orgs.issue_token(org_id, invitation_id) if record else None
+    if token is None:
+        return None
+    invitation = orgs.invitation(org_id, invitation_id) or {}
+    context = {
+        "email": job["email"],
+        "org_name": record["name"],
+        "role": invitation.get("role", "member"),
+        "link": f"{job['base_url']}/invitation?token={token}",
+        "days": orgs.INVITATION_LIFETIME // (24 * 3600),
+    }
+    return compose(job["id"], to, SUBJECTS[ORG_INVITATION], f"mail/{ORG_INVITATION}", context)
+
+
+def _plain_mailbox(address: str) -> str:
+    """An address the service validated, as it is mailed; PermanentMailError for anything else."""
+    try:
+        return emails.mailbox(address)
+    except emails.NotPlainAddress:
+        raise PermanentMailError("the invited address is not one plain address; it is never mailed") from None
 
 
 def mailbox(user: dict) -> str:
