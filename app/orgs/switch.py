@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from typing import Annotated
 
 from flask import Blueprint
@@ -17,11 +16,10 @@ from ..http import validated
 from ..openapi import operation
 from ..redis import Keys, get_redis
 from ..schemas import Body
+from .store import ORG_ID
 
 bp = Blueprint("org_switch", __name__)
 
-# What an organization id may look like; anything else names no organization, and is not looked up.
-ORG_ID_SHAPE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 TOKEN_COOKIES = {"Set-Cookie": "For a cookie-authenticated caller: __Host-access and __Secure-refresh, renewed."}
 
 
@@ -64,6 +62,6 @@ def switch_org():
 
 def is_member(org_id: str, user_id: str) -> bool:
     """Whether the user is a member of the organization (an id of another shape names none: not looked up)."""
-    if not ORG_ID_SHAPE.fullmatch(org_id):
+    if not ORG_ID.fullmatch(org_id):
         return False
     return sessions.member_role(get_redis().hget(Keys.org_members(org_id), user_id)) is not None

@@ -1,48 +1,35 @@
 """The active organization of a session: `POST /auth/org` in both transports and its refusals, the `org_id` and
 `org_role` claims of the session's access tokens (read when each token is issued), and introspection.
 
-In process, on the session's Redis in both modes.
+Memberships are made and changed through the organizations API. In process, on the session's Redis in both modes.
 """
 
 from __future__ import annotations
 
-import json
 import uuid
 
 import jwt
 import pytest
 
 from app.apikeys.store import create_key
-from app.redis import Keys
-from tests.utils import bearer, parse_set_cookies, redis_snapshot
+from app.auth.users import create_user
+from tests.orgs.conftest import add_member
+from tests.utils import DEFAULT_PASSWORD, bearer, parse_set_cookies, random_email, redis_snapshot
 
 ORIGIN = "https://localhost"
 
 
-def make_org(rdb, owner_id: str, name: str = "Acme") -> str:
-    """An organization with its owner, stored as the organizations store keeps it."""
-    org_id = uuid.uuid4().hex
-    rdb.hset(Keys.org(org_id), mapping={"id": org_id, "name": name, "created_at": "2024-01-01T00:00:00Z"})
-    set_member(rdb, org_id, owner_id, "owner")
-    return org_id
+def set_role(client, org_id: str, owner: dict, member: dict, role: str) -> None:
+    changed = client.patch(f"/orgs/{org_id}/members/{member['id']}", json={"role": role}, headers=owner["headers"])
+    assert changed.status_code == 200, changed.get_json()
 
 
-def set_member(rdb, org_id: str, user_id: str, role: str) -> None:
-    """Add a member or change its role: the organization's members (the authority), then the user's index."""
-    member = {"role": role, "joined_at": "2024-01-01T00:00:00Z"}
-    rdb.hset(Keys.org_members(org_id), user_id, json.dumps(member))
-    rdb.hset(Keys.user_orgs(user_id), org_id, role)
+def remove_member(client, org_id: str, owner: dict, member: dict) -> None:
+    assert client.delete(f"/orgs/{org_id}/members/{member['id']}", headers=owner["headers"]).status_code == 204
 
 
-def remove_member(rdb, org_id: str, user_id: str) -> None:
-    rdb.hdel(Keys.user_orgs(user_id), org_id)
-    rdb.hdel(Keys.org_members(org_id), user_id)
-
-
-def delete_org(rdb, org_id: str) -> None:
-    for user_id in rdb.hkeys(Keys.org_members(org_id)):
-        rdb.hdel(Keys.user_orgs(user_id), org_id)
-    rdb.delete(Keys.org(org_id), Keys.org_members(org_id))
+def delete_org(client, org_id: str, owner: dict) -> None:
+    assert client.delete(f"/orgs/{org_id}", headers=owner["headers"]).status_code == 204
 
 
 def claims_of(access_token: str) -> dict:
@@ -55,12 +42,16 @@ def org_claims(access_token: str) -> tuple:
 
 
 @pytest.fixture
-def person(auth):
-    """A registered user logged in with the body transport: its tokens and id."""
+def person(app, auth):
+    """A user with a verified address (made in Redis) logged in with the body transport: its tokens, id, e-mail
+    and bearer headers."""
 
     def make() -> dict:
-        tokens = auth.new_user_tokens()
-        return {**tokens, "id": tokens["user"]["id"], "headers": bearer(tokens["access_token"])}
+        email = random_email()
+        with app.app_context():
+            create_user(email, DEFAULT_PASSWORD, email_verified=True)
+        tokens = auth.login_body(email)
+        return {**tokens, "id": tokens["user"]["id"], "email": email, "headers": bearer(tokens["access_token"])}
 
     return make
 
@@ -87,10 +78,10 @@ def refresh(client, refresh_token: str):
 
 
 def test_a_member_switches_by_bearer_and_gets_tokens_in_the_body_that_name_the_organization(
-    client, rdb, person, introspect
+    client, person, new_org, introspect
 ):
     ann = person()
-    org_id = make_org(rdb, ann["id"])
+    org_id = new_org(ann)
     assert org_claims(ann["access_token"]) == (None, None)  # a login names no organization
 
     answer = switch(client, ann["headers"], org_id)
@@ -124,9 +115,9 @@ def test_a_member_switches_by_bearer_and_gets_tokens_in_the_body_that_name_the_o
     assert reused.status_code == 401 and reused.get_json()["error"]["code"] == "refresh_token_reused"
 
 
-def test_null_clears_the_organization(client, rdb, person):
+def test_null_clears_the_organization(client, person, new_org):
     ann = person()
-    org_id = make_org(rdb, ann["id"])
+    org_id = new_org(ann)
     first = switch(client, ann["headers"], org_id).get_json()
     cleared = switch(client, bearer(first["access_token"]), None)
     assert cleared.status_code == 200
@@ -134,10 +125,10 @@ def test_null_clears_the_organization(client, rdb, person):
     assert org_claims(refresh(client, cleared.get_json()["refresh_token"]).get_json()["access_token"]) == (None, None)
 
 
-def test_a_cookie_session_switches_by_cookie_and_gets_new_cookies(client, auth, rdb):
-    user = auth.register()
+def test_a_cookie_session_switches_by_cookie_and_gets_new_cookies(client, auth, person, new_org):
+    user = person()
+    org_id = new_org(user)
     assert auth.login(user["email"], transport="cookie").status_code == 200
-    org_id = make_org(rdb, user["id"])
     answer = client.post("/auth/org", json={"org_id": org_id}, headers={"Origin": ORIGIN})
     assert answer.status_code == 200, answer.get_json()
     assert "access_token" not in answer.get_json() and "refresh_token" not in answer.get_json()
@@ -153,10 +144,10 @@ def test_a_cookie_session_switches_by_cookie_and_gets_new_cookies(client, auth, 
     assert foreign.status_code == 403 and foreign.get_json()["error"]["code"] == "csrf_rejected"
 
 
-def test_refusals_change_nothing(client, app, rdb, person):
+def test_refusals_change_nothing(client, app, rdb, person, new_org):
     ann, bob = person(), person()
-    org_id = make_org(rdb, ann["id"])
-    other = make_org(rdb, bob["id"])
+    org_id = new_org(ann)
+    other = new_org(bob)
     with app.app_context():
         key, _ = create_key("a key", ["tokens:introspect"], [])
     before = redis_snapshot(rdb, ("ratelimit", "apikey:"))  # (a key notes when it was last used)
@@ -178,45 +169,44 @@ def test_refusals_change_nothing(client, app, rdb, person):
     assert refresh(client, ann["refresh_token"]).status_code == 200  # the refresh token was not rotated
 
 
-def test_the_next_token_follows_a_role_change_a_removal_and_a_deletion(client, rdb, person, introspect):
+def test_the_next_token_follows_a_role_change_a_removal_and_a_deletion(client, person, new_org, introspect):
     ann, bob = person(), person()
-    org_id = make_org(rdb, ann["id"])
-    set_member(rdb, org_id, bob["id"], "admin")
+    org_id = new_org(ann, (bob, "admin"))
     tokens = switch(client, bob["headers"], org_id).get_json()
     assert org_claims(tokens["access_token"]) == (org_id, "admin")
 
-    set_member(rdb, org_id, bob["id"], "member")
+    set_role(client, org_id, ann, bob, "member")
     assert (introspect(tokens["access_token"])["org_role"]) == "member"  # introspection says the role held now
     tokens = refresh(client, tokens["refresh_token"]).get_json()
     assert org_claims(tokens["access_token"]) == (org_id, "member")
 
-    remove_member(rdb, org_id, bob["id"])
+    remove_member(client, org_id, ann, bob)
     gone = introspect(tokens["access_token"])
     assert gone["active"] is True and "org_id" not in gone and "org_role" not in gone
     tokens = refresh(client, tokens["refresh_token"]).get_json()
     assert org_claims(tokens["access_token"]) == (None, None)
-    set_member(rdb, org_id, bob["id"], "member")  # back in: the session had forgotten the organization
+    add_member(client, org_id, ann, bob, "member")  # back in: the session had forgotten the organization
     assert org_claims(refresh(client, tokens["refresh_token"]).get_json()["access_token"]) == (None, None)
 
     owner = switch(client, ann["headers"], org_id).get_json()
     assert org_claims(owner["access_token"]) == (org_id, "owner")
-    delete_org(rdb, org_id)
+    delete_org(client, org_id, ann)
     assert org_claims(refresh(client, owner["refresh_token"]).get_json()["access_token"]) == (None, None)
     assert switch(client, bearer(owner["access_token"]), org_id).status_code == 403
 
 
-def test_a_new_login_starts_without_an_organization(client, auth, rdb, person):
+def test_a_new_login_starts_without_an_organization(client, auth, person, new_org):
     ann = person()
-    org_id = make_org(rdb, ann["id"])
+    org_id = new_org(ann)
     assert switch(client, ann["headers"], org_id).status_code == 200
     another = auth.login_body(ann["email"])
     assert org_claims(another["access_token"]) == (None, None)
     assert org_claims(refresh(client, another["refresh_token"]).get_json()["access_token"]) == (None, None)
 
 
-def test_an_ended_session_cannot_switch(client, rdb, person):
+def test_an_ended_session_cannot_switch(client, person, new_org):
     ann = person()
-    org_id = make_org(rdb, ann["id"])
+    org_id = new_org(ann)
     assert client.post("/auth/logout", headers=ann["headers"]).status_code == 204
     assert switch(client, ann["headers"], org_id).status_code == 401
 
