@@ -33,7 +33,9 @@ class NamespaceRules(Body):
     default nobody chose); absent booleans are false."""
 
     subscribe: Literal[SUBSCRIBE_RULES] = Field(
-        description="`proxy`: the application's backend at `proxy_url` is asked about users without a grant."
+        description="`proxy`: the application's backend at `proxy_url` is asked about users without a grant. "
+        "`org_members` (`org_admins`): the members (owners and admins) of the organization a channel "
+        "`<ns>:<org id>` or `<ns>:<org id>.<name>` names."
     )
     publish: Literal[PUBLISH_RULES]
     presence: bool = False
