@@ -108,8 +108,9 @@ return members
 """
 )
 
-# KEYS: organization, members. ARGV: actor, target, role. Owners set any role; admins only between member
-# and admin; the last owner is never demoted. {'changed', before} | {'same', before} | {'gone'} |
+# KEYS: organization, members. ARGV: actor, target, role. The last owner is never demoted (whoever asks: of
+# two owners demoting each other at once, the later one gets this answer); owners set any role; admins only
+# between member and admin. {'changed', before} | {'same', before} | {'gone'} |
 # {'outsider'} | {'not_member'} | {'forbidden'} | {'last_owner'}.
 SET_ROLE_LUA = (
     COMMON_LUA
@@ -121,19 +122,19 @@ local held = redis.call('HGET', KEYS[2], ARGV[2])
 if not held then return {'not_member'} end
 local member = cjson.decode(held)
 local before = member['role']
+if before == 'owner' and ARGV[3] ~= 'owner' and owners() <= 1 then return {'last_owner'} end
 if acting ~= 'owner' and not (acting == 'admin' and before ~= 'owner' and ARGV[3] ~= 'owner') then
   return {'forbidden'}
 end
 if before == ARGV[3] then return {'same', before} end
-if before == 'owner' and owners() <= 1 then return {'last_owner'} end
 member['role'] = ARGV[3]
 redis.call('HSET', KEYS[2], ARGV[2], cjson.encode(member))
 return {'changed', before}
 """
 )
 
-# KEYS: organization, members. ARGV: actor, target. Owners remove anyone, admins members, anyone itself;
-# never the last owner. {'removed', role} | {'gone'} | {'outsider'} | {'not_member'} | {'forbidden'} |
+# KEYS: organization, members. ARGV: actor, target. Never the last owner (whoever asks); owners remove
+# anyone, admins members, anyone itself. {'removed', role} | {'gone'} | {'outsider'} | {'not_member'} | {'forbidden'} |
 # {'last_owner'}.
 REMOVE_LUA = (
     COMMON_LUA
@@ -144,10 +145,10 @@ if not acting then return {'outsider'} end
 local held = redis.call('HGET', KEYS[2], ARGV[2])
 if not held then return {'not_member'} end
 local role = cjson.decode(held)['role']
+if role == 'owner' and owners() <= 1 then return {'last_owner'} end
 if ARGV[1] ~= ARGV[2] and acting ~= 'owner' and not (acting == 'admin' and role == 'member') then
   return {'forbidden'}
 end
-if role == 'owner' and owners() <= 1 then return {'last_owner'} end
 redis.call('HDEL', KEYS[2], ARGV[2])
 return {'removed', role}
 """
@@ -460,17 +461,17 @@ def leave_with_account(org_id: str, user_id: str, dry_run: bool) -> tuple[str, s
 
 def invite(org_id: str, actor: str, email: str, role: str) -> tuple[str, dict]:
     """Record an invitation of `email` with `role`: ('ok', V), or the refusal (see INVITE_LUA)."""
-    now = int(time.time())
+    now = time.time()
     invitation = {
         "id": uuid.uuid4().hex,
         "email": email,
         "role": role,
-        "created_at": rfc3339(now),
-        "expires_at": rfc3339(now + INVITATION_LIFETIME),
-        "expires": now + INVITATION_LIFETIME,
+        "created_at": moment(now),
+        "expires_at": moment(now + INVITATION_LIFETIME),
+        "expires": int(now) + INVITATION_LIFETIME,
         "token_hash": "",
     }
-    outcome = _run(INVITE_LUA, org_id, actor, invitation["id"], json.dumps(invitation), role, now)[0]
+    outcome = _run(INVITE_LUA, org_id, actor, invitation["id"], json.dumps(invitation), role, int(now))[0]
     return outcome, invitation_answer(invitation)
 
 
