@@ -21,12 +21,15 @@ CONTENT_SECURITY_POLICY = (
 @bp.get("/verify-email")
 @bp.get("/reset-password")
 @bp.get("/login-mfa")
+@bp.get("/invitation")
 @operation("The browser page", tags=["pages"], responses={200: ("text/html", "The page")})
 def index():
-    """The browser page: log in, watch events by any transport, manage devices and the account.
+    """The browser page: log in, watch events by any transport, manage devices, the account and organizations.
 
     Links in mails land on /verify-email and /reset-password, and an OAuth login that needs a second
-    factor on /login-mfa, each with its token in the fragment; the page's script takes it from there.
+    factor on /login-mfa, each with its token in the fragment; an invitation to an organization on
+    /invitation with its token in the query. The page's script takes it from there (and clears it from
+    the address bar); the server never reads it here.
     """
     response = render_template("index.html", providers=provider_names())
     return response, 200, {"Cache-Control": "no-store"}

@@ -1,13 +1,14 @@
-// The admin console: users, API keys, webhooks sent, channels, trusted issuers, applications (OpenID clients) and
-// the audit log. Every call goes through the reference client (Client for the session, Admin for the
+// The admin console: users, organizations, API keys, webhooks sent, channels, trusted issuers, applications
+// (OpenID clients) and the audit log. Every call goes through the reference client (Client for the session, Admin for the
 // administrators' endpoints, the client's JSON request for the issuers and the applications); the page keeps
 // nothing but what it shows. The server sends this
 // page to administrators only.
 import { Admin, Client } from "./client.js";
 
 const $ = (id) => document.getElementById(id);
-const SECTIONS = ["users", "api-keys", "webhooks", "channels", "issuers", "oauth-clients", "audit"];
+const SECTIONS = ["users", "orgs", "api-keys", "webhooks", "channels", "issuers", "oauth-clients", "audit"];
 const USERS_PAGE = 50;
+const ORGS_PAGE = 50;
 const AUDIT_PAGE = 50;
 const MESSAGES_PAGE = 20;
 const REPLAY_DEFAULT_MS = 60 * 60 * 1000; // a replay's default start: an hour ago
@@ -209,10 +210,11 @@ class AuditTable {
   }
 }
 
-// ---- Sections, chosen by the address's fragment: #users, #api-keys, ..., #user/<id> ----
+// ---- Sections, chosen by the address's fragment: #users, #orgs, #api-keys, ..., #user/<id>, #org/<id> ----
 
 const loaders = {
   users: () => {},
+  orgs: () => loadOrgs(false),
   "api-keys": loadKeys,
   webhooks: loadEndpoints,
   channels: loadNamespaces,
@@ -223,14 +225,17 @@ const loaders = {
 
 function route() {
   const [first, id] = location.hash.slice(1).split("/");
-  const section = first === "user" ? "users" : SECTIONS.includes(first) ? first : "users";
+  const section = first === "user" ? "users" : first === "org" ? "orgs" : SECTIONS.includes(first) ? first : "users";
   for (const name of SECTIONS) $(name).hidden = name !== section;
   for (const link of document.querySelectorAll("#sections a")) {
     if (link.dataset.section === section) link.setAttribute("aria-current", "page");
     else link.removeAttribute("aria-current");
   }
   if (first === "user" && id) openUser(decodeURIComponent(id));
-  else loaders[section]();
+  else if (first === "org" && id) {
+    if (!orgsLoaded) loadOrgs(false);
+    openOrg(decodeURIComponent(id));
+  } else loaders[section]();
 }
 
 // ---- Users ----
@@ -400,6 +405,70 @@ async function deleteUser() {
   $("users-error").textContent = "";
   $("status").textContent = `${nameOf(user)} (${user.id}) is deleted. The audit log keeps what happened to the account.`;
   history.replaceState(null, "", "#users");
+}
+
+// ---- Organizations: GET /admin/orgs a page at a time (newest first), one with its members ----
+
+const orgsApi = {
+  page: (before) => client.json(`/admin/orgs?${new URLSearchParams({ limit: ORGS_PAGE, ...(before ? { before } : {}) })}`),
+  one: (id) => client.json(`/admin/orgs/${encodeURIComponent(id)}`),
+};
+let orgsNext = null;
+let orgsLoaded = false;
+
+async function loadOrgs(more) {
+  const page = await attempt("orgs-error", () => orgsApi.page(more ? orgsNext : undefined));
+  if (!page) return;
+  orgsLoaded = true;
+  const body = $("org-list").tBodies[0];
+  const rows = page.orgs.map((org) => {
+    const row = el(
+      "tr",
+      { className: "org" },
+      cell(el("a", { href: `#org/${org.id}`, text: org.name })),
+      cell(el("code", { text: org.id })),
+      cell(time(org.created_at, "")),
+    );
+    row.dataset.orgId = org.id;
+    return row;
+  });
+  if (more) body.append(...rows);
+  else body.replaceChildren(...rows);
+  orgsNext = page.next;
+  $("org-list").hidden = body.children.length === 0;
+  $("orgs-empty").hidden = body.children.length > 0;
+  $("org-more-button").hidden = !page.next;
+}
+
+async function openOrg(id) {
+  const org = await attempt("orgs-error", () => orgsApi.one(id));
+  if (!org) {
+    $("org-detail").hidden = true;
+    return;
+  }
+  $("org-title").textContent = org.name;
+  $("org-id").textContent = org.id;
+  $("org-created").replaceChildren(time(org.created_at, "unknown"));
+  const members = org.members ?? [];
+  $("org-count").textContent = String(members.length);
+  $("org-member-list").tBodies[0].replaceChildren(
+    ...members.map((member) => {
+      emails.set(member.user_id, Promise.resolve(member.email ?? member.user_id));
+      const row = el(
+        "tr",
+        { className: "org-member" },
+        cell(el("a", { href: `#user/${member.user_id}`, text: member.email ?? member.user_id })),
+        el("td", { className: "role", text: member.role }),
+        cell(time(member.joined_at, "")),
+      );
+      row.dataset.userId = member.user_id;
+      row.dataset.role = member.role;
+      return row;
+    }),
+  );
+  $("org-member-list").hidden = members.length === 0;
+  $("org-members-empty").hidden = members.length > 0;
+  $("org-detail").hidden = false;
 }
 
 // ---- API keys ----
@@ -1024,6 +1093,7 @@ function start() {
   $("user-end-sessions-button").addEventListener("click", endSessions);
   $("user-reset-mfa-button").addEventListener("click", resetMfa);
   $("user-delete-button").addEventListener("click", deleteUser);
+  $("org-more-button").addEventListener("click", () => loadOrgs(true));
   $("key-create-form").addEventListener("submit", createKey);
   $("key-created-done").addEventListener("click", () => {
     $("key-created").hidden = true;

@@ -1,5 +1,5 @@
-// The test page: log in, devices, recent activity, live events, rooms. All server calls go through the
-// reference client.
+// The test page: log in, devices, recent activity, organizations, live events, rooms. All server calls go
+// through the reference client.
 import { Client, EventFeed, ServiceError, conditionalMediationAvailable, passkeysSupported } from "./client.js";
 
 const $ = (id) => document.getElementById(id);
@@ -14,6 +14,9 @@ const RETURN_PATHS = new Set(["/admin"]);
 const AUTHORIZE_PATH = "/oauth/authorize";
 // An application's sign-in request, kept in this tab across a provider login that asks for a second factor.
 const NEXT_KEY = "authRt.next";
+// A mailed invitation's token, kept in this tab until it is accepted or put aside: across the login it may
+// need first (a provider's login comes back to /), and a reload.
+const INVITATION_KEY = "authRt.invitation";
 
 const TRANSPORT_NAMES = {
   sse: "server-sent events",
@@ -71,6 +74,7 @@ function hideNotice() {
 function showSignedOut(message) {
   me = null;
   hideNotice();
+  closeOrg();
   feed.stop();
   closeRoom();
   for (const channel of feed.channels) feed.unsubscribe(channel); // stopped: only forgotten
@@ -167,6 +171,8 @@ async function showSignedIn(user) {
   loadPasskeys();
   loadConsents();
   loadActivity();
+  loadOrgs();
+  showInvitation();
   await loadSessions();
   clearInterval(sessionsTimer);
   sessionsTimer = setInterval(loadSessions, SESSIONS_REFRESH_MS);
@@ -234,6 +240,15 @@ const ACTIVITY_TEXTS = {
   "role.changed": (details) => `Role changed to ${details.role}`,
   "consent.granted": (details) => `An application was allowed: ${(details.scopes ?? []).join(", ")}`,
   "consent.withdrawn": () => "An application's consent was withdrawn",
+  "org.created": () => "An organization was created",
+  "org.updated": () => "An organization was renamed",
+  "org.deleted": () => "An organization was deleted",
+  "org.member_added": (details) => `Joined an organization${details.role ? ` as ${details.role}` : ""}`,
+  "org.member_removed": () => "Left or removed from an organization",
+  "org.role_changed": (details) => `Role in an organization changed${details.role ? ` to ${details.role}` : ""}`,
+  "org.invitation_created": () => "Invited to an organization",
+  "org.invitation_revoked": () => "An invitation to an organization was withdrawn",
+  "org.invitation_accepted": () => "Accepted an invitation to an organization",
 };
 // Entries that may mean someone else is trying: marked for the eye.
 const ACTIVITY_WARNINGS = new Set(["login.failed", "refresh.reuse_detected", "mfa.reset"]);
@@ -703,6 +718,14 @@ async function followLink() {
     const token = tokenFromLink("mfa_token");
     return token ? { mfaToken: token } : {};
   }
+  if (path === "/invitation") {
+    // Its token comes in the query (the link's own form). Kept in this tab only, and cleared from the
+    // address bar and history.
+    const token = new URLSearchParams(location.search).get("token");
+    history.replaceState(null, "", "/");
+    if (token) sessionStorage.setItem(INVITATION_KEY, token);
+    return { invitation: Boolean(token) };
+  }
   return {};
 }
 
@@ -848,6 +871,7 @@ function removedFromRoom(channel, reason) {
   if (room?.channel !== channel) return;
   closeRoom();
   $("room-error").textContent = `You are no longer in ${channel}: ${UNSUBSCRIBE_REASONS[reason] ?? reason}.`;
+  if (orgs.some((org) => channel.split(":")[1]?.split(".")[0] === org.id)) loadOrgs(); // a membership changed
 }
 
 // Join and leave events that arrive while presence is being asked wait for its answer and then apply in
@@ -951,6 +975,353 @@ async function sendMessage(event) {
   }
 }
 
+// Organizations (GET /orgs): each with the user's role in it; the session's active one (POST /auth/org names
+// it in the access tokens); one opened at a time with its members, and for its owners and admins its
+// invitations.
+const ROLE_WORDS = { owner: "owner", admin: "admin", member: "member" };
+let orgs = [];
+let activeOrgId = null;
+let openOrg = null; // the organization shown with its members: {id, name, role, created_at}
+
+function managesMembers(role) {
+  return role === "owner" || role === "admin";
+}
+
+async function loadOrgs() {
+  if (!me) return;
+  $("orgs-error").textContent = "";
+  try {
+    const [list, active] = await Promise.all([client.json("/orgs"), sessionOrgId()]);
+    orgs = list.orgs;
+    if (active !== undefined) activeOrgId = active;
+  } catch (error) {
+    $("orgs-error").textContent = error.message;
+    return;
+  }
+  if (activeOrgId && !orgs.some((org) => org.id === activeOrgId)) activeOrgId = null; // no longer a member
+  showOrgs();
+  if (openOrg) {
+    const still = orgs.find((org) => org.id === openOrg.id);
+    if (still) showOrg(still);
+    else closeOrg();
+  }
+}
+
+// The session's active organization as the service tells it (undefined when it does not say).
+async function sessionOrgId() {
+  const status = await client.status();
+  return "org_id" in status ? status.org_id : undefined;
+}
+
+function showOrgs() {
+  $("orgs-empty").hidden = orgs.length > 0;
+  $("orgs-list").replaceChildren(...orgs.map(orgItem));
+  const active = orgs.find((org) => org.id === activeOrgId);
+  $("org-active").textContent = active
+    ? `Active organization: ${active.name} (you are ${ROLE_WORDS[active.role] ?? active.role}).`
+    : "No active organization: your access tokens name none.";
+}
+
+function orgItem(org) {
+  const item = document.createElement("li");
+  item.dataset.orgId = org.id;
+  item.dataset.role = org.role;
+  const active = org.id === activeOrgId;
+  if (active) item.classList.add("active");
+  item.append(part("span", "org-name", org.name), part("span", "org-role", ` — ${ROLE_WORDS[org.role] ?? org.role}`));
+  if (active) item.append(part("span", "org-active", " (active)"));
+  item.append(
+    " ",
+    active
+      ? smallButton("Stop using", `Stop using ${org.name} as the active organization`, () => switchOrg(null))
+      : smallButton("Make active", `Make ${org.name} the active organization`, () => switchOrg(org)),
+    " ",
+    smallButton("Members", `Show the members of ${org.name}`, () => showOrg(org)),
+  );
+  return item;
+}
+
+async function createOrg(event) {
+  event.preventDefault();
+  $("orgs-error").textContent = "";
+  $("orgs-message").textContent = "";
+  const name = $("org-name").value.trim();
+  if (!name) {
+    $("orgs-error").textContent = "Give the organization a name.";
+    return;
+  }
+  try {
+    const org = await client.json("/orgs", { method: "POST", body: { name } });
+    $("org-name").value = "";
+    $("orgs-message").textContent = `${org.name} is created; you are its owner.`;
+    await loadOrgs();
+    showOrg(orgs.find((found) => found.id === org.id) ?? { ...org, role: "owner" });
+  } catch (error) {
+    $("orgs-error").textContent = error.message;
+  }
+}
+
+// The active organization: the session's next access tokens name it (the answer rotates the session's tokens).
+async function switchOrg(org) {
+  $("orgs-error").textContent = "";
+  $("orgs-message").textContent = "";
+  try {
+    const answer = await client.switchOrg(org ? org.id : null);
+    activeOrgId = "org_id" in (answer ?? {}) ? answer.org_id : org ? org.id : null;
+  } catch (error) {
+    $("orgs-error").textContent = error.message;
+    return;
+  }
+  $("orgs-message").textContent = org ? `You now act for ${org.name}.` : "You act for no organization now.";
+  await loadOrgs();
+  loadSessions();
+}
+
+async function showOrg(org) {
+  const opening = openOrg?.id !== org.id;
+  openOrg = org;
+  $("org-title").textContent = org.name;
+  $("org-about").textContent = `You are ${ROLE_WORDS[org.role] ?? org.role} here. Its id: ${org.id}.`;
+  const manager = managesMembers(org.role);
+  $("org-invite-form").hidden = !manager;
+  $("org-invite-role").querySelector('option[value="owner"]').hidden = org.role !== "owner"; // admins invite no owner
+  if (org.role !== "owner" && $("org-invite-role").value === "owner") $("org-invite-role").value = "member";
+  $("org-invitations-panel").hidden = !manager;
+  if (opening) {
+    $("org-message").textContent = "";
+    $("org-error").textContent = "";
+  }
+  $("org").hidden = false;
+  await Promise.all([loadMembers(org), manager ? loadInvitations(org) : null]);
+}
+
+function closeOrg() {
+  openOrg = null;
+  $("org").hidden = true;
+  $("org-members").replaceChildren();
+  $("org-invitations").replaceChildren();
+}
+
+function orgPath(org, rest = "") {
+  return `/orgs/${encodeURIComponent(org.id)}${rest}`;
+}
+
+async function loadMembers(org) {
+  let members;
+  try {
+    members = (await client.json(orgPath(org, "/members"))).members;
+  } catch (error) {
+    if (openOrg === org) $("org-error").textContent = error.message;
+    return;
+  }
+  if (openOrg !== org) return;
+  $("org-members").replaceChildren(...members.map((member) => memberItem(org, member)));
+}
+
+function mayRemove(org, member) {
+  if (member.user_id === me?.id) return true; // anyone may leave
+  return org.role === "owner" || (org.role === "admin" && member.role === "member");
+}
+
+function memberItem(org, member) {
+  const item = document.createElement("li");
+  item.dataset.userId = member.user_id;
+  item.dataset.role = member.role;
+  const you = member.user_id === me?.id;
+  const joined = member.joined_at ? `, since ${new Date(member.joined_at).toLocaleDateString()}` : "";
+  item.append(
+    part("span", "member-email", member.email ?? member.user_id),
+    part("span", "member-role", ` — ${ROLE_WORDS[member.role] ?? member.role}${joined}`),
+  );
+  if (you) item.append(part("span", "me", " (you)"));
+  if (mayRemove(org, member)) {
+    const who = member.email ?? member.user_id;
+    item.append(
+      " ",
+      you
+        ? smallButton("Leave", `Leave ${org.name}`, () => askToRemove(item, org, member))
+        : smallButton("Remove", `Remove ${who} from ${org.name}`, () => askToRemove(item, org, member)),
+    );
+  }
+  return item;
+}
+
+// Removing someone (or leaving) asks once more, in place: their rooms of the organization close at once.
+function askToRemove(item, org, member) {
+  const you = member.user_id === me?.id;
+  const who = member.email ?? member.user_id;
+  const question = you
+    ? `Leave ${org.name}? Its rooms close for you at once.`
+    : `Remove ${who} from ${org.name}? Its rooms close for them at once.`;
+  const yes = smallButton(you ? "Yes, leave" : "Yes, remove", question, () => removeMember(org, member));
+  yes.classList.add("danger");
+  item.replaceChildren(
+    part("span", "question", question),
+    " ",
+    yes,
+    " ",
+    smallButton("Cancel", `Keep ${you ? "your membership" : who}`, () => showOrg(org)),
+  );
+  yes.focus();
+}
+
+async function removeMember(org, member) {
+  $("org-error").textContent = "";
+  $("org-message").textContent = "";
+  const you = member.user_id === me?.id;
+  try {
+    await client.json(orgPath(org, `/members/${encodeURIComponent(member.user_id)}`), { method: "DELETE" });
+  } catch (error) {
+    $("org-error").textContent = error.message;
+    await showOrg(org);
+    return;
+  }
+  if (you) {
+    closeOrg();
+    $("orgs-message").textContent = `You left ${org.name}.`;
+    await loadOrgs();
+    return;
+  }
+  $("org-message").textContent = `${member.email ?? member.user_id} is no longer a member of ${org.name}.`;
+  await showOrg(org);
+}
+
+async function invite(event) {
+  event.preventDefault();
+  const org = openOrg;
+  if (!org) return;
+  $("org-error").textContent = "";
+  $("org-message").textContent = "";
+  const email = $("org-invite-email").value.trim();
+  const role = $("org-invite-role").value;
+  if (!email) {
+    $("org-error").textContent = "Give the e-mail address to invite.";
+    return;
+  }
+  try {
+    await client.json(orgPath(org, "/invitations"), { method: "POST", body: { email, role } });
+  } catch (error) {
+    $("org-error").textContent = error.message;
+    return;
+  }
+  $("org-invite-email").value = "";
+  $("org-message").textContent = `An invitation to join as ${role} is on its way to ${email}. Its link works for 7 days.`;
+  await loadInvitations(org);
+}
+
+async function loadInvitations(org) {
+  let invitations;
+  try {
+    invitations = (await client.json(orgPath(org, "/invitations"))).invitations;
+  } catch (error) {
+    if (openOrg === org) $("org-error").textContent = error.message;
+    return;
+  }
+  if (openOrg !== org) return;
+  $("org-invitations-empty").hidden = invitations.length > 0;
+  $("org-invitations").replaceChildren(
+    ...invitations.map((invitation) => {
+      const item = document.createElement("li");
+      item.dataset.invitationId = invitation.id;
+      item.append(
+        part("span", "invitation-email", invitation.email),
+        part(
+          "span",
+          "invitation-about",
+          ` — ${invitation.role}, until ${new Date(invitation.expires_at).toLocaleDateString()} `,
+        ),
+        smallButton("Withdraw", `Withdraw the invitation of ${invitation.email}`, () => revokeInvitation(org, invitation)),
+      );
+      return item;
+    }),
+  );
+}
+
+async function revokeInvitation(org, invitation) {
+  $("org-error").textContent = "";
+  $("org-message").textContent = "";
+  try {
+    await client.json(orgPath(org, `/invitations/${encodeURIComponent(invitation.id)}`), { method: "DELETE" });
+    $("org-message").textContent = `The invitation of ${invitation.email} no longer works.`;
+  } catch (error) {
+    $("org-error").textContent = error.message;
+  }
+  await loadInvitations(org);
+}
+
+// An organization's room: the channel `<namespace>:<org id>` of the namespace the service keeps for them.
+function joinOrgRoom(event) {
+  event.preventDefault();
+  const namespace = $("org-room-namespace").value.trim();
+  $("org-error").textContent = "";
+  if (!openOrg) return;
+  if (!/^[a-z0-9_-]{1,32}$/.test(namespace)) {
+    $("org-error").textContent = "A namespace is 1-32 of a-z, 0-9, _ and -, e.g. team.";
+    return;
+  }
+  $("room-name").value = `${namespace}:${openOrg.id}`;
+  $("room-join-form").requestSubmit();
+  $("rooms").scrollIntoView();
+}
+
+// The invitation a mailed link brought to this tab: accepted by the signed-in user whose verified address
+// it was sent to.
+function pendingInvitation() {
+  return sessionStorage.getItem(INVITATION_KEY);
+}
+
+function askToSignInForInvitation() {
+  $("status").textContent = "Log in to accept your invitation to an organization.";
+  showNotice(
+    "You are invited to join an organization. Log in with the address the invitation was mailed to (or create " +
+      "an account with it and verify it), and you can accept it here.",
+    "info",
+  );
+}
+
+function showInvitation() {
+  const token = pendingInvitation();
+  $("invitation").hidden = !token;
+  if (!token) return;
+  $("invitation-error").textContent = "";
+  $("invitation-text").textContent =
+    `Accept it to join the organization as ${me.email}, with the role the invitation gives. It works only ` +
+    "for the address it was mailed to, once that address is verified.";
+  $("invitation-accept-button").focus();
+}
+
+async function acceptInvitation() {
+  const token = pendingInvitation();
+  if (!token) return showInvitation();
+  $("invitation-error").textContent = "";
+  let org;
+  try {
+    org = await client.json("/orgs/invitations/accept", { method: "POST", body: { token } });
+  } catch (error) {
+    if (error.code === "invalid_token") {
+      dismissInvitation();
+      showNotice(
+        `This invitation does not work any more: ${error.message} It was used, withdrawn, or is older than ` +
+          "7 days. Ask for a new one.",
+        "failure",
+      );
+    } else {
+      $("invitation-error").textContent = error.message;
+    }
+    return;
+  }
+  dismissInvitation();
+  showNotice(`You joined ${org.name} as ${ROLE_WORDS[org.role] ?? org.role}.`, "success");
+  await loadOrgs();
+  const joined = orgs.find((found) => found.id === org.id);
+  if (joined) await showOrg(joined);
+}
+
+function dismissInvitation() {
+  sessionStorage.removeItem(INVITATION_KEY);
+  $("invitation").hidden = true;
+}
+
 async function logOut(everywhere) {
   await client.logout({ everywhere }).catch(() => {});
   showSignedOut(everywhere ? "You logged out everywhere." : "You logged out.");
@@ -995,6 +1366,12 @@ async function start() {
   $("room-join-form").addEventListener("submit", joinRoom);
   $("room-leave-button").addEventListener("click", leaveRoom);
   $("room-message-form").addEventListener("submit", sendMessage);
+  $("org-create-form").addEventListener("submit", createOrg);
+  $("org-invite-form").addEventListener("submit", invite);
+  $("org-room-form").addEventListener("submit", joinOrgRoom);
+  $("org-close-button").addEventListener("click", closeOrg);
+  $("invitation-accept-button").addEventListener("click", acceptInvitation);
+  $("invitation-dismiss-button").addEventListener("click", dismissInvitation);
   $("logout-button").addEventListener("click", () => logOut(false));
   $("logout-all-button").addEventListener("click", () => logOut(true));
   $("activity-more-button").addEventListener("click", () => loadActivity(true));
@@ -1022,6 +1399,7 @@ async function start() {
     showSignedOut(`The service cannot check your session: ${error.message}`);
   }
   if (link.verification) showVerification(link.verification, user);
+  if (!me && !returnTo && pendingInvitation()) askToSignInForInvitation();
 }
 
 start();

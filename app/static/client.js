@@ -769,6 +769,38 @@ export class Client {
   }
 
   /**
+   * Makes one of the user's organizations the session's active one, or none with `null` (`POST /auth/org`):
+   * the access tokens issued from then on carry its `org_id` and `org_role`. The answer rotates the
+   * session's refresh token as a refresh does, so it is sent under the same lock as refreshes: two tabs
+   * never present one refresh token.
+   * @param {string | null} orgId
+   * @returns {Promise<object>} the session's answer `T` (with the cookie transport, without the tokens);
+   *   rejects with a {@link ServiceError} (403 `forbidden`: not a member)
+   */
+  async switchOrg(orgId) {
+    const send = () =>
+      withRefreshLock(() =>
+        fetch(
+          this.url("/auth/org"),
+          this.authorized({
+            method: "POST",
+            credentials: this.credentials,
+            headers: { "Content-Type": "application/json" },
+            body: JSON.stringify({ org_id: orgId }),
+          }),
+        ),
+      );
+    // Not through request(): its refresh on a 401 takes the same lock, so it runs after, outside it.
+    let response = await send();
+    if (response.status === 401 && (await this.refresh())) response = await send();
+    if (response.status === 401) this.loggedOut();
+    if (!response.ok) throw await ServiceError.from(response);
+    const answer = await response.json();
+    if (this.bearer && answer.access_token) this.accessToken = answer.access_token;
+    return answer;
+  }
+
+  /**
    * A page of the user's own activity (GET /auth/activity): the audit entries about them, newest first:
    * logins (and refused ones), sessions ended, password, MFA and passkey changes.
    * @param {{before?: string, limit?: number}} [page] `before`: the `next` of the page before
