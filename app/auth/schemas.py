@@ -181,6 +181,8 @@ class IntrospectionAnswer(Answer):
     token_type: str | None = None
     client_id: str | None = Field(None, description="A client's access token (the OpenID provider's): its client.")
     scope: str | None = Field(None, description="A client's access token: the scope it was granted.")
+    org_id: str | None = Field(None, description="The session's active organization, while the user is a member.")
+    org_role: str | None = Field(None, description="The user's role in `org_id` now: owner, admin or member.")
 
 
 class OAuthProviderPath(Body):
