@@ -8,7 +8,7 @@ those outside it: they get 404, as for one that does not exist.
 
 from __future__ import annotations
 
-from flask import current_app
+from flask import current_app, g, has_request_context
 
 from .. import audit, mail
 from ..auth import users
@@ -37,6 +37,12 @@ def _refused(outcome: str, forbidden_message: str) -> ApiError:
     if outcome == "forbidden":
         return forbidden(forbidden_message)
     return REFUSALS[outcome]()
+
+
+def _acting_user() -> str | None:
+    """The signed-in user making the request at hand (None for an API key, the CLI, or no request)."""
+    caller = g.get("caller") if has_request_context() and g.get("api_key") is None else None
+    return caller.user_id if caller is not None else None
 
 
 def create_org(name: str, user_id: str) -> dict:
@@ -200,7 +206,8 @@ def leave_all(user_id: str, gone: bool = False) -> None:
         if outcome == "last_owner" and not gone:  # the organization changed since the check
             raise last_owner()
         if outcome == "deleted":
-            audit.record("org.deleted", subject=user_id, details={"org_id": org_id, "with_account": True})
+            details = {"org_id": org_id, "with_account": True}
+            audit.record("org.deleted", subject=_acting_user(), details=details)
             announce_org_changed(org_id)
         elif outcome == "removed":
             details = {"org_id": org_id, "role": role, "with_account": True}
