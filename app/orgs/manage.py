@@ -24,7 +24,7 @@ REFUSALS = {
     "outsider": lambda: not_found("No such organization."),
     "not_member": lambda: not_found("No such member of this organization."),
     "unknown": lambda: not_found("No such invitation."),
-    "last_owner": lambda: last_owner(),
+    "last_owner": lambda: last_owner(),  # defined below
 }
 
 

@@ -154,3 +154,16 @@ def test_an_existing_member_keeps_the_higher_role(client, person, new_org, annou
     roles = {m["user_id"]: m["role"] for m in members}
     assert roles == {owner["id"]: "owner", admin["id"]: "admin", member["id"]: "admin"}
     assert announced == [(org, member["id"])]
+
+
+def test_a_revoked_invitation_is_not_mailed(client, rdb, person, new_org, caplog):
+    """The token is made when the mail is built: an invitation revoked before that gets no mail and no token."""
+    owner = person()
+    org = new_org(owner)
+    invitation = invite(client, org, owner, random_email()).get_json()
+    [job_id] = [j for j in rdb.zrange(Keys.mail_queue(), 0, -1) if rdb.hget(Keys.mail_job(j), "org_id") == org]
+    assert client.delete(f"/orgs/{org}/invitations/{invitation['id']}", headers=owner["headers"]).status_code == 204
+    with caplog.at_level("INFO", logger="app.mail"):
+        client.application.extensions["mail_queue"].process(job_id)
+    assert "nothing to send" in caplog.text and "/invitation?token=" not in caplog.text
+    assert not rdb.exists(Keys.mail_job(job_id))
