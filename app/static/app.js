@@ -1153,7 +1153,9 @@ function askToRemove(item, org, member) {
   const question = you
     ? `Leave ${org.name}? Its rooms close for you at once.`
     : `Remove ${who} from ${org.name}? Its rooms close for them at once.`;
-  const yes = smallButton(you ? "Yes, leave" : "Yes, remove", question, () => removeMember(org, member));
+  const yes = you
+    ? smallButton("Yes, leave", `Yes, leave ${org.name}`, () => removeMember(org, member))
+    : smallButton("Yes, remove", `Yes, remove ${who} from ${org.name}`, () => removeMember(org, member));
   yes.classList.add("danger");
   item.replaceChildren(
     part("span", "question", question),
