@@ -10,6 +10,7 @@ import click
 import redis
 from flask import Flask, current_app
 
+from .channels.namespaces import PUBLISH_RULES, SUBSCRIBE_RULES
 from .errors import ApiError
 from .redis import describe_redis, redis_error, redis_url_setting
 
@@ -161,10 +162,8 @@ def init_app(app: Flask) -> None:
 
     @channels_group.command("namespace-put")
     @click.argument("namespace")
-    @click.option(
-        "--subscribe", type=click.Choice(["members", "authenticated", "proxy"]), default="members", show_default=True
-    )
-    @click.option("--publish", type=click.Choice(["server", "subscribers"]), default="server", show_default=True)
+    @click.option("--subscribe", type=click.Choice(SUBSCRIBE_RULES), default="members", show_default=True)
+    @click.option("--publish", type=click.Choice(PUBLISH_RULES), default="server", show_default=True)
     @click.option("--presence", is_flag=True, help="Keep who reads its channels.")
     @click.option("--join-leave", is_flag=True, help="Publish presence.join and presence.leave (needs --presence).")
     @click.option("--proxy-url", help="With --subscribe proxy: the application's URL asked about each subscriber.")

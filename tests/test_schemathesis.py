@@ -115,6 +115,7 @@ def api_key(service, module_cli) -> str:
         "audit:read",
         "issuers:manage",
         "clients:manage",
+        "orgs:manage",
     ]
     return create_key(module_cli, "schemathesis", scopes, ["*"])
 

@@ -34,6 +34,10 @@ def test_namespace_put_takes_the_contracts_options_and_defaults(flask, rdb):
     stored = json.loads(rdb.hget(Keys.namespaces(), "game"))
     assert stored == {"name": "game", "subscribe": "authenticated", "publish": "subscribers", "presence": True,
                       "join_leave": True}  # fmt: skip
+    for rule in ("org_members", "org_admins"):  # the organizations' namespaces, as the API makes them
+        done = flask("namespace-put", f"team-{rule[4:]}", "--subscribe", rule, "--publish", "subscribers")
+        assert done.returncode == 0, done.stderr
+        assert json.loads(rdb.hget(Keys.namespaces(), f"team-{rule[4:]}"))["subscribe"] == rule
 
 
 @pytest.mark.parametrize(
