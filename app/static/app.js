@@ -75,6 +75,7 @@ function showSignedOut(message) {
   me = null;
   hideNotice();
   closeOrg();
+  memberEmails.clear();
   feed.stop();
   closeRoom();
   for (const channel of feed.channels) feed.unsubscribe(channel); // stopped: only forgotten
@@ -244,7 +245,7 @@ const ACTIVITY_TEXTS = {
   "org.updated": () => "An organization was renamed",
   "org.deleted": () => "An organization was deleted",
   "org.member_added": (details) => `Joined an organization${details.role ? ` as ${details.role}` : ""}`,
-  "org.member_removed": () => "Left or removed from an organization",
+  "org.member_removed": (details) => (details.left ? "Left an organization" : "Removed from an organization"),
   "org.role_changed": (details) => `Role in an organization changed${details.role ? ` to ${details.role}` : ""}`,
   "org.invitation_created": () => "Invited to an organization",
   "org.invitation_revoked": () => "An invitation to an organization was withdrawn",
@@ -256,8 +257,9 @@ const ACTIVITY_WARNINGS = new Set(["login.failed", "refresh.reuse_detected", "mf
 function activityText(entry) {
   const text = ACTIVITY_TEXTS[entry.type]?.(entry.details ?? {}) ?? entry.type;
   const { kind, id } = entry.actor;
-  // Another user's change shows without an id (the service keeps who for the audit log): an administrator.
-  if (kind === "user" && id !== me?.id) return `${text} by an administrator`;
+  // Another user's change shows without an id (the service keeps who for the audit log): an administrator,
+  // except in an organization, where its owners and admins act on their members.
+  if (kind === "user" && id !== me?.id) return entry.type.startsWith("org.") ? text : `${text} by an administrator`;
   if (kind === "cli") return `${text} from the command line`;
   if (kind === "api_key") return `${text} by an API key`;
   return text;
@@ -917,10 +919,11 @@ function applyPresence(current, member, present) {
   else current.people.delete(member.user_id);
 }
 
-// A person as the room shows them: the name their grant gives them, else their user id.
+// A person as the room shows them: the name their grant gives them, else the address an organization's member
+// list showed, else their user id.
 function personName(userId) {
   const name = room?.people.get(userId)?.info?.name;
-  return typeof name === "string" && name ? name : userId;
+  return typeof name === "string" && name ? name : (memberEmails.get(userId) ?? userId);
 }
 
 function showPeople(current) {
@@ -982,6 +985,7 @@ const ROLE_WORDS = { owner: "owner", admin: "admin", member: "member" };
 let orgs = [];
 let activeOrgId = null;
 let openOrg = null; // the organization shown with its members: {id, name, role, created_at}
+const memberEmails = new Map(); // user id -> address, from the member lists shown (to name people in rooms)
 
 function managesMembers(role) {
   return role === "owner" || role === "admin";
@@ -1054,6 +1058,7 @@ async function createOrg(event) {
     const org = await client.json("/orgs", { method: "POST", body: { name } });
     $("org-name").value = "";
     $("orgs-message").textContent = `${org.name} is created; you are its owner.`;
+    loadActivity();
     await loadOrgs();
     showOrg(orgs.find((found) => found.id === org.id) ?? { ...org, role: "owner" });
   } catch (error) {
@@ -1115,6 +1120,7 @@ async function loadMembers(org) {
     return;
   }
   if (openOrg !== org) return;
+  for (const member of members) if (member.email) memberEmails.set(member.user_id, member.email);
   $("org-members").replaceChildren(...members.map((member) => memberItem(org, member)));
 }
 
@@ -1181,6 +1187,7 @@ async function removeMember(org, member) {
   if (you) {
     closeOrg();
     $("orgs-message").textContent = `You left ${org.name}.`;
+    loadActivity();
     await loadOrgs();
     return;
   }
@@ -1314,6 +1321,7 @@ async function acceptInvitation() {
   }
   dismissInvitation();
   showNotice(`You joined ${org.name} as ${ROLE_WORDS[org.role] ?? org.role}.`, "success");
+  loadActivity();
   await loadOrgs();
   const joined = orgs.find((found) => found.id === org.id);
   if (joined) await showOrg(joined);

@@ -1,7 +1,7 @@
 """Organizations on the page and in the console, in real Chromium behind nginx: an owner creates one and invites
 a colleague, whose browser follows the mailed link (from the suite's real SMTP server), logs in and accepts; both
-meet in the organization's room; the owner removes the colleague, whose room closes within a second. The
-console lists the organization and its members."""
+meet in the organization's room; the owner removes the colleague, whose room closes within a second. A used
+link is refused on the page, and the console lists the organization and its members."""
 
 from __future__ import annotations
 
@@ -162,7 +162,7 @@ def test_an_invited_colleague_accepts_meets_the_owner_in_the_room_and_loses_it_w
     mate.get_by_label("Room", exact=True).fill(channel)
     mate.get_by_role("button", name="Join", exact=True).click()
     expect(mate.locator("#room-title")).to_have_text(f"In {channel}")
-    expect(person(mate, owner["id"])).to_be_visible()
+    expect(person(mate, owner["id"])).to_have_text(owner["email"])  # named as the organization's member list has it
     expect(person(boss, colleague["id"])).to_be_visible()  # live, by the colleague's join event
 
     # The owner removes the colleague (the page asks once more); the colleague's room closes within a second.
@@ -203,14 +203,23 @@ def test_the_console_lists_organizations_and_shows_one_with_its_members(stack, s
         timeout=10,
     )
     assert invited.status_code == 201, invited.text
-    token = invitation_token(smtp.wait_for(colleague["email"])[0].link())
+    link = smtp.wait_for(colleague["email"])[0].link()
+    token = invitation_token(link)
     accepted = requests.post(
         f"{base}/orgs/invitations/accept", json={"token": token}, headers=bearer(login(base, colleague)), timeout=10
     )
     assert accepted.status_code == 200, accepted.text
 
+    # The link once more, opened signed in: offered at once, and refused as used.
     page = new_context().new_page()
     log_in(page, base, make_user("admin")["email"])
+    page.goto(link)
+    expect(page.locator("#invitation")).to_be_visible()
+    page.get_by_role("button", name="Accept the invitation").click()
+    expect(page.locator("#notice")).to_contain_text("This invitation does not work any more")
+    expect(page.locator("#notice")).to_have_attribute("data-outcome", "failure")
+    expect(page.locator("#invitation")).to_be_hidden()
+
     page.goto(f"{base}/admin#orgs")
     row = page.locator(f'#org-list tr[data-org-id="{org_id}"]')
     expect(row).to_contain_text(name)
