@@ -289,6 +289,9 @@ class SessionStatus(Answer):
 
     user: User | None = Field(description="The caller, when a valid access token came; else null.")
     session_id: str | None = Field(description="The caller's session id, with `user`; else null.")
+    org_id: str | None = Field(
+        None, description="With `user`: the session's active organization while the user is a member; else null."
+    )
     can_refresh: bool = Field(
         description="A refresh cookie came with the request: without a user, POST /auth/refresh may open the "
         "session again (it may still answer 401 when that session has ended)."

@@ -243,6 +243,12 @@ def logout_all():
     return _no_content(clear_cookies=True)
 
 
+def _active_org_id(caller) -> str | None:
+    """The caller's session's active organization now (a removal shows at once, not at the next token)."""
+    found = sessions.active_org(caller.user_id, caller.session_id)
+    return found[0] if found else None
+
+
 @bp.get("/me")
 @operation("The caller and their session id", tags=["accounts"], responses={200: Me}, auth=USER)
 @login_required
@@ -274,6 +280,7 @@ def status():
         {
             "user": caller.user if caller else None,
             "session_id": caller.session_id if caller else None,
+            "org_id": _active_org_id(caller) if caller else None,
             "can_refresh": bool(request.cookies.get(cookies.REFRESH_COOKIE)),
         }
     )

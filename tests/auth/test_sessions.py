@@ -149,17 +149,22 @@ def test_status_answers_200_whether_or_not_a_session_is_open(client, auth):
     """GET /auth/status: what a page asks first, so that a visitor without a session logs no 401."""
     nobody = client.get("/auth/status")
     assert nobody.status_code == 200
-    assert nobody.get_json() == {"user": None, "session_id": None, "can_refresh": False}
+    assert nobody.get_json() == {"user": None, "session_id": None, "org_id": None, "can_refresh": False}
     assert nobody.headers["Cache-Control"] == "no-store"
 
     user = auth.register()
     assert auth.login(user["email"], transport="cookie").status_code == 200
     signed_in = client.get("/auth/status")
     assert signed_in.headers["Cache-Control"] == "no-store"
-    assert signed_in.get_json() == {**client.get("/auth/me").get_json(), "can_refresh": True}
+    assert signed_in.get_json() == {**client.get("/auth/me").get_json(), "org_id": None, "can_refresh": True}
 
     client.delete_cookie("__Host-access")  # as when the access token expires: the refresh cookie stays
-    assert client.get("/auth/status").get_json() == {"user": None, "session_id": None, "can_refresh": True}
+    assert client.get("/auth/status").get_json() == {
+        "user": None,
+        "session_id": None,
+        "org_id": None,
+        "can_refresh": True,
+    }
     assert client.post("/auth/refresh").status_code == 200
     assert client.get("/auth/status").get_json()["user"]["email"] == user["email"]
 
@@ -178,4 +183,4 @@ def test_status_reads_a_bearer_token_and_takes_a_bad_one_for_none(client, auth):
     ):
         answer = client.get("/auth/status", headers=headers)
         assert answer.status_code == 200, headers
-        assert answer.get_json() == {"user": None, "session_id": None, "can_refresh": False}
+        assert answer.get_json() == {"user": None, "session_id": None, "org_id": None, "can_refresh": False}

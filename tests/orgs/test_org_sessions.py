@@ -100,6 +100,8 @@ def test_a_member_switches_by_bearer_and_gets_tokens_in_the_body_that_name_the_o
     assert body["session_id"] == ann["session_id"] and body["user"]["id"] == ann["id"]
     assert org_claims(body["access_token"]) == (org_id, "owner")
     assert claims_of(body["access_token"])["sid"] == ann["session_id"]
+    status = client.get("/auth/status", headers=bearer(body["access_token"])).get_json()  # a page after a reload
+    assert status["org_id"] == org_id
 
     introspected = introspect(body["access_token"])
     assert introspected["active"] is True
@@ -122,6 +124,7 @@ def test_null_clears_the_organization(client, person, new_org):
     cleared = switch(client, bearer(first["access_token"]), None)
     assert cleared.status_code == 200
     assert org_claims(cleared.get_json()["access_token"]) == (None, None)
+    assert client.get("/auth/status", headers=bearer(cleared.get_json()["access_token"])).get_json()["org_id"] is None
     assert org_claims(refresh(client, cleared.get_json()["refresh_token"]).get_json()["access_token"]) == (None, None)
 
 
@@ -181,6 +184,7 @@ def test_the_next_token_follows_a_role_change_a_removal_and_a_deletion(client, p
     assert org_claims(tokens["access_token"]) == (org_id, "member")
 
     remove_member(client, org_id, ann, bob)
+    assert client.get("/auth/status", headers=bearer(tokens["access_token"])).get_json()["org_id"] is None  # at once
     gone = introspect(tokens["access_token"])
     assert gone["active"] is True and "org_id" not in gone and "org_role" not in gone
     tokens = refresh(client, tokens["refresh_token"]).get_json()
