@@ -14,19 +14,44 @@ import pytest
 from app.events.bus import wake_channel
 from app.events.cursor import decode_cursor, is_after
 from tests.events.clients import SSE, Api, open_connections
-from tests.servers import RedisServer, wait_until
+from tests.events.conftest import FAST
+from tests.servers import LiveServer, RedisServer, wait_until
 
-pytestmark = pytest.mark.not_on_cluster("each test starts its own redis-server (restarted, limited) to watch it")
+pytestmark = pytest.mark.not_on_cluster("the module starts its own redis-server (restarted, limited) to watch it")
 
 
-@pytest.fixture
-def own_redis(tmp_path):
-    """A Redis of this test's own (persistent, so a restart keeps users and streams)."""
-    server = RedisServer(tmp_path / "redis", persistent=True)
-    server.directory.mkdir()
+@pytest.fixture(scope="module")
+def own_redis(tmp_path_factory):
+    """A Redis of this module's own (persistent, so a restart keeps users and streams)."""
+    server = RedisServer(tmp_path_factory.mktemp("redis"), persistent=True)
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="module")
+def shared(base_env, own_redis, tmp_path_factory):
+    """One worker on the module's Redis, shared by every test: each leaves it with no reader and its hub up
+    (or reconnecting), and none depends on the default cap of connections per user."""
+    env = {**base_env, **FAST, "REDIS_URL": own_redis.url, "MAX_CONNECTIONS_PER_USER": "100"}
+    live = LiveServer(env, workers=1, log_path=tmp_path_factory.mktemp("logs") / "gunicorn.log")
+    live.start()
+    yield live
+    live.stop()
+
+
+@pytest.fixture
+def live(shared, own_redis):
+    """The shared worker once nothing of an earlier test is subscribed on it: its hub holds the control channel
+    alone, or is not connected (after a Redis restart, or before the first stream)."""
+
+    def idle():
+        pid = shared.worker_pids()[0]
+        hubs = [c for c in own_redis.client().client_list() if c["name"] == f"auth-rt-hub:{pid}"]
+        return all(hub["sub"] == "1" and hub["psub"] == "0" for hub in hubs)
+
+    wait_until(idle, timeout=20, message="the shared worker without readers")
+    return shared
 
 
 def subscribers(client, channel: str) -> int:
@@ -48,8 +73,8 @@ def connected(stream: SSE) -> SSE:
     return stream
 
 
-def test_a_worker_without_a_reader_of_a_channel_is_not_sent_its_events(start_server, own_redis):
-    a = start_server(workers=1, REDIS_URL=own_redis.url)
+def test_a_worker_without_a_reader_of_a_channel_is_not_sent_its_events(live, start_server, own_redis):
+    a = live
     b = start_server(workers=1, REDIS_URL=own_redis.url)
     redis_client = own_redis.client()
     alice, bob = Api(a.url), Api(b.url)
@@ -74,8 +99,7 @@ def test_a_worker_without_a_reader_of_a_channel_is_not_sent_its_events(start_ser
         bob_stream.close()
 
 
-def test_readers_are_counted_the_last_to_leave_unsubscribes(start_server, own_redis):
-    live = start_server(workers=1, REDIS_URL=own_redis.url)
+def test_readers_are_counted_the_last_to_leave_unsubscribes(live, own_redis):
     redis_client = own_redis.client()
     user = Api(live.url)
     first, second = connected(SSE(live.url, user.auth)), connected(SSE(live.url, user.auth))
@@ -112,11 +136,11 @@ def ids_after(published: list[str], cursor: str, channel: str) -> list[str]:
     return [event_id for event_id in published if is_after(event_id, position)]
 
 
-def test_readers_joining_and_leaving_one_channel_while_events_flow_miss_nothing(start_server, own_redis):
+def test_readers_joining_and_leaving_one_channel_while_events_flow_miss_nothing(live, own_redis):
     """Readers come and go on one channel of one worker, so its subscription is dropped and taken again
     (UNSUBSCRIBE and SUBSCRIBE in flight together) while events are published. Every reader gets every
     event after its cursor, once, in order, for as long as it stays; readers that stay to the end get all."""
-    live = start_server(workers=1, REDIS_URL=own_redis.url, MAX_CONNECTIONS_PER_USER="100")
+    own_redis.client().config_resetstat()  # unsubscriptions counted from here: earlier tests made some
     user = Api(live.url)
     publisher = Api(live.url, email=user.email, device="publisher")
     total = None  # known once the churners have had the channel dropped often enough
@@ -212,8 +236,7 @@ def _publish_or_none(user: Api, data) -> str | None:
     return response.json()["id"] if response.status_code == 201 else None
 
 
-def test_after_a_redis_restart_readers_channels_are_subscribed_again_and_nothing_is_lost(start_server, own_redis):
-    live = start_server(workers=1, REDIS_URL=own_redis.url)
+def test_after_a_redis_restart_readers_channels_are_subscribed_again_and_nothing_is_lost(live, own_redis):
     redis_client = own_redis.client()
     alice, bob, carol = Api(live.url), Api(live.url), Api(live.url)
     streams = {user: connected(SSE(live.url, user.auth)) for user in (alice, bob)}
@@ -243,11 +266,10 @@ def test_after_a_redis_restart_readers_channels_are_subscribed_again_and_nothing
             stream.close()
 
 
-def test_a_subscription_redis_cannot_confirm_is_a_503_in_bounded_time(start_server, own_redis):
+def test_a_subscription_redis_cannot_confirm_is_a_503_in_bounded_time(live, own_redis):
     """Redis at its client limit after the hub's connection dropped: the worker's pooled connections still
     work, but the hub cannot subscribe. A new stream gets a 503 after the hub's time-out, never a hang,
     and streams work again once the hub can reconnect."""
-    live = start_server(workers=1, REDIS_URL=own_redis.url)
     redis_client = own_redis.client()
     user = Api(live.url)
     connected(SSE(live.url, user.auth)).close()  # the hub is up; the worker's pool has connections
