@@ -23,18 +23,41 @@ pytestmark = pytest.mark.not_on_cluster(
 )
 
 
+def module_server(base_env, tmp_path_factory, **env: str):
+    """One worker with the delivery tests' quick settings and these, shared by several tests of the module."""
+    live = LiveServer({**base_env, **FAST, **env}, workers=1, log_path=tmp_path_factory.mktemp("logs") / "gunicorn.log")
+    live.start()
+    return live
+
+
 @pytest.fixture(scope="module")
 def one_worker(base_env, tmp_path_factory):
-    """One worker with the default settings, shared by the tests that only look at their own user's stream
-    (and their own request IDs in its log): none reads a server-wide count or changes a setting."""
-    live = LiveServer({**base_env, **FAST}, workers=1, log_path=tmp_path_factory.mktemp("logs") / "gunicorn.log")
-    live.start()
+    """One worker with a short send queue and time-out, shared by the tests that only look at their own user's
+    stream (and their own request IDs in its log), which read each frame as it comes: the slow reader's test
+    needs them, and the others never fill a queue. Each leaves no stream open."""
+    live = module_server(base_env, tmp_path_factory, WS_SEND_QUEUE="20", WS_SEND_TIMEOUT_SECONDS="1")
     yield live
     live.stop()
 
 
-def test_a_parked_stream_whose_reader_pauses_gets_every_event_once_in_order(start_server):
-    live = start_server(WS_SEND_TIMEOUT_SECONDS="30")
+@pytest.fixture(scope="module")
+def patient(base_env, tmp_path_factory):
+    """One worker that lets a slow reader take its time and sends a heartbeat once a minute only."""
+    live = module_server(base_env, tmp_path_factory, WS_SEND_TIMEOUT_SECONDS="30", SSE_HEARTBEAT_SECONDS="60")
+    yield live
+    live.stop()
+
+
+@pytest.fixture(scope="module")
+def crowded(base_env, tmp_path_factory):
+    """One worker with room for three connections, shared by the two tests that fill it."""
+    live = module_server(base_env, tmp_path_factory, WORKER_CONNECTIONS="3")
+    yield live
+    live.stop()
+
+
+def test_a_parked_stream_whose_reader_pauses_gets_every_event_once_in_order(patient):
+    live = patient
     user = Api(live.url)
     stream = RawSSE(live.url, user.auth, receive_buffer=4096)
     blob = "x" * 30_000
@@ -47,8 +70,8 @@ def test_a_parked_stream_whose_reader_pauses_gets_every_event_once_in_order(star
     stream.close()
 
 
-def test_a_parked_stream_that_cannot_take_a_frame_in_time_is_cut_off_while_others_keep_receiving(start_server):
-    live = start_server(WS_SEND_QUEUE="20", WS_SEND_TIMEOUT_SECONDS="1")
+def test_a_parked_stream_that_cannot_take_a_frame_in_time_is_cut_off_while_others_keep_receiving(one_worker):
+    live = one_worker
     slow, fast = Api(live.url), Api(live.url)
     stalled = RawSSE(live.url, slow.auth, receive_buffer=4096)
     reader = SSE(live.url, fast.auth)
@@ -91,11 +114,13 @@ def test_a_chunked_stream_ends_its_response_with_the_last_chunk(one_worker):
     assert stream.events()[-1]["event"] == "session_ended"
 
 
-def test_a_parked_stream_ends_as_soon_as_its_client_closes_its_side(start_server):
+def test_a_parked_stream_ends_as_soon_as_its_client_closes_its_side(patient):
     """A client's FIN. A heartbeat would still be accepted by its socket, so without watching for it the
     stream would live on until a write failed: the heartbeat after next, here 2 minutes away (never, for
     a half-closed client that still reads, as this one)."""
-    live = start_server(workers=1, SSE_HEARTBEAT_SECONDS="60")
+    live = patient
+    # The stream of the test before is gone (its client closed its side too): this one is the only one.
+    wait_until(lambda: open_connections(live.url, "sse") == 0, message="no stream of an earlier test")
     user = Api(live.url)
     stream = RawSSE(live.url, user.auth)  # parked once it has said ": stream open"
     first = user.publish_ok({"n": 1})
@@ -108,8 +133,8 @@ def test_a_parked_stream_ends_as_soon_as_its_client_closes_its_side(start_server
     stream.close()
 
 
-def test_a_parked_stream_whose_client_sends_something_lives_on(start_server):
-    live = start_server(workers=1)
+def test_a_parked_stream_whose_client_sends_something_lives_on(one_worker):
+    live = one_worker
     user = Api(live.url)
     stream = RawSSE(live.url, user.auth)
     stream.sock.sendall(b"GET /healthz HTTP/1.1\r\n\r\n")  # pipelined: it stays unread, unanswered
@@ -129,9 +154,9 @@ def healthz_answers(base: str, timeout: float) -> bool:
         return False
 
 
-def test_parked_streams_still_count_against_worker_connections(start_server):
+def test_parked_streams_still_count_against_worker_connections(crowded):
     streams = 3
-    live = start_server(workers=1, WORKER_CONNECTIONS=str(streams))
+    live = crowded
     assert healthz_answers(live.url, timeout=5)  # a free worker answers at once
     users = [Api(live.url) for _ in range(streams)]
     for user in users:
@@ -144,9 +169,11 @@ def test_parked_streams_still_count_against_worker_connections(start_server):
         stream.close()
 
 
-def test_parked_websockets_still_count_against_worker_connections(start_server):
+def test_parked_websockets_still_count_against_worker_connections(crowded):
     sockets = 3
-    live = start_server(workers=1, WORKER_CONNECTIONS=str(sockets))
+    live = crowded
+    # The streams of the test before are noticed gone at their next heartbeat: every place is free again.
+    wait_until(lambda: open_connections(live.url, "sse") == 0, message="no stream of an earlier test")
     assert healthz_answers(live.url, timeout=5)
     users = [Api(live.url) for _ in range(sockets)]
     for user in users:
