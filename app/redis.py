@@ -225,6 +225,12 @@ class Keys:
         return f"org:{{org:{org_id}}}:invitations"
 
     @staticmethod
+    def org_channels(org_id: str) -> str:
+        """The channels of org namespaces naming the organization that someone subscribed to (a set): where a
+        member's loss of access is announced, in order with each channel's events."""
+        return f"org:{{org:{org_id}}}:channels"
+
+    @staticmethod
     def orgs() -> str:
         """Every organization's id, scored by creation time in ms (a sorted set), for the admins' listing."""
         return "orgs"

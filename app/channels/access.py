@@ -185,7 +185,25 @@ def check_subscribe(client, user_id: str, is_admin: bool, channels: list[str], p
         for channel in refused:
             if not access[channel].allowed:
                 raise forbidden(f"You may not subscribe to {channel!r}.")
+    _register_org_channels(client, access)
     return access
+
+
+def _register_org_channels(client, access: dict[str, Access]) -> None:
+    """Note each channel of an org namespace among the organization's channels before it is subscribed to, so that
+    a member's loss of it can be announced on the channel itself (app/orgs/live.py)."""
+    orgs = {
+        channel: org_of_channel(split_channel(channel)[1])
+        for channel, found in access.items()
+        if found.namespace is not None and found.namespace.by_org
+    }
+    if not any(orgs.values()):
+        return
+    pipe = client.pipeline(transaction=False)  # one key each: fine across hash slots
+    for channel, org_id in orgs.items():
+        if org_id:
+            pipe.sadd(Keys.org_channels(org_id), channel)
+    pipe.execute()
 
 
 def check_publish(client, channel: str, *, user_id: str | None, is_admin: bool, api_key) -> Namespace | None:

@@ -324,8 +324,10 @@ class Hub:
                 self.revoke(subscription, channel, reason or cause)
 
     def _channel_control(self, channel: str, message: dict) -> None:
-        """A grant of `channel` changed (sent on the channel's own wake-up, so it is in order with its events)."""
-        targets = [s for s in self.by_channel.get(channel, ()) if s.user_id == message.get("user_id")]
+        """A grant of `channel` changed, or a member's (or every member's: no `user_id`) access to an organization's
+        channel ended (sent on the channel's own wake-up, so it is in order with its events)."""
+        user_id = message.get("user_id")
+        targets = [s for s in self.by_channel.get(channel, ()) if user_id is None or s.user_id == user_id]
         if message.get("reason") == "revoked":
             for subscription in targets:
                 if not subscription.is_admin:
