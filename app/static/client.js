@@ -890,7 +890,7 @@ export class Client {
  * @property {string} id
  * @property {string} name
  * @property {string[]} scopes `events:publish`, `tokens:introspect`, `webhooks:manage`, `channels:manage`,
- *   `audit:read`, `issuers:manage`
+ *   `audit:read`, `issuers:manage`, `clients:manage`, `orgs:manage`
  * @property {string[]} channels where `events:publish` may publish
  * @property {string} created_at
  * @property {string | null} last_used_at
