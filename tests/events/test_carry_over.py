@@ -1,7 +1,8 @@
 """A reload carries open SSE streams over to the new workers: clients stay connected and read every event once.
 
-Each test starts its own gunicorn (two workers, as in production), sends it SIGHUP, and waits until the old
-workers have exited: from then on only the new ones can write to the streams.
+The tests share one gunicorn (two workers, as in production); each sends it SIGHUP and waits until the old
+workers have exited: from then on only the new ones can write to the streams. A reload leaves the server as
+it found it, with two new workers.
 """
 
 from __future__ import annotations
@@ -17,10 +18,21 @@ import threading
 import pytest
 
 from app.redis import Keys
-from tests.events.clients import SSE, Api, RawSSE, parse_block
-from tests.servers import wait_until
+from tests.events.clients import SSE, Api, RawSSE, open_connections, parse_block
+from tests.events.conftest import FAST
+from tests.servers import LiveServer, wait_until
 
 STREAMS = 6
+
+
+@pytest.fixture(scope="module")
+def server(base_env, tmp_path_factory):
+    """Two workers that log at info (the carry-over's own lines) and give a slow reader a minute to read."""
+    env = {**base_env, **FAST, "LOG_LEVEL": "info", "WS_SEND_TIMEOUT_SECONDS": "60"}
+    live = LiveServer(env, workers=2, log_path=tmp_path_factory.mktemp("logs") / "gunicorn.log")
+    live.start()
+    yield live
+    live.stop()
 
 
 def reload_and_wait(server) -> list[int]:
@@ -64,8 +76,7 @@ class RawReader:
         return [json.loads(block["data"])["id"] for block in blocks if "data" in block]
 
 
-def test_a_reload_carries_streams_over_and_every_event_arrives_once_on_the_same_connection(start_server, rdb):
-    server = start_server(workers=2)
+def test_a_reload_carries_streams_over_and_every_event_arrives_once_on_the_same_connection(server, rdb):
     user = Api(server.url)
     streams = [SSE(server.url, user.auth) for _ in range(STREAMS)]
     http10 = RawReader(raw_http10_stream(server.url, user.access_token))
@@ -109,8 +120,7 @@ def test_a_reload_carries_streams_over_and_every_event_arrives_once_on_the_same_
 
 
 @pytest.mark.not_on_cluster("the session's end reaches a carried stream as any other: the cluster's way is above")
-def test_a_carried_stream_still_ends_when_its_session_does(start_server):
-    server = start_server(workers=2)
+def test_a_carried_stream_still_ends_when_its_session_does(server):
     user = Api(server.url)
     stream = SSE(server.url, user.auth)
     first = user.publish_ok({"n": 0})
@@ -123,26 +133,32 @@ def test_a_carried_stream_still_ends_when_its_session_does(start_server):
 
 
 @pytest.mark.not_on_cluster("when a stream is taken is the worker's own affair: the Redis behind it does not enter it")
-def test_a_stream_not_at_rest_at_its_turn_is_carried_over_once_its_client_has_read(start_server):
+def test_a_stream_not_at_rest_at_its_turn_is_carried_over_once_its_client_has_read(server):
     """A client that stopped reading has events queued for it in its worker when the reload comes: taken then,
     they would be lost. Its stream is tried again after the others, and carried over once its client has read
     them, on the same connection."""
-    server = start_server(workers=2, LOG_LEVEL="info", WS_SEND_TIMEOUT_SECONDS="60")
+    # The one stream open at the reload, and the log's lines from here on: earlier tests' reloads logged theirs.
+    wait_until(lambda: open_connections(server.url, "sse") == 0, message="no stream of an earlier test")
+    logged_before = server.log_path.stat().st_size
+
+    def log() -> str:
+        with server.log_path.open("rb") as file:
+            file.seek(logged_before)
+            return file.read().decode(errors="replace")
+
     user = Api(server.url)
     slow = RawSSE(server.url, user.auth, receive_buffer=4096)
     blob = "x" * 30_000
     ids = [user.publish_ok({"n": n, "blob": blob}) for n in range(150)]  # 4.5 MB: past the socket buffers
     old = set(server.worker_pids())
     server.signal(signal.SIGHUP)
-    wait_until(
-        lambda: "not at rest at their turn" in server.log_path.read_text(), message="the stream passed over at its turn"
-    )
+    wait_until(lambda: "not at rest at their turn" in log(), message="the stream passed over at its turn")
     assert [event["data"]["id"] for event in slow.read_events(150, timeout=30)] == ids
     wait_until(lambda: not set(server.worker_pids()) & old, timeout=30, message="the old workers to exit")
     later = user.publish_ok({"n": 150})  # written by a new worker, or by nobody
     assert slow.read_events(151)[-1]["data"]["id"] == later
     assert not slow.eof and slow.text.count(": stream open") == 1  # one connection: never reopened
-    assert "carry-over: 1 of 1 streams handed to 2 new workers" in server.log_path.read_text()
+    assert "carry-over: 1 of 1 streams handed to 2 new workers" in log()
     slow.close()
 
 
@@ -153,8 +169,7 @@ def carry_socket_of(pid: int) -> str:
 
 
 @pytest.mark.not_on_cluster("who may hand a connection over does not depend on Redis")
-def test_only_a_worker_of_the_same_server_can_hand_a_connection_over(start_server):
-    server = start_server(workers=2)
+def test_only_a_worker_of_the_same_server_can_hand_a_connection_over(server):
     user = Api(server.url)
     cursor = user.current_cursor()
     user.publish_ok({"n": "to read"})
