@@ -279,16 +279,16 @@ def follow_with_reconnect(base: str, user: Api, last_id: str, count: int, timeou
 
 
 @pytest.fixture
-def two_instances(base_env, tmp_path):
-    instances = [LiveServer({**base_env, **FAST}, workers=1, log_path=tmp_path / f"app-{n}.log") for n in range(2)]
-    for live in instances:
-        live.start()
+def two_instances(app_server, base_env, tmp_path):
+    """A new instance of one worker, and the module's: nginx spreads over both (the new one may be stopped)."""
+    own = LiveServer({**base_env, **FAST}, workers=1, log_path=tmp_path / "app.log")
+    own.start()
+    instances = [own, app_server]
     nginx = NginxServer(tmp_path / "nginx", [f"127.0.0.1:{live.port}" for live in instances])
     nginx.start()
     yield instances, nginx
     nginx.stop()
-    for live in instances:
-        live.stop()
+    own.stop()
 
 
 def test_scale_out_two_instances_behind_one_upstream(two_instances):
@@ -327,7 +327,7 @@ def test_shutdown_with_open_streams_loses_nothing(base_env, tmp_path):
     # nginx's idle upstream keep-alives hold a worker's graceful stop for all of graceful_timeout: a short one
     # here, and the stream must end well before it (below), so it is the shutdown hook that ends it.
     graceful = {"GRACEFUL_TIMEOUT": "4"}
-    app = LiveServer({**base_env, **FAST, **graceful}, workers=2, log_path=tmp_path / "app.log")
+    app = LiveServer({**base_env, **FAST, **graceful}, workers=1, log_path=tmp_path / "app.log")
     app.start()
     replacement = None
     nginx = NginxServer(tmp_path / "nginx", [f"127.0.0.1:{app.port}"])
@@ -342,7 +342,7 @@ def test_shutdown_with_open_streams_loses_nothing(base_env, tmp_path):
         app.signal(signal.SIGTERM)
         assert stream.closed.wait(3)  # ended promptly by the worker's shutdown, not by its kill at 4 s
         app.process.wait(15)  # the same port comes back, as a process manager would restart it
-        replacement = LiveServer({**base_env, **FAST, **graceful}, workers=2, log_path=tmp_path / "app-2.log")
+        replacement = LiveServer({**base_env, **FAST, **graceful}, workers=1, log_path=tmp_path / "app-2.log")
         replacement.port = app.port
         replacement.env["PORT"] = str(app.port)
         replacement.start()
@@ -355,27 +355,25 @@ def test_shutdown_with_open_streams_loses_nothing(base_env, tmp_path):
             replacement.stop()
 
 
-def test_a_reload_keeps_streams_through_nginx_open_and_loses_nothing(base_env, tmp_path):
-    app = LiveServer({**base_env, **FAST}, workers=2, log_path=tmp_path / "app.log")
-    app.start()
-    nginx = NginxServer(tmp_path / "nginx", [f"127.0.0.1:{app.port}"])
-    nginx.start()
+def test_a_reload_keeps_streams_through_nginx_open_and_loses_nothing(proxy, app_server):
+    """On the module's server, which a reload leaves as it was (two new workers)."""
+    user = Api(proxy.url)
+    stream = SSE(proxy.url, user.auth)
     try:
-        user = Api(nginx.url)
-        stream = SSE(nginx.url, user.auth)
         first_id = user.publish_ok({"n": "first"})
         assert stream.next_event()["data"]["id"] == first_id
-        old = set(app.worker_pids())
-        app.signal(signal.SIGHUP)
-        wait_until(lambda: len(set(app.worker_pids()) - old) == 2 and not old & set(app.worker_pids()), timeout=30)
+        old = set(app_server.worker_pids())
+        app_server.signal(signal.SIGHUP)
+        wait_until(
+            lambda: len(set(app_server.worker_pids()) - old) == 2 and not old & set(app_server.worker_pids()),
+            timeout=30,
+        )
         # The old workers are gone; the stream, carried over to a new one, goes on on the same connection.
         published = [wait_until(lambda n=n: _publish(user, n), message="publish") for n in range(10)]
         assert [event["data"]["id"] for event in stream.events(10, timeout=20)] == published
         assert not stream.closed.is_set() and stream.raw.count(": stream open") == 1
-        stream.close()  # nginx's graceful stop would wait for it
     finally:
-        nginx.stop()
-        app.stop()
+        stream.close()  # nginx's graceful stop would wait for it
 
 
 def _publish(user: Api, n: int) -> str | None:
