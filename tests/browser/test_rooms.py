@@ -130,25 +130,28 @@ def test_two_people_in_a_room_see_each_other_arrive_talk_and_leave(stack, admin,
     assert [user["user_id"] for user in presence["users"]] == [ada_id]
 
 
-@pytest.mark.parametrize("transport", list(TRANSPORTS))
-def test_a_room_is_followed_on_every_transport_until_left(stack, admin, new_context, transport):
-    channel = f"{admin.namespace(ROOM_RULES)}:hall"
-    page, me = signed_in(new_context, stack, transport)
-    join(page, channel)
-    admin.publish(channel, "welcome")
-    expect(page.locator("#room-messages li")).to_have_count(1)
-    say(page, "thanks")  # a publish frame on a WebSocket, POST /events otherwise
-    expect_last_message(page, me, "thanks", sender_shown=me)
-    expect(page.locator("#room-messages .sender.me")).to_have_count(1)
-    assert page.evaluate("window.authRt.feed.channels") == [channel]
+def test_a_room_is_followed_on_every_transport_until_left(stack, admin, new_context):
+    """One person, on each transport in turn, joins a room of its own, talks there and leaves it."""
+    namespace = admin.namespace(ROOM_RULES)
+    page, me = signed_in(new_context, stack)
+    for own_notes, transport in enumerate(TRANSPORTS, start=1):
+        choose_transport(page, transport)
+        channel = f"{namespace}:hall-{transport}"
+        join(page, channel)
+        admin.publish(channel, f"welcome on {transport}")
+        expect(page.locator("#room-messages li .text")).to_have_text([f"welcome on {transport}"])
+        say(page, f"thanks on {transport}")  # a publish frame on a WebSocket, POST /events otherwise
+        expect_last_message(page, me, f"thanks on {transport}", sender_shown=me)
+        expect(page.locator("#room-messages .sender.me")).to_have_count(1)
+        assert page.evaluate("window.authRt.feed.channels") == [channel]
 
-    page.get_by_role("button", name="Leave", exact=True).click()
-    page.wait_for_function("window.authRt.feed.channels.length === 0")
-    admin.publish(channel, "after you left")
-    publish_own(page, me, "still following my own channel")
-    expect_newest_event(page, "note", '"still following my own channel"')
-    assert page.locator("#event-log li").count() == 1  # the room's later message went nowhere
-    expect(page.locator("#connection")).to_have_attribute("data-state", "live")
+        page.get_by_role("button", name="Leave", exact=True).click()
+        page.wait_for_function("window.authRt.feed.channels.length === 0")
+        admin.publish(channel, "after you left")
+        publish_own(page, me, f"still following my own channel on {transport}")
+        expect_newest_event(page, "note", f'"still following my own channel on {transport}"')
+        assert page.locator("#event-log li").count() == own_notes  # the room's later message went nowhere
+        expect(page.locator("#connection")).to_have_attribute("data-state", "live")
 
 
 def publish_own(page, me: str, text: str) -> None:
@@ -156,34 +159,36 @@ def publish_own(page, me: str, text: str) -> None:
     page.evaluate("([channel, text]) => window.authRt.client.publish(channel, 'note', text)", [f"user:{me}", text])
 
 
-@pytest.mark.parametrize("transport", list(TRANSPORTS))
-def test_a_member_is_refused_before_its_grant_and_told_when_it_is_revoked(stack, admin, new_context, transport):
-    channel = f"{admin.namespace(MEMBERS_RULES)}:staff"
-    page, me = signed_in(new_context, stack, transport)
+def test_a_member_is_refused_before_its_grant_and_told_when_it_is_revoked(stack, admin, new_context):
+    """On each transport in turn, a channel of its own: refused, granted, then revoked while followed."""
+    namespace = admin.namespace(MEMBERS_RULES)
+    page, me = signed_in(new_context, stack)
+    for transport in TRANSPORTS:
+        choose_transport(page, transport)
+        channel = f"{namespace}:staff-{transport}"
+        page.get_by_label("Room", exact=True).fill(channel)
+        page.get_by_role("button", name="Join", exact=True).click()
+        expect(page.locator("#room-error")).to_contain_text(f"You cannot join {channel}:")
+        expect(page.locator("#room")).to_be_hidden()
+        assert page.evaluate("window.authRt.feed.channels") == []
 
-    page.get_by_label("Room", exact=True).fill(channel)
-    page.get_by_role("button", name="Join", exact=True).click()
-    expect(page.locator("#room-error")).to_contain_text(f"You cannot join {channel}:")
-    expect(page.locator("#room")).to_be_hidden()
-    assert page.evaluate("window.authRt.feed.channels") == []
+        admin.call("PUT", f"/channels/{channel}/members/{me}", 204, json={"info": {"name": "Casey"}})
+        join(page, channel)
+        expect(page.locator("#room-error")).to_have_text("")
+        admin.publish(channel, f"you are in, on {transport}")
+        expect(page.locator("#room-messages li .text")).to_have_text([f"you are in, on {transport}"])
+        if transport in ("sse", "websocket"):  # present, under the name its grant gives
+            expect(person(page, me)).to_have_text("Casey (you)")
 
-    admin.call("PUT", f"/channels/{channel}/members/{me}", 204, json={"info": {"name": "Casey"}})
-    join(page, channel)
-    expect(page.locator("#room-error")).to_have_text("")
-    admin.publish(channel, "you are in")
-    expect(page.locator("#room-messages li .text")).to_have_text(["you are in"])
-    if transport in ("sse", "websocket"):  # present, under the name its grant gives
-        expect(person(page, me)).to_have_text("Casey (you)")
-
-    admin.call("DELETE", f"/channels/{channel}/members/{me}", 204)
-    # Over SSE and WebSocket the service says why; the polling transports find the channel refused.
-    reason = "your access to it was revoked" if transport in ("sse", "websocket") else "your access to it ended"
-    expect(page.locator("#room-error")).to_have_text(f"You are no longer in {channel}: {reason}.", timeout=5000)
-    expect(page.locator("#room")).to_be_hidden()
-    assert page.evaluate("window.authRt.feed.channels") == []
-    publish_own(page, me, "the rest goes on")
-    expect_newest_event(page, "note", '"the rest goes on"')
-    expect(page.locator("#connection")).to_have_attribute("data-state", "live")
+        admin.call("DELETE", f"/channels/{channel}/members/{me}", 204)
+        # Over SSE and WebSocket the service says why; the polling transports find the channel refused.
+        reason = "your access to it was revoked" if transport in ("sse", "websocket") else "your access to it ended"
+        expect(page.locator("#room-error")).to_have_text(f"You are no longer in {channel}: {reason}.", timeout=5000)
+        expect(page.locator("#room")).to_be_hidden()
+        assert page.evaluate("window.authRt.feed.channels") == []
+        publish_own(page, me, f"the rest goes on, on {transport}")
+        expect_newest_event(page, "note", f'"the rest goes on, on {transport}"')
+        expect(page.locator("#connection")).to_have_attribute("data-state", "live")
 
 
 def test_a_room_stays_joined_across_transport_switches_and_loses_nothing(stack, admin, new_context):
