@@ -10,7 +10,21 @@ import pytest
 import websocket
 
 from tests.events.clients import SSE, Api, open_connections, open_ws, ws_json
-from tests.servers import wait_until
+from tests.events.conftest import FAST
+from tests.servers import LiveServer, wait_until
+
+CAP = "3"  # live connections per user
+
+
+@pytest.fixture(scope="module")
+def server(base_env, tmp_path_factory):
+    """Two workers, as in production, that cap a user's live connections at three (each other test of the
+    module holds one at most)."""
+    env = {**base_env, **FAST, "MAX_CONNECTIONS_PER_USER": CAP}
+    live = LiveServer(env, workers=2, log_path=tmp_path_factory.mktemp("logs") / "gunicorn.log")
+    live.start()
+    yield live
+    live.stop()
 
 
 @pytest.mark.not_on_cluster("frames and cursors are parsed the same whatever the Redis")
@@ -58,9 +72,9 @@ def test_a_hostile_cursor_is_refused_before_the_websocket_upgrade(server, positi
     assert refused.value.status_code == 400
 
 
-def test_a_users_live_connections_are_capped_across_workers_and_instances(start_server):
-    first = start_server(workers=2, MAX_CONNECTIONS_PER_USER="3")
-    second = start_server(workers=1, MAX_CONNECTIONS_PER_USER="3")
+def test_a_users_live_connections_are_capped_across_workers_and_instances(server, start_server):
+    first = server
+    second = start_server(workers=1, MAX_CONNECTIONS_PER_USER=CAP)
     user, neighbour = Api(first.url), Api(first.url)
     cursor = user.current_cursor()
     opened = []
