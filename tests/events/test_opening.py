@@ -4,10 +4,25 @@ on their own). Against gunicorn and the session's real Redis, in both modes."""
 
 from __future__ import annotations
 
+import pytest
+
 from app.events.bus import wake_channel
 from app.redis import Keys
 from tests.events.clients import SSE, Api
-from tests.servers import wait_until
+from tests.events.conftest import FAST
+from tests.servers import LiveServer, wait_until
+
+CAP = 30  # connections per user: the module's streams of one user at once
+
+
+@pytest.fixture(scope="module")
+def server(base_env, tmp_path_factory):
+    """One worker (a worker's own subscription and leases are watched) that caps a user's connections at CAP."""
+    env = {**base_env, **FAST, "MAX_CONNECTIONS_PER_USER": str(CAP)}
+    live = LiveServer(env, workers=1, log_path=tmp_path_factory.mktemp("logs") / "gunicorn.log")
+    live.start()
+    yield live
+    live.stop()
 
 
 def held_leases(client, user_id: str) -> int:
@@ -40,24 +55,26 @@ def test_a_stream_opened_after_a_script_flush_holds_its_lease_and_reads_its_hist
     wait_until(lambda: held_leases(rdb, user.user_id) == 0, message="the lease given back")
 
 
-def test_a_stream_past_the_users_cap_is_refused_and_lets_its_subscription_go(start_server, rdb):
-    live = start_server(workers=1, MAX_CONNECTIONS_PER_USER="1")
-    user = Api(live.url)
-    first = SSE(live.url, user.auth)
+def test_a_stream_past_the_users_cap_is_refused_and_lets_its_subscription_go(server, rdb):
+    user = Api(server.url)
+    streams = []
     try:
-        assert first.status == 200
-        first.next(skip_comments=False)
-        assert held_leases(rdb, user.user_id) == 1
+        for _ in range(CAP):
+            streams.append(stream := SSE(server.url, user.auth))
+            assert stream.status == 200
+            stream.next(skip_comments=False)
+        assert held_leases(rdb, user.user_id) == CAP
         assert subscribers(rdb, user.channel) == 1
 
-        refused = SSE(live.url, user.auth)
+        refused = SSE(server.url, user.auth)
         assert refused.status == 429
         assert b"too_many_connections" in refused.body
-        assert held_leases(rdb, user.user_id) == 1
+        assert held_leases(rdb, user.user_id) == CAP
     finally:
-        first.close()
+        for stream in streams:
+            stream.close()
     # The refused stream subscribed before its lease was refused; had it kept the subscription, the worker
-    # would still be subscribed to the user's channel once the stream that streamed is gone.
+    # would still be subscribed to the user's channel once the streams that streamed are gone.
     wait_until(lambda: subscribers(rdb, user.channel) == 0, message="the user's channel let go")
     wait_until(lambda: held_leases(rdb, user.user_id) == 0, message="the lease given back")  # after the unsubscription
 
@@ -65,10 +82,10 @@ def test_a_stream_past_the_users_cap_is_refused_and_lets_its_subscription_go(sta
 def test_streams_that_end_together_give_back_every_lease(server, rdb):
     """Leases given back at once share round trips (ConnectionLeases.release); none may be lost in them."""
     user = Api(server.url)
-    streams = [SSE(server.url, user.auth) for _ in range(30)]
+    streams = [SSE(server.url, user.auth) for _ in range(CAP)]
     try:
         assert all(stream.status == 200 for stream in streams)
-        wait_until(lambda: held_leases(rdb, user.user_id) == 30, message="every stream's lease held")
+        wait_until(lambda: held_leases(rdb, user.user_id) == CAP, message="every stream's lease held")
     finally:
         for stream in streams:
             stream.close()
