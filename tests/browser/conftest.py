@@ -23,10 +23,10 @@ expect.set_options(timeout=10_000)
 
 
 class Stack:
-    """gunicorn (2 workers) behind nginx, optionally with the test OpenID provider configured."""
+    """gunicorn (2 workers, unless told) behind nginx, optionally with the test OpenID provider configured."""
 
-    def __init__(self, base_env: dict, directory: Path, with_oauth: bool = False, **env):
-        self.app = LiveServer({**base_env, **FAST, **env}, workers=2, log_path=directory / "app.log")
+    def __init__(self, base_env: dict, directory: Path, with_oauth: bool = False, workers: int = 2, **env):
+        self.app = LiveServer({**base_env, **FAST, **env}, workers=workers, log_path=directory / "app.log")
         self.nginx = NginxServer(directory / "nginx", [f"127.0.0.1:{self.app.port}"])
         self.provider = OpenIdProvider(directory / "provider.log") if with_oauth else None
 

@@ -82,71 +82,61 @@ def test_page_is_served_with_a_strict_policy(stack):
     assert 'type="module"' in response.text
 
 
-def test_login_keeps_tokens_out_of_script_and_storage(stack, new_context):
-    context = new_context()
-    page = context.new_page()
-    errors = []
-    page.on("pageerror", lambda error: errors.append(error))
-    email = register(stack.url)
-    log_in(page, stack.url, email)
-    assert page.evaluate("document.cookie") == ""  # HttpOnly: script sees no token
-    assert page.evaluate("localStorage.length + sessionStorage.length") == 0
-    cookies = {c["name"]: c for c in context.cookies()}
-    access, refresh = cookies["__Host-access"], cookies["__Secure-refresh"]
-    assert access["httpOnly"] and access["secure"] and access["sameSite"] == "Strict"
-    assert refresh["httpOnly"] and refresh["path"] == "/auth"
-    assert errors == []
-
-
-def test_an_event_published_through_the_api_appears_on_each_transport(stack, new_context):
+def test_events_published_through_the_api_and_from_the_cli_appear_on_each_transport(stack, module_cli, new_context):
+    """On each transport: an event to the user's channel through the HTTP API, then one from the CLI to
+    `broadcast` under a name no code has seen; each shows exactly once, in order, across the switches."""
     page = new_context().new_page()
     email = register(stack.url)
     log_in(page, stack.url, email)
     publisher = Api(stack.url, email=email)
+    shown = []
     for transport in TRANSPORTS:
         choose_transport(page, transport)
         publisher.publish_ok(f"via {transport}", event="note")
         expect_newest_event(page, "note", f'"via {transport}"')
-    assert len(events_in(page)) == 4  # each exactly once, across the switches
+        name = f"order.paid.{transport}.{uuid.uuid4().hex[:8]}"
+        publish_from_cli(module_cli, name, {"via": transport})
+        expect_newest_event(page, name, json.dumps({"via": transport}, separators=(",", ":")))
+        expect(page.locator("#event-log li .channel").first).to_have_text("broadcast")
+        shown += [f'note: "via {transport}"', f'{name}: {{"via":"{transport}"}}']
+    assert events_in(page)[::-1] == shown
 
 
-def test_publish_box_reaches_the_users_other_device(stack, new_context):
+def test_two_devices_see_each_other_reach_each_other_and_log_out_everywhere(stack, new_context):
     email = register(stack.url)
     phone, laptop = new_context().new_page(), new_context().new_page()
     log_in(phone, stack.url, email)
     log_in(laptop, stack.url, email)
+    for page in (phone, laptop):
+        expect(page.locator("#sessions li")).to_have_count(2)
+        expect(page.locator("#sessions li.current")).to_have_count(1)
     laptop.get_by_label("Message to your other devices").fill("hello from the laptop")
     laptop.get_by_role("button", name="Publish").click()
     expect_newest_event(phone, "note", '"hello from the laptop"')
+    phone.get_by_role("button", name="Log out everywhere").click()
+    logged_out(phone)
+    logged_out(laptop, timeout=2000)  # ended elsewhere: the page says so within two seconds
 
 
-def test_two_devices_see_each_other_and_log_out_everywhere(stack, new_context):
+def test_ending_one_session_from_the_other_logs_out_only_that_one_on_each_transport(stack, new_context):
+    """One device (on server-sent events) ends, in turn, another device's session on each transport."""
     email = register(stack.url)
-    first, second = new_context().new_page(), new_context().new_page()
-    log_in(first, stack.url, email)
-    log_in(second, stack.url, email)
-    for page in (first, second):
-        expect(page.locator("#sessions li")).to_have_count(2)
-        expect(page.locator("#sessions li.current")).to_have_count(1)
-    first.get_by_role("button", name="Log out everywhere").click()
-    logged_out(first)
-    logged_out(second, timeout=2000)  # ended elsewhere: the page says so within two seconds
-
-
-@pytest.mark.parametrize("transport", ["sse", "websocket", "long-poll", "poll"])
-def test_ending_one_session_from_the_other_logs_out_only_that_one(stack, new_context, transport):
-    email = register(stack.url)
-    keeper, ended = new_context().new_page(), new_context().new_page()
+    keeper = new_context().new_page()
     log_in(keeper, stack.url, email)
-    log_in(ended, stack.url, email)
-    choose_transport(ended, transport)
-    expect(keeper.locator("#sessions li")).to_have_count(2)
-    keeper.locator("#sessions li:not(.current)").get_by_role("button", name="End").click()
-    logged_out(ended, timeout=2000)
-    expect(keeper.locator("#status")).to_have_text(f"Logged in as {email}")
-    Api(stack.url, email=email).publish_ok("still here", event="note")
-    expect_newest_event(keeper, "note", '"still here"')
-    expect(ended.locator("#connection")).to_have_attribute("data-state", "offline")
+    publisher = Api(stack.url, email=email)
+    for transport in TRANSPORTS:
+        ended = new_context().new_page()
+        log_in(ended, stack.url, email)
+        choose_transport(ended, transport)
+        expect(keeper.locator("#sessions li")).to_have_count(3)  # the keeper's, the publisher's and this one's
+        other = f'#sessions li:not(.current):not([data-session-id="{publisher.session_id}"])'
+        keeper.locator(other).get_by_role("button", name="End").click()
+        logged_out(ended, timeout=2000)
+        expect(keeper.locator("#status")).to_have_text(f"Logged in as {email}")
+        publisher.publish_ok(f"still here after {transport}", event="note")
+        expect_newest_event(keeper, "note", f'"still here after {transport}"')
+        expect(ended.locator("#connection")).to_have_attribute("data-state", "offline")
+        expect(keeper.locator("#sessions li")).to_have_count(2)
 
 
 @pytest.mark.parametrize("web_locks", [True, False], ids=["web-locks", "without-web-locks"])
@@ -178,7 +168,8 @@ def test_two_tabs_refreshing_at_the_same_moment_stay_logged_in(stack, new_contex
 
 
 def test_expired_access_token_is_refreshed_and_the_stream_resumes_without_loss(base_env, tmp_path, new_context):
-    stack = Stack(base_env, tmp_path, ACCESS_TOKEN_TTL_SECONDS="3").start()
+    # One worker: neither the refresh nor the stream's resumption depends on which worker answers.
+    stack = Stack(base_env, tmp_path, workers=1, ACCESS_TOKEN_TTL_SECONDS="3").start()
     try:
         page = new_context().new_page()
         email = register(stack.url)
@@ -321,7 +312,8 @@ def visit(context, base: str, status: str) -> ErrorCollector:
 
 def test_no_401_is_logged_on_a_first_visit_nor_on_a_return_with_or_without_an_access_token(stack, new_context):
     # First, that the collector sees what Chromium logs for a 401: a fetch of /auth/me without a session.
-    probe = new_context().new_page()
+    context = new_context()
+    probe = context.new_page()
     probe_errors = ErrorCollector(probe)
     probe.goto(stack.url + "/healthz")
     with probe.expect_console_message(lambda message: "status of 401" in message.text):
@@ -330,20 +322,22 @@ def test_no_401_is_logged_on_a_first_visit_nor_on_a_return_with_or_without_an_ac
     assert [e for e in probe_errors.errors if e.startswith("console:") and "status of 401" in e]
 
     # A first visit, with no cookie at all: the page learns it is logged out without a single error.
-    context = new_context()
     assert visit(context, stack.url, "You are logged out.").errors == []
 
     # A return while logged in, and one whose access token expired (the refresh cookie is kept).
     email = register(stack.url)
-    log_in(context.pages[0], stack.url, email)
+    log_in(context.pages[1], stack.url, email)
     assert visit(context, stack.url, f"Logged in as {email}").errors == []
     context.clear_cookies(name="__Host-access")
     assert visit(context, stack.url, f"Logged in as {email}").errors == []
     assert any(c["name"] == "__Host-access" for c in context.cookies())  # refreshed, with no 401 first
 
 
-def test_the_page_says_what_it_is_and_shows_each_events_time_channel_and_name(stack, new_context):
-    page = new_context().new_page()
+def test_login_keeps_tokens_from_script_and_the_page_says_what_it_is_and_shows_each_events_details(stack, new_context):
+    """The login keeps its tokens in HttpOnly cookies only; the page says what it is, and shows an event's
+    time, channel and name; and nothing of it logs an error or a warning."""
+    context = new_context()
+    page = context.new_page()
     problems = []
 
     def console(message):
@@ -355,6 +349,13 @@ def test_the_page_says_what_it_is_and_shows_each_events_time_channel_and_name(st
     page.on("pageerror", lambda error: problems.append(str(error)))
     email = register(stack.url)
     log_in(page, stack.url, email)
+    assert page.evaluate("document.cookie") == ""  # HttpOnly: script sees no token
+    assert page.evaluate("localStorage.length + sessionStorage.length") == 0
+    cookies = {c["name"]: c for c in context.cookies()}
+    access, refresh = cookies["__Host-access"], cookies["__Secure-refresh"]
+    assert access["httpOnly"] and access["secure"] and access["sameSite"] == "Strict"
+    assert refresh["httpOnly"] and refresh["path"] == "/auth"
+
     expect(page.locator("#about")).to_contain_text("test page")
     icon = page.locator('link[rel="icon"]').get_attribute("href")
     answer = requests.get(stack.url + icon)
@@ -379,22 +380,6 @@ def test_the_page_says_what_it_is_and_shows_each_events_time_channel_and_name(st
     expect(newest.locator("time")).not_to_be_empty()
     expect(page.locator("#event-empty")).to_be_hidden()
     assert problems == []
-
-
-def test_an_event_named_as_never_before_published_from_the_cli_appears_on_every_transport(
-    stack, module_cli, new_context
-):
-    page = new_context().new_page()
-    email = register(stack.url)
-    log_in(page, stack.url, email)
-    names = {}
-    for transport in TRANSPORTS:
-        choose_transport(page, transport)
-        names[transport] = f"order.paid.{transport}.{uuid.uuid4().hex[:8]}"  # a name no code has seen
-        publish_from_cli(module_cli, names[transport], {"via": transport})
-        expect_newest_event(page, names[transport], json.dumps({"via": transport}, separators=(",", ":")))
-        expect(page.locator("#event-log li .channel").first).to_have_text("broadcast")
-    assert events_in(page)[::-1] == [f'{names[t]}: {{"via":"{t}"}}' for t in TRANSPORTS]
 
 
 def test_at_an_insecure_address_the_page_says_what_is_wrong_instead_of_hanging(stack, new_context):
@@ -469,26 +454,28 @@ def test_a_page_on_another_origin_logs_in_with_client_js_and_receives_live_event
     assert errors == []
 
 
-@pytest.mark.parametrize("transport", list(TRANSPORTS))
-def test_offline_then_online_shows_the_state_and_loses_nothing(stack, new_context, transport):
+def test_offline_then_online_shows_the_state_and_loses_nothing_on_each_transport(stack, new_context):
     context = new_context()
     page = context.new_page()
     email = register(stack.url)
     log_in(page, stack.url, email)
-    choose_transport(page, transport)
     publisher = Api(stack.url, email=email)
-    publisher.publish_ok("before", event="note")
-    expect_newest_event(page, "note", '"before"')
-    context.set_offline(True)
-    # Chromium's offline emulation fails new requests but leaves open streams alone: reconnect, as after a drop.
-    page.evaluate("window.authRt.feed.stop(); window.authRt.feed.start(window.authRt.feed.transport)")
-    expect(page.locator("#connection")).to_have_attribute("data-state", "offline")
-    for n in range(3):
-        publisher.publish_ok(f"while offline {n}", event="note")
-    context.set_offline(False)
-    expect(page.locator("#connection")).to_have_attribute("data-state", "live", timeout=10_000)
-    expect(page.locator("#event-log li")).to_have_count(4, timeout=10_000)
-    assert events_in(page)[::-1] == ['note: "before"'] + [f'note: "while offline {n}"' for n in range(3)]
+    shown = []
+    for transport in TRANSPORTS:
+        choose_transport(page, transport)
+        publisher.publish_ok(f"before, {transport}", event="note")
+        expect_newest_event(page, "note", f'"before, {transport}"')
+        context.set_offline(True)
+        # Chromium's offline emulation fails new requests but leaves open streams alone: reconnect, as after a drop.
+        page.evaluate("window.authRt.feed.stop(); window.authRt.feed.start(window.authRt.feed.transport)")
+        expect(page.locator("#connection")).to_have_attribute("data-state", "offline")
+        for n in range(3):
+            publisher.publish_ok(f"while offline {n}, {transport}", event="note")
+        context.set_offline(False)
+        expect(page.locator("#connection")).to_have_attribute("data-state", "live", timeout=10_000)
+        shown += [f'note: "before, {transport}"'] + [f'note: "while offline {n}, {transport}"' for n in range(3)]
+        expect(page.locator("#event-log li")).to_have_count(len(shown), timeout=10_000)
+        assert events_in(page)[::-1] == shown
 
 
 def test_the_api_reference_renders_every_operation_with_nothing_from_another_origin(stack, new_context):
