@@ -12,8 +12,56 @@ import time
 import pytest
 
 from tests.events.clients import SSE, Api, open_ws, ws_close_code, ws_json
-from tests.servers import RedisServer, wait_until
+from tests.events.conftest import FAST
+from tests.servers import LiveServer, RedisServer, wait_until
 from tests.utils import DEFAULT_PASSWORD
+
+HISTORY = 60  # events kept per channel (about: trimmed in whole nodes): past every test's 50 missed, short of 250
+
+
+@pytest.fixture(scope="module")
+def server(base_env, tmp_path_factory):
+    """Two workers, as in production, that keep a short history (HISTORY)."""
+    env = {**base_env, **FAST, "EVENT_HISTORY_MAXLEN": str(HISTORY)}
+    live = LiveServer(env, workers=2, log_path=tmp_path_factory.mktemp("logs") / "gunicorn.log")
+    live.start()
+    yield live
+    live.stop()
+
+
+@pytest.fixture(scope="module")
+def spare(base_env, tmp_path_factory):
+    """One worker with a short send queue and time-out, shared until a test stops it; then a new one.
+
+    The tests that use it send it a signal (its worker killed and replaced, or SIGTERM) or fill a socket's
+    queue, and none depends on an earlier one's state."""
+    started: list[LiveServer] = []
+
+    def running() -> LiveServer:
+        if not started or started[-1].process.poll() is not None:
+            env = {**base_env, **FAST, "WS_SEND_QUEUE": "20", "WS_SEND_TIMEOUT_SECONDS": "1"}
+            log_path = tmp_path_factory.mktemp("logs") / "gunicorn.log"
+            started.append(LiveServer(env, workers=1, log_path=log_path))
+            started[-1].start()
+        return started[-1]
+
+    yield running
+    for live in started:
+        live.stop()
+
+
+@pytest.fixture(scope="module")
+def on_own_redis(base_env, tmp_path_factory):
+    """A persistent redis-server of the module's own and two workers on it that take a thousand connections
+    per user: the Redis restart's and the connection count's tests (this one first: it restarts nothing)."""
+    redis_server = RedisServer(tmp_path_factory.mktemp("redis"), persistent=True)
+    redis_server.start()
+    env = {**base_env, **FAST, "REDIS_URL": redis_server.url, "MAX_CONNECTIONS_PER_USER": "1000"}
+    live = LiveServer(env, workers=2, log_path=tmp_path_factory.mktemp("logs") / "gunicorn.log")
+    live.start()
+    yield live, redis_server
+    live.stop()
+    redis_server.stop()
 
 
 def publish_many(user: Api, count: int, start: int = 0) -> list[str]:
@@ -112,8 +160,8 @@ def test_no_cursor_starts_at_the_present(server):
         stream.close()
 
 
-def test_cursor_older_than_history_gives_reset_first(start_server):
-    live = start_server(EVENT_HISTORY_MAXLEN="10")
+def test_cursor_older_than_history_gives_reset_first(server):
+    live = server
     user = Api(live.url)
     cursor = user.current_cursor()
     publish_many(user, 250)  # far past the kept history
@@ -261,8 +309,8 @@ def test_access_token_expiry_ends_streams(start_server):
 
 
 @pytest.mark.not_on_cluster("a socket's send queue is the worker's own: no Redis step")
-def test_websocket_that_never_reads_is_closed_1013_while_others_keep_receiving(start_server):
-    live = start_server(workers=1, WS_SEND_QUEUE="20", WS_SEND_TIMEOUT_SECONDS="1")
+def test_websocket_that_never_reads_is_closed_1013_while_others_keep_receiving(spare):
+    live = spare()
     slow, fast = Api(live.url), Api(live.url)
     slow_ws = open_ws(live.url, slow.auth, sockopt=[(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)])
     fast_ws = open_ws(live.url, fast.auth)
@@ -285,32 +333,8 @@ def test_websocket_that_never_reads_is_closed_1013_while_others_keep_receiving(s
     fast_ws.close()
 
 
-@pytest.mark.not_on_cluster("the worker's own shutdown; resuming by cursor runs on the cluster above")
-def test_sigterm_ends_streams_promptly_and_clients_resume_elsewhere(start_server, server):
-    first = start_server(workers=1)
-    user = Api(first.url)
-    stream, ws = SSE(first.url, user.auth), open_ws(first.url, user.auth)
-    ws_json(ws)
-    seen = user.publish_ok({"n": "before"})
-    frame = stream.next_event()
-    assert frame["data"]["id"] == seen
-    started = time.monotonic()
-    first.signal(signal.SIGTERM)
-    assert ws_close_code(ws, timeout=5) == 1001
-    assert stream.closed.wait(5)
-    assert time.monotonic() - started < 3  # not the 10 s graceful_timeout
-
-    user.base = server.url  # another server on the same Redis
-    missed = publish_many(user, 10)
-    resumed = SSE(server.url, {**user.auth, "Last-Event-ID": frame["id"]})
-    try:
-        assert sse_ids(resumed, 10) == missed
-    finally:
-        resumed.close()
-
-
-def test_resume_after_a_worker_is_killed_and_across_instances(start_server, server):
-    a, b = start_server(workers=1), server  # b: the module's server, on the same Redis
+def test_resume_after_a_worker_is_killed_and_across_instances(spare, server):
+    a, b = spare(), server  # b: the module's server, on the same Redis
     user = Api(a.url)
     stream = SSE(a.url, user.auth)
     stream.next(skip_comments=False)
@@ -334,60 +358,36 @@ def test_resume_after_a_worker_is_killed_and_across_instances(start_server, serv
         other_instance.close()
 
 
-@pytest.mark.not_on_cluster("restarts a redis-server of its own (the cluster's failover: test_failover.py)")
-def test_redis_restart_under_a_live_stream_loses_nothing(start_server, tmp_path):
-    redis_server = RedisServer(tmp_path / "redis", persistent=True)
-    (tmp_path / "redis").mkdir()
-    redis_server.start()
+@pytest.mark.not_on_cluster("the worker's own shutdown; resuming by cursor runs on the cluster above")
+def test_sigterm_ends_streams_promptly_and_clients_resume_elsewhere(spare, server):
+    first = spare()  # stopped here: a later test gets a new one
+    user = Api(first.url)
+    stream, ws = SSE(first.url, user.auth), open_ws(first.url, user.auth)
+    ws_json(ws)
+    seen = user.publish_ok({"n": "before"})
+    frame = stream.next_event()
+    assert frame["data"]["id"] == seen
+    started = time.monotonic()
+    first.signal(signal.SIGTERM)
+    assert ws_close_code(ws, timeout=5) == 1001
+    assert stream.closed.wait(5)
+    assert time.monotonic() - started < 3  # not the 10 s graceful_timeout
+
+    user.base = server.url  # another server on the same Redis
+    missed = publish_many(user, 10)
+    resumed = SSE(server.url, {**user.auth, "Last-Event-ID": frame["id"]})
     try:
-        live = start_server(workers=1, REDIS_URL=redis_server.url)
-        user = Api(live.url)
-        stream = SSE(live.url, user.auth)
-        stream.next(skip_comments=False)
-        published = [user.publish_ok({"n": 0})]
-        last = stream.next_event()
-        assert last["data"]["id"] == published[0]
-
-        redis_server.stop()
-        assert user.publish({"n": "lost?"}).status_code == 503  # nothing is accepted while Redis is away
-        redis_server.start()
-        for n in range(1, 11):
-            published.append(wait_until(lambda n=n: _publish_or_none(user, {"n": n}), message="publish"))
-
-        received = [last["data"]["id"]]
-        while len(received) < len(published):
-            try:
-                frame = stream.next(timeout=8)
-            except TimeoutError:
-                break
-            if frame.get("event") == "session_ended":
-                break
-            if "data" in frame:
-                received.append(json.loads(frame["data"])["id"])
-                last = {"id": frame["id"]}
-        if len(received) < len(published):  # the stream ended: resume by cursor, as a client would
-            stream.close()
-            resumed = SSE(live.url, {**user.auth, "Last-Event-ID": last["id"]})
-            received += sse_ids(resumed, len(published) - len(received))
-            resumed.close()
-        assert received == published
+        assert sse_ids(resumed, 10) == missed
     finally:
-        redis_server.stop()
-
-
-def _publish_or_none(user: Api, data) -> str | None:
-    response = user.publish(data)
-    return response.json()["id"] if response.status_code == 201 else None
+        resumed.close()
 
 
 @pytest.mark.not_on_cluster("counts the connections of a redis-server of its own")
-def test_a_worker_holds_few_redis_connections_however_many_streams(start_server, tmp_path):
-    redis_server = RedisServer(tmp_path)
-    redis_server.start()
+def test_a_worker_holds_few_redis_connections_however_many_streams(on_own_redis):
+    live, redis_server = on_own_redis
+    user = Api(live.url)
+    streams = [SSE(live.url, user.auth) for _ in range(200)]
     try:
-        live = start_server(workers=2, REDIS_URL=redis_server.url, MAX_CONNECTIONS_PER_USER="1000")
-        user = Api(live.url)
-        streams = [SSE(live.url, user.auth) for _ in range(200)]
         for stream in streams:
             stream.next(skip_comments=False)
         event_id = user.publish_ok({"to": "all 200"})
@@ -396,7 +396,46 @@ def test_a_worker_holds_few_redis_connections_however_many_streams(start_server,
         pubsub = [c for c in clients if "P" in c["flags"]]  # clients in pub/sub mode
         assert len(pubsub) == 2  # one per worker
         assert len(clients) <= 2 * 8  # a small pool per worker, not one per stream
+    finally:
         for stream in streams:
             stream.close()
-    finally:
-        redis_server.stop()
+
+
+@pytest.mark.not_on_cluster("restarts a redis-server of its own (the cluster's failover: test_failover.py)")
+def test_redis_restart_under_a_live_stream_loses_nothing(on_own_redis):
+    live, redis_server = on_own_redis
+    user = Api(live.url)
+    stream = SSE(live.url, user.auth)
+    stream.next(skip_comments=False)
+    published = [user.publish_ok({"n": 0})]
+    last = stream.next_event()
+    assert last["data"]["id"] == published[0]
+
+    redis_server.stop()
+    assert user.publish({"n": "lost?"}).status_code == 503  # nothing is accepted while Redis is away
+    redis_server.start()
+    for n in range(1, 11):
+        published.append(wait_until(lambda n=n: _publish_or_none(user, {"n": n}), message="publish"))
+
+    received = [last["data"]["id"]]
+    while len(received) < len(published):
+        try:
+            frame = stream.next(timeout=8)
+        except TimeoutError:
+            break
+        if frame.get("event") == "session_ended":
+            break
+        if "data" in frame:
+            received.append(json.loads(frame["data"])["id"])
+            last = {"id": frame["id"]}
+    if len(received) < len(published):  # the stream ended: resume by cursor, as a client would
+        stream.close()
+        resumed = SSE(live.url, {**user.auth, "Last-Event-ID": last["id"]})
+        received += sse_ids(resumed, len(published) - len(received))
+        resumed.close()
+    assert received == published
+
+
+def _publish_or_none(user: Api, data) -> str | None:
+    response = user.publish(data)
+    return response.json()["id"] if response.status_code == 201 else None
