@@ -48,6 +48,7 @@ from .orgs import switch as org_switch
 from .orgs import views as org_views
 from .outgoing import views as outgoing_views
 from .proxy import TrustedProxyFix
+from .routing import Route
 from .settings import load_settings
 from .webhooks import views as webhook_views
 
@@ -58,6 +59,7 @@ def create_app(environ: Mapping[str, str] | None = None) -> Flask:
     """Build the app from an environment: the process's own, or (tests) a complete one passed in."""
     settings = load_settings(environ)
     app = Flask(__name__)
+    app.url_rule_class = Route  # URL builders compiled when first used (routing.py)
     app.config.update(
         SETTINGS=settings,
         SECRET_KEY=str(settings.secret_key),

@@ -19,16 +19,20 @@ from .http import has_control_characters
 PLAIN_TEXT_PATTERN = r"^[^\u0000-\u001f\u007f-\u009f]*$"
 
 
+# Models are built on first use (defer_build), not when imported: a process validates the few bodies its
+# requests carry, and only /openapi.json needs every model; building all of them cost each process ~100 ms.
+
+
 class Body(BaseModel):
     """A request body or query: strict JSON types (no "1" for 1), unknown fields ignored."""
 
-    model_config = ConfigDict(strict=True, extra="ignore", hide_input_in_errors=True, frozen=True)
+    model_config = ConfigDict(strict=True, extra="ignore", hide_input_in_errors=True, frozen=True, defer_build=True)
 
 
 class Answer(BaseModel):
     """What a view answers: documented in /openapi.json (views build the JSON themselves)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", defer_build=True)
 
 
 def _plain(value: str) -> str:

@@ -14,9 +14,6 @@ import time
 from dataclasses import dataclass
 from datetime import timedelta
 
-import requests
-from authlib.integrations.base_client import OAuthError
-from authlib.integrations.flask_client import OAuth
 from flask import Blueprint, Flask, Response, current_app, redirect, request, session, url_for
 from flask.sessions import SecureCookieSessionInterface
 
@@ -78,9 +75,13 @@ def init_app(app: Flask) -> None:
     """Register every configured OAuth provider with Authlib."""
     app.session_interface = OAuthStateOnly()
     providers = app.config["SETTINGS"].oauth_providers
-    oauth = OAuth(app)
-    for provider in providers:
-        oauth.register(provider.name, **_registration(provider))
+    if providers:
+        # Authlib's client (and the requests library under it) is loaded only where a provider is configured.
+        from authlib.integrations.flask_client import OAuth
+
+        oauth = OAuth(app)
+        for provider in providers:
+            oauth.register(provider.name, **_registration(provider))
     app.extensions["oauth_providers"] = [provider.name for provider in providers]
 
 
@@ -170,6 +171,9 @@ def _forget_attempt(client, state: str) -> None:
 
 
 def _complete_login(provider: str, client, state_data: dict):
+    import requests
+    from authlib.integrations.base_client import OAuthError
+
     if "error" in request.args:
         reason = request.args.get("error_description") or request.args["error"]
         raise ApiError(400, "oauth_error", f"The provider did not authorise the login: {reason[:200]}")
@@ -222,6 +226,8 @@ def landing():
 
 def _identity(provider: str, client, token: dict) -> Identity:
     """Who the provider says this is: verified ID-token claims for OpenID, the API for GitHub."""
+    from authlib.integrations.base_client import OAuthError
+
     if "userinfo" in token:  # OpenID: Authlib checked signature (JWKS), issuer, audience, nonce, expiry
         claims = dict(token["userinfo"])
         if "email" not in claims:  # providers may keep scope claims for the userinfo endpoint only

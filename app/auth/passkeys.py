@@ -38,30 +38,6 @@ from typing import NamedTuple
 from urllib.parse import urlsplit
 
 from flask import current_app, request
-from webauthn import (
-    generate_authentication_options,
-    generate_registration_options,
-    verify_authentication_response,
-    verify_registration_response,
-)
-from webauthn.helpers import (
-    base64url_to_bytes,
-    bytes_to_base64url,
-    options_to_json_dict,
-    parse_authentication_credential_json,
-    parse_registration_credential_json,
-)
-from webauthn.helpers.cose import COSEAlgorithmIdentifier
-from webauthn.helpers.exceptions import WebAuthnException
-from webauthn.helpers.structs import (
-    AttestationConveyancePreference,
-    AuthenticatorSelectionCriteria,
-    AuthenticatorTransport,
-    CredentialDeviceType,
-    PublicKeyCredentialDescriptor,
-    ResidentKeyRequirement,
-    UserVerificationRequirement,
-)
 
 from .. import audit, mail
 from ..errors import ApiError, bad_request, not_found, unauthorized, validation_failed
@@ -86,11 +62,32 @@ LOGIN_ID_MAX = 200  # an issued one has 43 characters
 # address no account has keeps NO_ACCOUNT, which no credential's owner is.
 ACCOUNT_SEPARATOR = ":"
 NO_ACCOUNT = "none"
-ALGORITHMS = [COSEAlgorithmIdentifier.ECDSA_SHA_256, COSEAlgorithmIdentifier.RSASSA_PKCS1_v1_5_SHA_256]
-# What py_webauthn raises for a response it refuses, or for bytes it cannot decode on the way (CBOR,
-# base64, a key or signature of the wrong shape: ValueError and its subclasses).
-REFUSED = (WebAuthnException, ValueError)
 BASE64URL = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
+
+# py_webauthn is imported by the functions that run a ceremony, not with this module: any `webauthn` import
+# loads every attestation format (about 100 ms per process), and most processes never see a passkey.
+
+
+def _refused() -> tuple[type[Exception], ...]:
+    """What py_webauthn raises for a response it refuses, or for bytes it cannot decode on the way (CBOR,
+    base64, a key or signature of the wrong shape: ValueError and its subclasses)."""
+    from webauthn.helpers.exceptions import WebAuthnException
+
+    return (WebAuthnException, ValueError)
+
+
+def verify_authentication_response(**arguments):
+    """py_webauthn's check of a login's assertion (its verified counter and backup state)."""
+    from webauthn import verify_authentication_response as verify
+
+    return verify(**arguments)
+
+
+def _algorithms() -> list:
+    """The signature algorithms a new passkey may use: ES256 and RS256."""
+    from webauthn.helpers.cose import COSEAlgorithmIdentifier
+
+    return [COSEAlgorithmIdentifier.ECDSA_SHA_256, COSEAlgorithmIdentifier.RSASSA_PKCS1_v1_5_SHA_256]
 
 
 def invalid_credentials() -> ApiError:
@@ -159,7 +156,9 @@ def _record(user_id: str, credential_id: str) -> dict | None:
     return json.loads(raw) if raw else None
 
 
-def _transports(record: dict) -> list[AuthenticatorTransport]:
+def _transports(record: dict) -> list:
+    from webauthn.helpers.structs import AuthenticatorTransport
+
     # Redis's Lua writes an empty list back as {}: anything but a list of known names counts as none.
     named = record.get("transports") or []
     known = {transport.value for transport in AuthenticatorTransport}
@@ -185,7 +184,7 @@ def _parsed(parse: Callable, credential: dict):
     """py_webauthn's structure of a credential's JSON; 400 when it is not one (missing fields, bad base64)."""
     try:
         return parse(credential)
-    except REFUSED:
+    except _refused():
         raise bad_request("Field 'credential' is not a WebAuthn credential in its JSON form.") from None
 
 
@@ -205,6 +204,16 @@ return redis.call('HGET', KEYS[1], 'passkey_handle')
 def registration_options(user: dict, session_id: str) -> dict:
     """PublicKeyCredentialCreationOptionsJSON for a new passkey of `user` (`U`); its challenge is kept for
     the session that asked (the one that proved a recent authentication)."""
+    from webauthn import generate_registration_options
+    from webauthn.helpers import base64url_to_bytes, bytes_to_base64url, options_to_json_dict
+    from webauthn.helpers.structs import (
+        AttestationConveyancePreference,
+        AuthenticatorSelectionCriteria,
+        PublicKeyCredentialDescriptor,
+        ResidentKeyRequirement,
+        UserVerificationRequirement,
+    )
+
     rp_id, _ = relying_party()
     challenge = secrets.token_bytes(CHALLENGE_BYTES)
     handle = get_script(START_REGISTRATION_LUA)(
@@ -234,7 +243,7 @@ def registration_options(user: dict, session_id: str) -> dict:
             PublicKeyCredentialDescriptor(id=base64url_to_bytes(record["id"]), transports=_transports(record) or None)
             for record in _records(user["id"])
         ],
-        supported_pub_key_algs=ALGORITHMS,
+        supported_pub_key_algs=_algorithms(),
     )
     return options_to_json_dict(options)
 
@@ -295,6 +304,10 @@ def register(caller, challenge: str | None, credential: dict, name: str | None) 
     challenge, wrong origin or RP ID, no user verification, an algorithm other than ES256 or RS256),
     409 when the credential id is registered already (to anyone).
     """
+    from webauthn import verify_registration_response
+    from webauthn.helpers import base64url_to_bytes, bytes_to_base64url, parse_registration_credential_json
+    from webauthn.helpers.structs import CredentialDeviceType
+
     user_id = caller.user_id
     parsed = _parsed(parse_registration_credential_json, credential)
     name = validate_name(name) if name is not None else default_name()
@@ -308,9 +321,9 @@ def register(caller, challenge: str | None, credential: dict, name: str | None) 
             expected_rp_id=rp_id,
             expected_origin=origins,
             require_user_verification=True,
-            supported_pub_key_algs=ALGORITHMS,
+            supported_pub_key_algs=_algorithms(),
         )
-    except REFUSED as refusal:
+    except _refused() as refusal:
         log.info("passkey registration refused for user %s: %s", user_id, refusal)
         raise validation_failed(
             "The passkey was not accepted: it was made for another site or challenge, or without verifying you."
@@ -422,6 +435,10 @@ def login_options(email: str | None = None) -> dict:
     account alone (kept beside the challenge): a credential of any other account, or any credential when no
     account has the address, is refused.
     """
+    from webauthn import generate_authentication_options
+    from webauthn.helpers import bytes_to_base64url, options_to_json_dict
+    from webauthn.helpers.structs import UserVerificationRequirement
+
     rp_id, _ = relying_party()
     challenge = secrets.token_bytes(CHALLENGE_BYTES)
     login_id = secrets.token_urlsafe(32)
@@ -478,6 +495,8 @@ def verify_login(challenge: LoginChallenge | None, credential: dict, user_id: st
     were asked for (or, with `user_id`, than that user), a user handle other than its owner's, wrong
     origin or RP ID, no user verification, a bad signature, a counter not greater.
     """
+    from webauthn.helpers import base64url_to_bytes, parse_authentication_credential_json
+
     parsed = _parsed(parse_authentication_credential_json, credential)
     owner = find_owner(parsed.id) if challenge is not None else None
     if owner is None or any(bound not in (None, owner) for bound in (user_id, challenge.account)):
@@ -499,7 +518,7 @@ def verify_login(challenge: LoginChallenge | None, credential: dict, user_id: st
             credential_current_sign_count=int(record["sign_count"]),
             require_user_verification=True,
         )
-    except REFUSED as refusal:
+    except _refused() as refusal:
         log.info("passkey login refused for user %s: %s", owner, refusal)
         raise invalid_credentials() from None
     return Assertion(user, parsed.id, verified.new_sign_count, verified.credential_backed_up)

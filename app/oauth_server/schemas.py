@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, RootModel
+from pydantic import ConfigDict, Field, RootModel
 
 from ..auth.schemas import ExternalIdentity, Tokens, User
 from ..schemas import Answer, Body, PlainText
@@ -64,6 +64,8 @@ class ClientCredentialsRequest(Body):
 class TokenRequest(RootModel):
     """The token request of one grant type (`grant_type` tells which)."""
 
+    model_config = ConfigDict(defer_build=True)  # built on first use, as Body and Answer are
+
     root: Annotated[
         ExchangeRequest | AuthorizationCodeRequest | RefreshRequest | ClientCredentialsRequest,
         Field(discriminator="grant_type"),
@@ -97,6 +99,8 @@ class ExchangedTokens(Tokens):
 
 class TokenAnswer(RootModel):
     """The tokens of a client (OpenID provider grants), or `T` of a token exchange."""
+
+    model_config = ConfigDict(defer_build=True)  # built on first use, as Body and Answer are
 
     root: ClientTokens | ExchangedTokens
 

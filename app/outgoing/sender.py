@@ -17,12 +17,17 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import gevent
-import urllib3
-from urllib3.exceptions import HTTPError, SSLError
 
 from .ssrf import TargetRefused, parse_url, resolve
+
+if TYPE_CHECKING:
+    import urllib3
+
+# urllib3 is imported by the first request, not with this module: most processes never make one, and
+# its import costs tens of milliseconds in every worker.
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +97,8 @@ class Sender:
     ) -> Reply:
         """One request to a URL checked as outgoing webhooks are, over `key`'s kept connections; its result
         and at most `read_limit` bytes of the answer. Every failure is a result, never an exception."""
+        import urllib3
+
         started = time.monotonic()
         timeout = self.settings.timeout_seconds if timeout is None else timeout
         manager = self.managers.get(key)
@@ -119,6 +126,9 @@ class Sender:
         read_limit: int,
         started: float,
     ) -> Reply:
+        import urllib3
+        from urllib3.exceptions import HTTPError, SSLError
+
         try:
             target = parse_url(url, self.settings.allow_http)
             addresses = resolve(target, self.settings.allow_private)
@@ -165,6 +175,8 @@ class Sender:
         return Reply(self._result(False, None, started, error, kind))
 
     def _answer(self, response, started: float, read_limit: int) -> Reply:
+        from urllib3.exceptions import HTTPError
+
         status, body = response.status, b""
         try:
             body = response.read(read_limit, decode_content=False)
