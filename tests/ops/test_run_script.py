@@ -67,13 +67,17 @@ def flask_cli(data_dir: Path, *args: str, **env: str) -> subprocess.CompletedPro
 class MakeRun:
     """scripts/run.sh on free ports with its data under a temporary directory; `output` is its console."""
 
-    def __init__(self, directory: Path, **env: str):
+    def __init__(self, directory: Path, workers: int = 2, **env: str):
         self.data_dir = directory / "var"
         names = ("PORT", "NGINX_PORT", "REDIS_PORT", "MAILCATCHER_PORT", "MAILCATCHER_WEB_PORT")
         self.ports = {name: free_port() for name in names}
         self.output = directory / "run.log"
+        self.plain = not env  # nothing set but ports and workers: make run's own defaults
         self.env = clean_env(
-            DATA_DIR=str(self.data_dir), WEB_CONCURRENCY="2", **{k: str(v) for k, v in self.ports.items()}, **env
+            DATA_DIR=str(self.data_dir),
+            WEB_CONCURRENCY=str(workers),
+            **{k: str(v) for k, v in self.ports.items()},
+            **env,
         )
         with open(self.output, "wb") as log:  # the child keeps its own copy of the descriptor
             # As from a terminal: SIGINT not ignored (a shell's background jobs inherit it ignored, and a script
@@ -103,41 +107,42 @@ class MakeRun:
                 self.process.wait(10)
 
 
-@pytest.fixture
-def start_make_run(tmp_path):
-    """Start scripts/run.sh (with extra environment variables, if given); each is stopped at the end."""
-    started = []
-
-    def start(**env: str) -> MakeRun:
-        started.append(MakeRun(tmp_path, **env))
-        return started[-1]
-
-    yield start
-    for run in started:
-        run.stop()
-
-
 @pytest.fixture(scope="module")
-def _plain_make_runs(tmp_path_factory):
-    """`make run` with nothing set, one at a time for the module: the running one, or a new one once a test
-    has stopped it. Each start is some 7 s of CPU (Redis, the mail catcher, gunicorn's two workers, the delivery
-    process, nginx), and the tests that only look at it or end it need no fresh one of their own."""
+def _make_runs(tmp_path_factory):
+    """The module's `make run`s, one running at a time: each start is some 6 s of CPU (Redis, the mail catcher,
+    gunicorn and its workers, the delivery process, nginx), and a test that only looks at one, or ends it, needs
+    no fresh one of its own. `running(plain=True)` is the running one if it has nothing set, else a new one;
+    `start(**env)` starts one with these settings. Only the first has two gunicorn workers (the test of the one
+    announcement of development secrets needs two); the others have one, which is all their tests look at."""
     started: list[MakeRun] = []
 
-    def running() -> MakeRun:
-        if not started or started[-1].process.poll() is not None:
-            started.append(MakeRun(tmp_path_factory.mktemp("make-run")))
+    def start(**env: str) -> MakeRun:
+        for run in started:
+            run.stop()
+        started.append(MakeRun(tmp_path_factory.mktemp("make-run"), workers=1 if started else 2, **env))
         return started[-1]
 
+    def running(plain: bool = True) -> MakeRun:
+        if not started or started[-1].process.poll() is not None or (plain and not started[-1].plain):
+            return start()
+        return started[-1]
+
+    running.start = start
     yield running
     for run in started:
         run.stop()
 
 
 @pytest.fixture
-def plain_make_run(_plain_make_runs) -> MakeRun:
+def plain_make_run(_make_runs) -> MakeRun:
     """A running `make run` with nothing set, maybe one an earlier test of the module used (never one it stopped)."""
-    return _plain_make_runs()
+    return _make_runs()
+
+
+@pytest.fixture
+def any_make_run(_make_runs) -> MakeRun:
+    """A running `make run`, maybe one an earlier test of the module started with settings of its own."""
+    return _make_runs(plain=False)
 
 
 @pytest.mark.slow
@@ -198,6 +203,7 @@ def test_the_cli_reaches_make_runs_redis_and_its_events_are_counted(plain_make_r
     ).ok
 
     output = run.log()
+    assert run.env["WEB_CONCURRENCY"] == "2"
     assert output.count("development secrets made") == 1, output  # two workers, one announcement
     # The reader's idle keep-alive connection to gunicorn would hold its graceful stop (the teardown's) for
     # the whole graceful_timeout: closed here, as a client that has finished would.
@@ -304,20 +310,7 @@ def test_make_run_stops_in_order_redis_last_and_exits_0(plain_make_run, how):
 
 
 @pytest.mark.slow
-def test_make_run_ends_when_one_of_its_processes_does(plain_make_run):
-    """A process that exits by itself (here the delivery process) ends `make run`, with the others, saying so."""
-    run = plain_make_run
-    processes = descendants(run.process.pid)
-    watched = pidfds(processes)
-    [worker] = [pid for pid, part in processes.items() if part == "delivery process"]
-    os.kill(worker, signal.SIGTERM)
-    exit_order(watched, timeout=60)  # every one of them
-    assert run.process.wait(30) == 1
-    assert "make run: the delivery process exited (status 0); stopping the rest" in run.log()
-
-
-@pytest.mark.slow
-def test_make_run_reads_the_developers_env_file_beneath_the_environment(tmp_path, start_make_run):
+def test_make_run_reads_the_developers_env_file_beneath_the_environment(tmp_path, _make_runs):
     """.env is kept across restarts; the environment wins over it, and it wins over make run's defaults."""
     env_file = tmp_path / "developer.env"
     env_file.write_text(
@@ -327,7 +320,7 @@ def test_make_run_reads_the_developers_env_file_beneath_the_environment(tmp_path
         "SMTP_URL=\n"  # set to nothing: mail to the log, no catcher
         "PORT=1\n"  # the environment's PORT wins
     )
-    run = start_make_run(ENV_FILE=str(env_file))
+    run = _make_runs.start(ENV_FILE=str(env_file))
     origin = {"Origin": "http://127.0.0.1:9000"}
     assert requests.get(f"{run.service}/healthz", headers=origin, timeout=5).headers.get(
         "Access-Control-Allow-Origin"
@@ -350,6 +343,20 @@ def test_make_run_reads_the_developers_env_file_beneath_the_environment(tmp_path
         timeout=5,
     )
     assert answer.status_code == 422 and "WEBHOOK_OUT_ALLOW_PRIVATE=true" in answer.text, answer.text
+
+
+@pytest.mark.slow
+def test_make_run_ends_when_one_of_its_processes_does(any_make_run):
+    """A process that exits by itself (here the delivery process) ends `make run`, with the others, saying so.
+    After the test of the developer's .env, whose `make run` it ends (any will do)."""
+    run = any_make_run
+    processes = descendants(run.process.pid)
+    watched = pidfds(processes)
+    [worker] = [pid for pid, part in processes.items() if part == "delivery process"]
+    os.kill(worker, signal.SIGTERM)
+    exit_order(watched, timeout=60)  # every one of them
+    assert run.process.wait(30) == 1
+    assert "make run: the delivery process exited (status 0); stopping the rest" in run.log()
 
 
 def test_the_environment_wins_over_the_env_files(tmp_path, redis_server, rdb):
