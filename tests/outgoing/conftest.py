@@ -213,8 +213,11 @@ def make_service(base_env, outgoing_redis, tmp_path_factory, receiver):
     """Start a service with extra settings (web and delivery processes alike); stopped after the module."""
     started: list[Service] = []
 
-    def make(workers: int = 1, worker_env: dict | None = None, **env) -> Service:
-        """One service at a time: an earlier one's delivery processes would share the work (and the bound)."""
+    def make(workers: int = 1, worker_env: dict | None = None, web_workers: int = 1, **env) -> Service:
+        """One service at a time: an earlier one's delivery processes would share the work (and the bound).
+
+        One gunicorn worker unless asked: these tests are of the delivery processes, which take the web's events
+        from Redis whichever worker wrote them, and a second worker's boot is a second of CPU per service."""
         while started:
             stop(started.pop())
         logs = tmp_path_factory.mktemp("outgoing")
@@ -222,7 +225,7 @@ def make_service(base_env, outgoing_redis, tmp_path_factory, receiver):
         if full["REDIS_URL"] == outgoing_redis.url:
             outgoing_redis.flushall()  # endpoints other modules left must not receive this one's events
         (logs / "metrics").mkdir()
-        web = LiveServer(full, workers=2, log_path=logs / "gunicorn.log")
+        web = LiveServer(full, workers=web_workers, log_path=logs / "gunicorn.log")
         web.start()
         delivery = [
             DeliveryProcess({**full, **(worker_env or {})}, logs / f"worker-{n}.log").start() for n in range(workers)
