@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import re
 from pathlib import Path
 
@@ -16,6 +17,10 @@ from tests.events.conftest import FAST
 from tests.servers import CLIENT_ID, CLIENT_SECRET, ROOT, LiveServer, NginxServer, OpenIdProvider, free_port
 
 ARTIFACTS = ROOT / "tests" / "artifacts"
+#: The last state of every page a failed test opened is kept as a screenshot in ARTIFACTS; of every test's with
+#: BROWSER_SCREENSHOTS=all. A full-page screenshot is half a second of Chromium's CPU, some 60 s over the suite.
+SCREENSHOTS_OF_EVERY_TEST = os.environ.get("BROWSER_SCREENSHOTS") == "all"
+FAILED = pytest.StashKey[bool]()
 
 # What a page shows may wait for a poll (a second apart) on a machine busy with other tests: a page
 # assertion waits as long as a page action may (10 s), not Playwright's 5 s.
@@ -69,9 +74,19 @@ def stack(base_env, tmp_path_factory, embedding_origin):
     running.stop()
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Mark a test whose setup or call failed, for `new_context` to keep its pages' screenshots."""
+    report = yield
+    if report.failed:
+        item.stash[FAILED] = True
+    return report
+
+
 @pytest.fixture
 def new_context(browser, request):
-    """Browser contexts (each a separate device), with a screenshot of every page kept at the end."""
+    """Browser contexts (each a separate device), with a screenshot of every page kept at the end if the test
+    failed (or BROWSER_SCREENSHOTS=all)."""
     contexts = []
 
     def make():
@@ -81,11 +96,13 @@ def new_context(browser, request):
         return context
 
     yield make
-    ARTIFACTS.mkdir(exist_ok=True)
+    keep = SCREENSHOTS_OF_EVERY_TEST or request.node.stash.get(FAILED, False)
+    if keep:
+        ARTIFACTS.mkdir(exist_ok=True)
     name = re.sub(r"[^A-Za-z0-9_.-]+", "_", request.node.name)
     for c, context in enumerate(contexts):
         for p, page in enumerate(context.pages):
-            if not page.is_closed():
+            if keep and not page.is_closed():
                 page.screenshot(path=str(ARTIFACTS / f"{name}-{c}-{p}.png"), full_page=True)
         context.close()
 
