@@ -17,7 +17,7 @@ from playwright.sync_api import expect
 from app import create_app
 from app.apikeys.store import create_key
 from app.auth.users import create_user
-from tests.browser.conftest import ARTIFACTS, Stack
+from tests.browser.conftest import ARTIFACTS, SCREENSHOTS_OF_EVERY_TEST, Stack
 from tests.browser.test_page import log_in
 from tests.issuers.issuer import AUDIENCE, Signer, claims, exchange_form
 from tests.outgoing.receivers import DeliveryProcess, Receiver
@@ -38,9 +38,10 @@ WEBHOOKS = {
 
 @pytest.fixture(scope="module")
 def stack(base_env, tmp_path_factory):
-    """gunicorn (2 workers) behind nginx, and the delivery process that sends webhooks."""
+    """gunicorn behind nginx, and the delivery process that sends webhooks."""
     directory = tmp_path_factory.mktemp("console")
-    running = Stack(base_env, directory, **WEBHOOKS).start()
+    # One gunicorn worker: the console's pages and calls are one user's, and its endpoints are proven elsewhere.
+    running = Stack(base_env, directory, workers=1, **WEBHOOKS).start()
     delivery = DeliveryProcess({**running.app.env}, directory / "worker.log").start()
     yield running
     delivery.stop()
@@ -85,6 +86,15 @@ def console(page, stack: Stack, email: str) -> None:
     expect(page.get_by_role("heading", level=1)).to_have_text("auth-rt admin console")
 
 
+def open_console(page, stack: Stack, email: str) -> None:
+    """Open the console as the administrator `email`, logging in on the way (the page sends them back to it):
+    the shortest way in, for the tests of what is done inside (`console` follows the page's link)."""
+    page.goto(stack.url + "/admin")
+    fill_login(page, email)
+    expect(page).to_have_url(f"{stack.url}/admin")
+    expect(page.get_by_role("heading", level=1)).to_have_text("auth-rt admin console")
+
+
 def section(page, name: str) -> None:
     page.get_by_role("navigation", name="Console sections").get_by_role("link", name=name, exact=True).click()
 
@@ -98,9 +108,11 @@ def confirm(page, yes: str, *, cancel: bool = False) -> None:
 
 
 def keep(page, name: str) -> None:
-    """A screenshot of the console mid-test, kept with the browser tests' others (which show the end)."""
-    ARTIFACTS.mkdir(exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / name), full_page=True)
+    """A screenshot of the console mid-test, kept with the browser tests' others (which show the end) when those
+    of every test are asked for (BROWSER_SCREENSHOTS=all)."""
+    if SCREENSHOTS_OF_EVERY_TEST:
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / name), full_page=True)
 
 
 def entry(container, entry_type: str, actor_id: str | None = None):
@@ -229,7 +241,7 @@ def test_an_administrator_finds_a_user_and_changes_role_mfa_sessions_and_deletes
     add_passkey(stack, phone, "Bob's key")
 
     page = new_context().new_page()
-    console(page, stack, admin_email)
+    open_console(page, stack, admin_email)
     page.get_by_label("Find a user by e-mail").fill(email)
     page.get_by_role("button", name="Find", exact=True).click()
     detail = page.locator("#user-detail")
@@ -318,7 +330,7 @@ def test_an_administrator_creates_an_api_key_shown_once_and_deletes_it(stack, ba
     admin_email, admin_id = make_user(base_env, "admin")
     name = f"billing-{uuid.uuid4().hex[:8]}"
     page = new_context().new_page()
-    console(page, stack, admin_email)
+    open_console(page, stack, admin_email)
     section(page, "API keys")
     page.get_by_label("Name", exact=True).fill(name)
     page.get_by_label("webhooks:manage", exact=True).check()
@@ -373,7 +385,7 @@ def test_an_administrator_manages_a_webhook_endpoint_and_its_messages(stack, bas
     url = receiver.behave(path, fail_first=3)  # the first send and both retries fail, then it answers 204
 
     page = new_context().new_page()
-    console(page, stack, admin_email)
+    open_console(page, stack, admin_email)
     # The plain page of webhooks sent (kept: no script, read by operators' scripts) leads to the console's.
     page.goto(stack.url + "/admin/webhooks")
     page.get_by_role("link", name="admin console").click()
@@ -447,7 +459,7 @@ def test_an_administrator_manages_namespaces_and_channel_members(stack, base_env
     namespace = f"console-{uuid.uuid4().hex[:8]}"
     channel = f"{namespace}:lobby"
     page = new_context().new_page()
-    console(page, stack, admin_email)
+    open_console(page, stack, admin_email)
     section(page, "Channels")
 
     page.get_by_label("Namespace", exact=True).fill(namespace)
@@ -505,7 +517,7 @@ def test_an_administrator_manages_trusted_issuers_and_sees_their_users(stack, ba
     iss = f"https://{name}.example"
     rsa = Signer.rsa()
     page = new_context().new_page()
-    console(page, stack, admin_email)
+    open_console(page, stack, admin_email)
     section(page, "Trusted issuers")
     expect(page.get_by_label("JWKS URL")).to_be_visible()  # the default kind of keys; the others hidden
     expect(page.get_by_label("Secret (at least 32 bytes")).to_be_hidden()
@@ -581,7 +593,7 @@ def test_an_administrator_registers_applications_rotates_a_secret_and_deletes_on
     admin_email, admin_id = make_user(base_env, "admin")
     name = f"Shop {uuid.uuid4().hex[:8]}"
     page = new_context().new_page()
-    console(page, stack, admin_email)
+    open_console(page, stack, admin_email)
     section(page, "Applications (OpenID clients)")
     form = page.locator("#oauth-client-form")
 
@@ -667,7 +679,7 @@ def test_the_audit_log_filters_by_subject_type_and_actor_and_pages_back(stack, b
     token_of(stack, email)
 
     page = new_context().new_page()
-    console(page, stack, admin_email)
+    open_console(page, stack, admin_email)
     section(page, "Audit log")
     log = page.locator("#audit-log")
     expect(log.locator("tr.entry").first).to_be_visible()  # the newest entries, unfiltered
