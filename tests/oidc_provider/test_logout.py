@@ -111,7 +111,8 @@ def provider(base_env, tmp_path_factory):
     logs = tmp_path_factory.mktemp("logout")
     (logs / "metrics").mkdir()
     env = {**base_env, **OUT, "PROMETHEUS_MULTIPROC_DIR": str(logs / "metrics")}
-    web = LiveServer(env, workers=2, log_path=logs / "gunicorn.log")
+    # One gunicorn worker: a session's end is told by the delivery process, whichever web worker ended it.
+    web = LiveServer(env, workers=1, log_path=logs / "gunicorn.log")
     env["OIDC_ISSUER"] = web.env["OIDC_ISSUER"] = web.url  # the discovery document names its own endpoints
     web.start()
     worker = DeliveryProcess(env, logs / "worker.log").start()
