@@ -263,6 +263,15 @@ class RedisClusterServer:
             process.wait(10)
 
 
+def flush_redis(redis_server) -> None:
+    """Empty the suite's Redis (every primary on a cluster): for a module-scoped server that must not start on
+    what an earlier module left (a signing key sealed under another SECRET_KEY, say)."""
+    if redis_server.mode == "cluster":
+        redis_server.flushall()
+    else:
+        redis_server.client().flushall()
+
+
 class LiveServer:
     """gunicorn with the gevent worker, configured by gunicorn.conf.py and environment variables."""
 

@@ -22,11 +22,18 @@ from app.oidc import keys
 from app.oidc.issuer import issuer
 from app.redis import Keys
 from tests.conftest import TEST_SECRET_KEY, https_client, run_cli
-from tests.servers import LiveServer, wait_until
+from tests.servers import LiveServer, flush_redis, wait_until
 from tests.utils import redis_snapshot
 
 PRIVATE_MEMBERS = ("d", "p", "q", "dp", "dq", "qi")
 OTHER_SECRET_KEY = "another-secret-key-" + "o" * 32
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _leave_no_keys(redis_server):
+    """The keys these tests make (one sealed under another SECRET_KEY) must not sign for the next module's server."""
+    yield
+    flush_redis(redis_server)
 
 
 def claims(app, **extra) -> dict:

@@ -22,7 +22,7 @@ from app.outgoing.backchannel import target_id
 from app.redis import Keys
 from tests.oidc_provider.logout_support import authorize, logout_token_of, verified_logout_claims
 from tests.outgoing.receivers import DeliveryProcess, Receiver
-from tests.servers import LiveServer, wait_until
+from tests.servers import LiveServer, flush_redis, wait_until
 from tests.utils import DEFAULT_PASSWORD, bearer, random_email
 
 # The delivery's retries and address checks are the webhooks' own code, whatever the Redis.
@@ -107,7 +107,8 @@ class Provider:
 
 
 @pytest.fixture(scope="module")
-def provider(base_env, tmp_path_factory):
+def provider(base_env, redis_server, tmp_path_factory):
+    flush_redis(redis_server)  # keys an earlier module sealed under another SECRET_KEY would not sign here
     logs = tmp_path_factory.mktemp("logout")
     (logs / "metrics").mkdir()
     env = {**base_env, **OUT, "PROMETHEUS_MULTIPROC_DIR": str(logs / "metrics")}
