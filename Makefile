@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 RUN_STAMP := $(VENV)/.installed-run-$(shell cat requirements.txt | sha1sum | cut -c1-12)
 DEV_STAMP := $(VENV)/.installed-dev-$(shell cat requirements.txt requirements-dev.txt | sha1sum | cut -c1-12)
 SYSTEM_PACKAGES := redis-server=redis-server redis-cli=redis-tools nginx=nginx-light
-TEST_PACKAGES := node=nodejs npm=npm chromium=chromium
+TEST_PACKAGES := node=nodejs npm=npm chromium-headless-shell=chromium-headless-shell
 
 .PHONY: run test lint bench deps dev-deps system-deps clean
 

@@ -270,7 +270,7 @@ def live_server(base_env, rdb, tmp_path):
 @pytest.fixture(scope="session")
 def browser():
     """Chromium, launched once per test process (Playwright's sync API runs one instance per thread)."""
-    assert Path(CHROMIUM).exists(), "Chromium is required (make test installs Debian's chromium)"
+    assert Path(CHROMIUM).exists(), "Chromium is required (make test installs Debian's chromium-headless-shell)"
     with sync_playwright() as playwright:
         launched = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
         yield launched

@@ -10,7 +10,9 @@ How a sign-in went is a field of the session written with it: its Redis steps ru
 from __future__ import annotations
 
 import re
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urljoin
 
 import pyotp
@@ -158,12 +160,34 @@ def page(browser):
     context.close()
 
 
-def test_the_page_goes_on_to_an_authorization_request_and_nowhere_else(service, page):
+@pytest.fixture
+def callback():
+    """An application's redirect URI on loopback: records each request's path and query, answers 200."""
+    arrived: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):  # quiet
+            pass
+
+        def do_GET(self):  # noqa: N802 - the name http.server calls
+            arrived.append(self.path)
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain")
+            self.end_headers()
+            self.wfile.write(b"ok")
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_port}/callback", arrived
+    server.shutdown()
+    server.server_close()
+
+
+def test_the_page_goes_on_to_an_authorization_request_and_nowhere_else(service, page, callback):
     user = service.new_user()
-    client, secret = service.new_client(first_party=True, redirect_uris=("http://127.0.0.1:9/callback",))
+    redirect_uri, arrived = callback
+    client, secret = service.new_client(first_party=True, redirect_uris=(redirect_uri,))
     rp = RelyingParty(service, client, secret, "openid")
-    arrived = []
-    page.route("http://127.0.0.1:9/**", lambda route: (arrived.append(route.request.url), route.fulfill(body="ok")))
 
     def sign_in_at(address: str) -> None:
         page.goto(address)
@@ -180,7 +204,7 @@ def test_the_page_goes_on_to_an_authorization_request_and_nowhere_else(service, 
 
     asked = rp.authorize(Browser(service))  # where the authorization endpoint sends a browser without a session
     sign_in_at(service.url + asked.location)
-    expect(page).to_have_url(re.compile(r"^http://127\.0\.0\.1:9/callback\?code="))
+    expect(page).to_have_url(re.compile("^" + re.escape(redirect_uri) + r"\?code="))
     assert "iss=" in arrived[-1] and f"state={rp.state}" in arrived[-1]
 
 
