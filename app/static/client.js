@@ -131,6 +131,7 @@ const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
  * @typedef {object} SessionStatus
  * @property {User | null} user the logged-in user, or null when no valid access token came
  * @property {string | null} session_id the session's id, with `user`
+ * @property {string | null} org_id the session's active organization while the user is a member, with `user`
  * @property {boolean} can_refresh a refresh cookie came: without `user`, {@link Client#refresh} may
  *   open the session again (it can still fail when that session has ended)
  */
