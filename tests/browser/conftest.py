@@ -13,8 +13,19 @@ import redis
 from playwright.sync_api import expect
 
 from app.redis import Keys
+from tests.account.conftest import mail_env
 from tests.events.conftest import FAST
-from tests.servers import CLIENT_ID, CLIENT_SECRET, ROOT, LiveServer, NginxServer, OpenIdProvider, free_port
+from tests.mailserver import SmtpServer
+from tests.servers import (
+    CLIENT_ID,
+    CLIENT_SECRET,
+    ROOT,
+    LiveServer,
+    NginxServer,
+    OpenIdProvider,
+    free_port,
+    make_certificate,
+)
 
 ARTIFACTS = ROOT / "tests" / "artifacts"
 #: The last state of every page a failed test opened is kept as a screenshot in ARTIFACTS; of every test's with
@@ -58,6 +69,26 @@ class Stack:
         self.app.stop()
         if self.provider:
             self.provider.stop()
+
+
+@pytest.fixture(scope="module")
+def smtp(tmp_path_factory):
+    """The suite's SMTP server (STARTTLS, with authentication) for a module's mailing stack."""
+    certificate = make_certificate(tmp_path_factory.mktemp("smtp-tls"))
+    server = SmtpServer(certificate, mode="starttls", auth=True).start()
+    server.certificate = certificate
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def mail_stack(base_env, tmp_path_factory, smtp):
+    """gunicorn (2 workers) behind nginx, mailing through `smtp`, its mails' links pointing at nginx."""
+    stack = Stack(base_env, tmp_path_factory.mktemp("mail-stack"), **mail_env(smtp, smtp.certificate))
+    stack.app.env["PUBLIC_BASE_URL"] = stack.url  # links in mails land on this page, through nginx
+    stack.start()
+    yield stack
+    stack.stop()
 
 
 @pytest.fixture(scope="module")

@@ -10,34 +10,13 @@ import pytest
 import requests
 from playwright.sync_api import expect
 
-from tests.account.conftest import mail_env
-from tests.browser.conftest import ARTIFACTS, Stack, age_the_login
+from tests.browser.conftest import ARTIFACTS, age_the_login
 from tests.conftest import Cli
-from tests.mailserver import SmtpServer
-from tests.servers import make_certificate
 from tests.utils import DEFAULT_PASSWORD, random_email
 
 pytestmark = pytest.mark.not_on_cluster("the browser page: a UI test, no Redis logic of its own")
 
 NEW_PASSWORD = "a new browser passphrase"
-
-
-@pytest.fixture(scope="module")
-def smtp(tmp_path_factory):
-    certificate = make_certificate(tmp_path_factory.mktemp("smtp-tls"))
-    server = SmtpServer(certificate, mode="starttls", auth=True).start()
-    server.certificate = certificate
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def mail_stack(base_env, tmp_path_factory, smtp):
-    stack = Stack(base_env, tmp_path_factory.mktemp("mail-stack"), **mail_env(smtp, smtp.certificate))
-    stack.app.env["PUBLIC_BASE_URL"] = stack.url  # links in mails land on this page, through nginx
-    stack.start()
-    yield stack
-    stack.stop()
 
 
 def register(base: str) -> str:

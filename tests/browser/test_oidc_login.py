@@ -29,7 +29,7 @@ from app.auth.users import create_user
 from app.oidc import clients
 from tests.browser.conftest import Stack
 from tests.outgoing.receivers import DeliveryProcess
-from tests.servers import free_port
+from tests.servers import free_port, wait_until
 from tests.utils import DEFAULT_PASSWORD, bearer, random_email
 
 pytestmark = pytest.mark.not_on_cluster("a browser test of the flows and logouts proved on both modes elsewhere")
@@ -301,9 +301,7 @@ def test_a_web_app_sends_its_user_to_log_out_and_the_service_asks_first(stack, b
 
     expect(page.locator("#rp-status")).to_have_text("Logged out")
     assert page.url.startswith(own_app.url + "/logged-out?state=")
-    deadline = time.monotonic() + 5
-    while not own_app.logouts and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_until(lambda: own_app.logouts, timeout=5, message="the back-channel logout")
     assert [(claims["sid"], claims["sub"]) for claims in own_app.logouts] == [(held["sid"], held["sub"])]
     page.goto(stack.url + "/")
     expect(page.get_by_role("button", name="Log in", exact=True)).to_be_visible()  # signed out here too

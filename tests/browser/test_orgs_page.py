@@ -16,12 +16,8 @@ from playwright.sync_api import expect
 
 from app import create_app
 from app.auth.users import create_user
-from tests.account.conftest import mail_env
-from tests.browser.conftest import Stack
 from tests.browser.test_page import log_in
 from tests.browser.test_rooms import Admin
-from tests.mailserver import SmtpServer
-from tests.servers import make_certificate
 from tests.utils import DEFAULT_PASSWORD, bearer, random_email
 
 pytestmark = pytest.mark.not_on_cluster("the browser page: a UI test; organizations are proved on both modes elsewhere")
@@ -42,27 +38,8 @@ WATCH_ROOM = """() => {
 
 
 @pytest.fixture(scope="module")
-def smtp(tmp_path_factory):
-    certificate = make_certificate(tmp_path_factory.mktemp("orgs-smtp-tls"))
-    server = SmtpServer(certificate, mode="starttls", auth=True).start()
-    server.certificate = certificate
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def stack(base_env, tmp_path_factory, smtp):
-    """gunicorn (2 workers) behind nginx, mailing through `smtp`, its links pointing at nginx."""
-    running = Stack(base_env, tmp_path_factory.mktemp("orgs-stack"), **mail_env(smtp, smtp.certificate))
-    running.app.env["PUBLIC_BASE_URL"] = running.url
-    running.start()
-    yield running
-    running.stop()
-
-
-@pytest.fixture(scope="module")
-def admin(stack, base_env) -> Admin:
-    return Admin(stack, base_env)
+def admin(mail_stack, base_env) -> Admin:
+    return Admin(mail_stack, base_env)
 
 
 @pytest.fixture(scope="module")
@@ -99,9 +76,9 @@ def invitation_token(link: str) -> str:
 
 
 def test_an_invited_colleague_accepts_meets_the_owner_in_the_room_and_loses_it_when_removed(
-    stack, smtp, admin, make_user, new_context
+    mail_stack, smtp, admin, make_user, new_context
 ):
-    base = stack.url
+    base = mail_stack.url
     namespace = admin.namespace(ORG_ROOM_RULES)
     owner, colleague = make_user(), make_user()
     name = f"Acme {uuid.uuid4().hex[:6]}"
@@ -188,8 +165,8 @@ def test_an_invited_colleague_accepts_meets_the_owner_in_the_room_and_loses_it_w
     assert errors == []
 
 
-def test_the_console_lists_organizations_and_shows_one_with_its_members(stack, smtp, make_user, new_context):
-    base = stack.url
+def test_the_console_lists_organizations_and_shows_one_with_its_members(mail_stack, smtp, make_user, new_context):
+    base = mail_stack.url
     owner, colleague = make_user(), make_user()
     name = f"Globex {uuid.uuid4().hex[:6]}"
     owner_headers = bearer(login(base, owner))

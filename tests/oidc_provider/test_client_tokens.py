@@ -8,8 +8,6 @@ One service per module; each test has its own users and clients.
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import requests
 from authlib.integrations.base_client import OAuthError
@@ -24,6 +22,7 @@ from tests.oidc_provider.flows_support import (
     secure_cookies_to_loopback,  # noqa: F401 - a module-scoped autouse fixture
     start_service,
 )
+from tests.servers import wait_until
 from tests.utils import DEFAULT_PASSWORD, bearer
 
 REQUEST_CHECKS = pytest.mark.not_on_cluster("checks of the request alone: the same code whatever the Redis")
@@ -288,10 +287,8 @@ def test_every_way_a_client_session_ends_stops_its_tokens(service, end):
         end(service, browser, user, sid, client_id=rp.client.client_id)
     else:
         end(service, browser, user, sid)
-    deadline = time.monotonic() + 5
-    while works(service, token) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not works(service, token) and service.introspect(token["access_token"]) == {"active": False}
+    wait_until(lambda: not works(service, token), timeout=5, message="the token refused")
+    assert service.introspect(token["access_token"]) == {"active": False}
     assert service.call("GET", "/events", headers=bearer(token["access_token"])).status_code == 401
     error = token_error(lambda: refresh(rp, token["refresh_token"]))
     assert error == ("invalid_client" if end is end_by_deleting_the_client else "invalid_grant")
