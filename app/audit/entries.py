@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+import click
 from flask import g, has_request_context, request
 
 from ..http import ip_address
@@ -184,8 +185,16 @@ def configure_log() -> None:
         audit_log.propagate = False
 
 
+def _a_command_at_a_terminal() -> bool:
+    """A `flask` command whose stderr is someone's terminal: it says what it did in words, and its entries
+    are in the audit log; the JSON lines are for a log collector (systemd-run, a pipe, a file)."""
+    return click.get_current_context(silent=True) is not None and sys.stderr.isatty()
+
+
 def write_log_line(entry: Entry) -> None:
     """The entry as one JSON log line: `A` with the fields every line has (`logger: "audit"`)."""
+    if _a_command_at_a_terminal():
+        return
     line = {
         "ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "level": "info",
