@@ -28,11 +28,16 @@ ARBITER_STOP_MARGIN = 5
 
 
 def read_unit(name: str) -> dict[str, dict[str, list[str]]]:
-    """A unit file as systemd reads it: sections of keys, each with every value given, in order."""
+    """A unit file of deploy/systemd as systemd reads it."""
+    return read_unit_text((UNITS / name).read_text(), name)
+
+
+def read_unit_text(text: str, name: str = "unit") -> dict[str, dict[str, list[str]]]:
+    """A unit file's text as systemd reads it: sections of keys, each with every value given, in order."""
     sections: dict[str, dict[str, list[str]]] = {}
     section = None
     logical = ""
-    for raw in (UNITS / name).read_text().splitlines():
+    for raw in text.splitlines():
         line = logical + raw.strip()
         if line.endswith("\\"):  # continued on the next line
             logical = line[:-1] + " "
@@ -205,3 +210,53 @@ def test_systemd_reads_every_line(tmp_path):
     )
     complaints = [line for line in done.stderr.splitlines() if WEB in line or WORKER in line]
     assert done.returncode == 0 and not complaints, done.stderr
+
+
+INSTALL_UNITS = UNITS / "install-units"
+
+
+def install_units(unit_dir: Path, *app_dir: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["sh", str(INSTALL_UNITS), *app_dir],
+        env={"PATH": "/usr/bin:/bin", "UNIT_DIR": str(unit_dir)},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
+def test_install_units_names_the_checkouts_directory_in_one_place(tmp_path):
+    """The units say /opt/auth-rt; installed for another checkout, every mention is that checkout's."""
+    done = install_units(tmp_path, str(ROOT))
+    assert done.returncode == 0, done.stderr
+    for name in (WEB, WORKER):
+        installed = (tmp_path / name).read_text()
+        assert APP_DIR not in installed
+        assert installed == (UNITS / name).read_text().replace(APP_DIR, str(ROOT))
+        assert oct((tmp_path / name).stat().st_mode & 0o777) == "0o644"
+    web = read_unit_text((tmp_path / WEB).read_text())
+    assert one(web, "Service", "WorkingDirectory") == str(ROOT)
+    assert shlex.split(one(web, "Service", "ExecStart")) == [f"{ROOT}/.venv/bin/gunicorn", *procfile()["web"][1:]]
+    assert sorted(path.name for path in tmp_path.iterdir()) == sorted([WEB, WORKER])  # no .new file left
+
+
+def test_install_units_defaults_to_the_checkout_it_is_in(tmp_path):
+    done = install_units(tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert f"WorkingDirectory={ROOT}\n" in (tmp_path / WORKER).read_text()
+
+
+@pytest.mark.parametrize(
+    "app_dir, complaint",
+    [
+        ("auth-rt", "absolute path"),
+        ("/srv/auth rt", "letters, digits"),
+        ("/srv/a%h", "letters, digits"),
+        ("/home/me/auth-rt", "ProtectHome"),
+        ("/srv/no-such-checkout", "make -C /srv/no-such-checkout deps"),
+    ],
+)
+def test_install_units_refuses_a_directory_the_units_cannot_run_from(tmp_path, app_dir, complaint):
+    done = install_units(tmp_path, app_dir)
+    assert done.returncode == 2 and complaint in done.stderr, done.stderr
+    assert list(tmp_path.iterdir()) == []
