@@ -15,6 +15,7 @@ Redirects are never followed: a 3xx is a failure.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -200,9 +201,36 @@ class Sender:
 
 
 def _reason(failure: Exception) -> str:
-    """A short reason for an attempt's error, without the URL (it may hold a token in its query)."""
-    text = str(getattr(failure, "reason", None) or failure)
-    for marker in ("Errno", "] "):
-        if marker in text:
-            text = text[text.index(marker) :]
+    """A short reason in words ("connection refused"), without the URL (it may hold a token in its query)."""
+    cause = _innermost(failure)
+    text = getattr(cause, "strerror", None) or str(cause) or type(cause).__name__
+    for wrapper in _WRAPPERS:  # "[Errno 111] ", "[SSL: WRONG_VERSION_NUMBER] ", " (_ssl.c:1006)" and the like
+        text = wrapper.sub("", text).strip()
+    if text[1:2].islower():  # "Connection refused" -> "connection refused", but "TLS ..." stays
+        text = text[:1].lower() + text[1:]
     return text[:200]
+
+
+# What Python, OpenSSL and urllib3 wrap around the reason itself.
+_WRAPPERS = (
+    re.compile(r"^<[^>]*>: "),
+    re.compile(r"^Failed to establish a new connection: "),
+    re.compile(r"^\[Errno -?\d+\] "),
+    re.compile(r"^\[SSL(: [A-Z0-9_]+)?\] "),
+    re.compile(r" \(_ssl\.c:\d+\)$"),
+)
+
+
+def _innermost(failure: BaseException) -> BaseException:
+    """The exception at the bottom of urllib3's wrapping (its `reason`, cause, or an exception among its args)."""
+    seen = set()
+    while id(failure) not in seen:
+        seen.add(id(failure))
+        inner = getattr(failure, "reason", None)
+        if not isinstance(inner, BaseException):
+            args = [arg for arg in failure.args if isinstance(arg, BaseException)]
+            inner = failure.__cause__ or (args[-1] if args else None)
+        if inner is None:
+            break
+        failure = inner
+    return failure
