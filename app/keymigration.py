@@ -4,7 +4,8 @@ Key names gained hash tags so that each atomic step touches one hash slot of a R
 `Keys`). A database written before that keeps its users, recovery codes, OAuth links, received webhooks
 and queued mail under the old names; this renames them, on the one Redis they were written to (move to
 a cluster afterwards). Sessions, refresh tokens and pending mailed or MFA tokens cannot move (the old
-tokens do not name their user), so they are deleted: everyone logs in again. Safe to run twice.
+tokens do not name their user), so they are deleted: everyone logs in again. Last, every user is added
+to the e-mail search index (which the users from before it lack). Safe to run twice.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import re
 
 import redis
 
+from .auth.indexes import build_email_order
 from .redis import Keys
 
 OLD_USER = re.compile(r"user:([0-9a-f]{32})")
@@ -24,8 +26,9 @@ DROPPED_PREFIXES = ("session:", "refresh:", "mailtoken:", "mfa:")
 
 
 def migrate(client: redis.Redis) -> dict[str, int]:
-    """Rename the old keys; returns how many were moved and how many dropped."""
-    counts = {"moved": 0, "dropped": 0}
+    """Rename the old keys and fill the e-mail search index; returns how many keys were moved, dropped and
+    users indexed."""
+    counts = {"moved": 0, "dropped": 0, "indexed": 0}
 
     def move(old: str, new: str) -> None:
         if client.renamenx(old, new):
@@ -72,4 +75,5 @@ def migrate(client: redis.Redis) -> dict[str, int]:
             for member, score in client.zrange(key, 0, -1, withscores=True):
                 client.zadd(Keys.mail_queue(), {member: score}, nx=True)
             drop(key)
+    counts["indexed"] = build_email_order(client)
     return counts

@@ -78,3 +78,66 @@ def commit(key: str, user_id: str) -> bool:
 def release(key: str, user_id: str) -> None:
     """Drop the index while it names `user_id` (a failed creation, a deleted user)."""
     get_script(RELEASE_LUA)(keys=[key], args=[PENDING + user_id, user_id])
+
+
+# The e-mail search index: one sorted set, every score 0, so that it is ordered by member, bytewise. A member
+# is `<stored e-mail>\x00<user id>` (a stored address is lower case and holds no control character), so
+# that every address starting with a prefix is one ZRANGEBYLEX range, in ascending e-mail order. One key,
+# one hash slot: it works on a Redis Cluster as on one Redis. A creation adds its member before the record
+# is written and a deletion removes it after the record is gone, so a crash leaves at worst a member whose
+# record is missing, which readers skip (and remove once no creation can still finish it). External users
+# are never in it. EMAIL_ORDER_BUILT is set once the members of the users from before the index exist.
+EMAIL_ORDER = "users:by-email"
+EMAIL_ORDER_BUILT = "users:by-email:built"
+_SEPARATOR = "\x00"
+_BUILD_BATCH = 500
+
+
+def email_order_member(email: str, user_id: str) -> str:
+    """The e-mail search index's member for a user."""
+    return f"{email}{_SEPARATOR}{user_id}"
+
+
+def split_email_order_member(member: str) -> tuple[str, str]:
+    """The e-mail and the user id of a member of the e-mail search index."""
+    email, _, user_id = member.rpartition(_SEPARATOR)
+    return email, user_id
+
+
+def email_prefix_range(prefix: str) -> tuple[bytes, bytes]:
+    """ZRANGEBYLEX bounds of every member whose e-mail starts with `prefix` (0xff never occurs in UTF-8)."""
+    raw = prefix.encode()
+    return b"[" + raw, b"[" + raw + b"\xff"
+
+
+def build_email_order(client, pause=lambda: None) -> int:
+    """Add every e-mail-indexed user to the e-mail search index, then mark it built; how many were added.
+
+    Safe at any time and to repeat (a member added for a user deleted meanwhile is stale, and skipped).
+    `pause` runs between batches, to let other greenlets run.
+    """
+    added = 0
+    batch: list[str] = []
+    for user_id, _ in client.zscan_iter(Keys.users(), count=_BUILD_BATCH):
+        batch.append(user_id)
+        if len(batch) == _BUILD_BATCH:
+            added += _index_emails_of(client, batch)
+            batch = []
+            pause()
+    added += _index_emails_of(client, batch)
+    client.set(EMAIL_ORDER_BUILT, "1")
+    return added
+
+
+def _index_emails_of(client, user_ids: list[str]) -> int:
+    if not user_ids:
+        return 0
+    pipe = client.pipeline(transaction=False)
+    for user_id in user_ids:
+        pipe.hmget(Keys.user(user_id), ["email", "external_issuer"])
+    members = {
+        email_order_member(email, user_id): 0
+        for user_id, (email, issuer) in zip(user_ids, pipe.execute(), strict=True)
+        if email and not issuer  # no record (a crashed creation), or an external user: not indexed
+    }
+    return client.zadd(EMAIL_ORDER, members) if members else 0

@@ -136,6 +136,7 @@ def _store_new_user(user: dict, index_keys: list[str], identities: tuple[str, ..
     """
     client = get_redis()
     user_id = user["id"]
+    searchable = None if is_external(user) else indexes.email_order_member(user["email"], user_id)
     claimed: list[str] = []
     written = False
     try:
@@ -144,6 +145,8 @@ def _store_new_user(user: dict, index_keys: list[str], identities: tuple[str, ..
                 raise _conflict()
             claimed.append(key)
         client.zadd(Keys.users(), {user_id: float(user["created_at"])})
+        if searchable:  # before the record: a crash leaves a member whose record is missing, never the reverse
+            client.zadd(indexes.EMAIL_ORDER, {searchable: 0})
         pipe = client.pipeline(transaction=True)
         pipe.hset(Keys.user(user_id), mapping=user)
         if identities:
@@ -158,6 +161,8 @@ def _store_new_user(user: dict, index_keys: list[str], identities: tuple[str, ..
             if written:
                 client.delete(Keys.user(user_id), Keys.user_identities(user_id))
             client.zrem(Keys.users(), user_id)
+            if searchable:
+                client.zrem(indexes.EMAIL_ORDER, searchable)
             for key in claimed:
                 indexes.release(key, user_id)
         raise
@@ -214,6 +219,70 @@ def list_users(email: str | None = None, limit: int = 100, offset: int = 0) -> l
     for user_id in ids:
         pipe.hgetall(Keys.user(user_id))
     return [record for record in pipe.execute() if record]  # an entry left by a crashed creation: no record
+
+
+def find_users_by_email_prefix(prefix: str, limit: int = 50) -> list[dict]:
+    """Users (records as stored) whose e-mail starts with `prefix`, any case, in ascending e-mail order.
+
+    External users are not found (they have no e-mail index). Members of the e-mail search index whose
+    record is missing are skipped, and removed once no creation can still finish them.
+    """
+    prefix = normalise_email(prefix)
+    if limit < 1 or "\x00" in prefix:
+        return []
+    client = get_redis()
+    if not client.exists(indexes.EMAIL_ORDER_BUILT):
+        indexes.build_email_order(client, pause=lambda: gevent.sleep(0))
+    low, high = indexes.email_prefix_range(prefix)
+    found: list[dict] = []
+    while len(found) < limit:
+        wanted = limit - len(found)
+        members = client.zrangebylex(indexes.EMAIL_ORDER, low, high, start=0, num=wanted)
+        found += _users_of_members(client, members)
+        if len(members) < wanted:
+            break
+        low = b"(" + members[-1].encode()  # after the last one read: members removed meanwhile move nothing
+    return found
+
+
+def _users_of_members(client, members: list[str]) -> list[dict]:
+    """The live users that members of the e-mail search index name; the others are skipped or removed."""
+    pipe = client.pipeline(transaction=False)
+    for member in members:
+        pipe.hgetall(Keys.user(indexes.split_email_order_member(member)[1]))
+    records = pipe.execute()
+    found, missing, wrong = [], [], []
+    for member, record in zip(members, records, strict=True):
+        email, user_id = indexes.split_email_order_member(member)
+        if not record:
+            missing.append(member)
+        elif record.get("email") != email or is_external(record):
+            wrong.append(member)  # never true of a member written by a creation (an address never changes)
+        else:
+            found.append(record)
+    if missing or wrong:
+        _drop_stale(client, missing, wrong)
+    return found
+
+
+def _drop_stale(client, missing: list[str], wrong: list[str]) -> None:
+    """Remove members whose record is missing for good, and those that do not match their record.
+
+    A member whose record is missing is removed unless the e-mail index holds the user's pending claim:
+    its creation claimed the address before adding the member and may still write the record. Any other
+    value (committed by a user now deleted, another user's, none) means that creation failed or the user
+    is gone; a record never comes back.
+    """
+    pipe = client.pipeline(transaction=False)
+    for member in missing:
+        pipe.get(Keys.user_by_email(indexes.split_email_order_member(member)[0]))
+    claims = pipe.execute() if missing else []
+    stale = list(wrong)
+    for member, value in zip(missing, claims, strict=True):
+        if value != indexes.PENDING + indexes.split_email_order_member(member)[1]:
+            stale.append(member)
+    if stale:
+        client.zrem(indexes.EMAIL_ORDER, *stale)
 
 
 # KEYS[1] user, then the role.changed audit entry's (AUDIT_LUA). ARGV: role, then the entry's. 1 when the
@@ -415,6 +484,8 @@ def delete_user(user_id: str) -> bool:
     if is_external(user):
         client.srem(Keys.issuer_users(user["external_issuer"]), user_id)
     client.zrem(Keys.users(), user_id)
+    if not is_external(user):
+        client.zrem(indexes.EMAIL_ORDER, indexes.email_order_member(user["email"], user_id))
     client.delete(Keys.stream(user_channel(user_id)))
     sessions_ended.send(
         current_app._get_current_object(), user_id=user_id, session_ids=list(result[1]), whole_user=True
