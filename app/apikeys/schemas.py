@@ -6,17 +6,11 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from ..channels.namespaces import CHANNEL_NAME_PATTERN, NAMESPACE_PATTERN
-from ..events.bus import CHANNEL_PATTERN
+from ..channels.patterns import ChannelPatterns
 from ..schemas import Answer, Body, PlainText
 from .store import CHANNELS_LIMIT, NAME_LIMIT, SCOPES
 
 Scope = Literal[SCOPES]
-# A channel name, `<namespace>:*` (every channel of a namespace; `user:*` every user's) or `*` (every channel).
-ChannelRule = Annotated[
-    str,
-    Field(pattern=rf"^(\*|{NAMESPACE_PATTERN}:(\*|{CHANNEL_NAME_PATTERN})|{CHANNEL_PATTERN.pattern.strip('^$')})$"),
-]
 
 
 class KeyRequest(Body):
@@ -24,7 +18,7 @@ class KeyRequest(Body):
 
     name: Annotated[PlainText, Field(min_length=1, max_length=NAME_LIMIT)]
     scopes: list[Scope] = Field(min_length=1)
-    channels: list[ChannelRule] = Field([], max_length=CHANNELS_LIMIT)
+    channels: ChannelPatterns = Field([], max_length=CHANNELS_LIMIT)
 
 
 class KeyPath(Body):

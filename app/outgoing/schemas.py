@@ -6,10 +6,9 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
+from ..channels.patterns import ChannelPatterns
 from ..schemas import Answer, Body, PlainText
 
-# A channel an endpoint follows: a channel name, `user:*` (every user's channel) or `*` (every channel).
-ChannelFilter = Annotated[str, Field(pattern=r"^([A-Za-z0-9_.:-]{1,128}|user:\*|\*)$")]
 # An event-name pattern: event-name characters, `*` standing for any run of them (`order.*`).
 EventPattern = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:*-]{1,100}$")]
 ENDPOINT_ID_PATTERN = r"^ep_[0-9a-f]{32}$"
@@ -20,7 +19,7 @@ class CreateEndpoint(Body):
     """A new endpoint: where to send, and which events."""
 
     url: str = Field(max_length=2000, description="https:// (http:// only where the service allows it)")
-    channels: list[ChannelFilter] = Field(min_length=1, max_length=100)
+    channels: ChannelPatterns = Field(min_length=1, max_length=100)
     events: list[EventPattern] | None = Field(default=None, min_length=1, max_length=100)
     description: PlainText | None = Field(default=None, max_length=500)
 
@@ -29,7 +28,7 @@ class UpdateEndpoint(Body):
     """Any of an endpoint's settings; what is absent stays (`events: null` sends every event again)."""
 
     url: str | None = Field(default=None, max_length=2000)
-    channels: list[ChannelFilter] | None = Field(default=None, min_length=1, max_length=100)
+    channels: ChannelPatterns | None = Field(default=None, min_length=1, max_length=100)
     events: list[EventPattern] | None = Field(default=None, min_length=1, max_length=100)
     description: PlainText | None = Field(default=None, max_length=500)
     disabled: bool | None = None
