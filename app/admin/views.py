@@ -6,10 +6,10 @@ from flask import Blueprint, jsonify, make_response
 
 from ..auth import mfa, sessions, users
 from ..auth.guards import current_caller, login_required
-from ..errors import forbidden, not_found
+from ..errors import bad_request, forbidden, not_found
 from ..http import validated, validated_query
 from ..openapi import operation
-from .schemas import AdminUserAnswer, AdminUsers, RoleChange, UserPath, UserQuery
+from .schemas import SEARCH_LIMIT, AdminUserAnswer, AdminUsers, RoleChange, UserPath, UserQuery
 
 bp = Blueprint("admin_users", __name__, url_prefix="/admin/users")
 ADMIN = ("bearer", "cookie")
@@ -47,7 +47,7 @@ def _not_yourself(user_id: str, action: str) -> None:
 
 @bp.get("")
 @operation(
-    "Find users: by ?email=, or a page newest first",
+    "Find users: by ?email=, by the start of their address (?q=), or a page newest first",
     tags=["admin"],
     query=UserQuery,
     responses={200: AdminUsers},
@@ -55,9 +55,15 @@ def _not_yourself(user_id: str, action: str) -> None:
     auth=ADMIN,
 )
 def list_users():
-    """Users newest first (`limit`, `offset`), or the one with `?email=`."""
+    """Users newest first (`limit`, `offset`), the one with `?email=`, or the first whose address starts with `?q=`."""
     query = validated_query(UserQuery)
-    found = users.list_users(email=query.email, limit=query.limit, offset=query.offset)
+    refused = query.combination_refused()
+    if refused:
+        raise bad_request(refused)
+    if query.q is not None:
+        found = users.find_users_by_email_prefix(query.q, limit=SEARCH_LIMIT)
+    else:
+        found = users.list_users(email=query.email, limit=query.limit, offset=query.offset)
     return _no_store(jsonify({"users": [users.admin_view(user) for user in found]}))
 
 
