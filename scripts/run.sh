@@ -163,6 +163,21 @@ for setting in net.core.somaxconn net.ipv4.tcp_max_syn_backlog; do
   fi
 done
 
+# The rooms of the README's first hour: a namespace `chat` whose rooms (chat:lobby, chat:<any name>) every
+# logged-in user may join, talk in and see who is in, without a grant. Made when there is none, so a developer's
+# own rules for it stay; with the CLI, as a developer would type it, before the service starts.
+chat_rules=(--subscribe authenticated --publish subscribers --presence --join-leave)
+if ! namespaces="$(.venv/bin/flask --app wsgi channels namespace-list)"; then
+  echo "rooms:   the namespaces could not be read (above), so the page's rooms may have none" >&2
+elif grep -q '"name": "chat"' <<<"$namespaces"; then
+  echo "rooms:   chat:<name> (namespace chat, kept as it is)"
+elif .venv/bin/flask --app wsgi channels namespace-put chat "${chat_rules[@]}" >/dev/null; then
+  echo "rooms:   chat:<name> for every logged-in user (namespace chat made: presence, join and leave events)"
+else
+  echo "rooms:   the namespace chat could not be made (above): .venv/bin/flask --app wsgi channels" \
+    "namespace-put chat ${chat_rules[*]}" >&2
+fi
+
 # Loopback only: nginx in front is the way in (and the only place forwarded headers are trusted from).
 start gunicorn .venv/bin/gunicorn -c gunicorn.conf.py --bind "127.0.0.1:${PORT}" wsgi:app
 gunicorn_pid=$!

@@ -13,11 +13,13 @@ from ..http import json_body, validated
 from ..limits import rate_limited
 from ..openapi import operation
 from ..redis import Keys, get_redis
+from ..schemas import Body
 from . import devices, mailtokens, mfa, passkeys, passwords, sessions, users
 from .guards import current_caller, login_required
 from .schemas import (
     EmailVerification,
     ForgottenPassword,
+    MailedToken,
     PasswordReset,
     Reauthentication,
     RecoveryCodes,
@@ -31,6 +33,12 @@ USER = ("bearer", "cookie")
 
 VERIFICATION_RESEND_COOLDOWN = 10 * 60  # a refused login re-sends the link at most this often
 TOKEN_MAX = 200  # a mailed token is 76 characters (user id, dot, 43); anything much longer is not one of ours
+
+
+class ResetTokenCheck(Body):
+    """The token of a reset mail, to learn whether it still works (it is not used)."""
+
+    token: MailedToken
 
 
 def _empty(status: int):
@@ -121,6 +129,23 @@ def forgot_password():
     """
     mail.queue_mail(mail.PASSWORD_RESET, email=validated(ForgottenPassword).email)
     return _empty(202)
+
+
+@bp.post("/password/reset/check")
+@operation(
+    "Whether a reset link's token would still set a password, without using it (the page asks when it opens)",
+    tags=["account"],
+    body=ResetTokenCheck,
+    responses={204: None},
+    errors=(400, 429),
+)
+@rate_limited("password", per=("address",))
+def check_reset_token():
+    """204 while the token from a reset mail is usable; 400 invalid_token once it is used, expired or replaced."""
+    token = _token(validated(ResetTokenCheck).token)
+    if mailtokens.token_owner(token, mailtokens.RESET) is None:
+        raise invalid_token()
+    return _empty(204)
 
 
 @bp.post("/password/reset")

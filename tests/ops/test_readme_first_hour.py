@@ -9,6 +9,7 @@ and nothing else: mail reaches its catcher and a loopback webhook receiver works
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import selectors
@@ -114,9 +115,73 @@ def read_until(process: subprocess.Popen, wanted: str, timeout: float, *also: st
     return output.decode(errors="replace")
 
 
+CHAT = {"name": "chat", "subscribe": "authenticated", "publish": "subscribers", "presence": True, "join_leave": True}
+
+
+def create_account(page, base: str, email: str) -> None:
+    """Step 2's first item: an account made on the page, logged in at once."""
+    page.goto(f"{base}/")
+    page.get_by_label("E-mail", exact=True).fill(email)
+    page.get_by_label("Password", exact=True).fill(PASSWORD)
+    page.get_by_role("button", name="Create account").click()
+    expect(page.locator("#status")).to_have_text(f"Logged in as {email}")
+
+
+def join_the_lobby(page) -> None:
+    page.get_by_label("Room", exact=True).fill("chat:lobby")
+    page.get_by_role("button", name="Join", exact=True).click()
+    expect(page.locator("#room-title")).to_have_text("In chat:lobby")
+    expect(page.get_by_role("button", name="Send", exact=True)).to_be_enabled()
+
+
+@pytest.mark.slow
+def test_make_run_makes_the_chat_namespace_where_two_browsers_talk(run, browser):
+    """Step 3: the namespace `chat` that make run made, with the rules of the command the README shows, and two
+    newcomers in two browsers in chat:lobby, without any grant: each sees the other, both read what one says,
+    and one leaving shows in the other."""
+    text = section("3. Talk in a room with two browsers")
+    [command] = blocks(text, "sh")
+    rules = command.strip().split(" namespace-put chat ", 1)[1]
+    assert f"chat_rules=({rules})" in (ROOT / "scripts" / "run.sh").read_text()  # what make run types
+    assert "rooms:   chat:<name> for every logged-in user (namespace chat made" in run.log()
+    listing = shell(".venv/bin/flask --app wsgi channels namespace-list\n", run, stderr=subprocess.PIPE)
+    listed = [json.loads(line) for line in listing.communicate(timeout=30)[0].decode().splitlines()]
+    assert CHAT in listed, listed
+
+    contexts = [browser.new_context(), browser.new_context()]
+    try:
+        first, second = (context.new_page() for context in contexts)
+        for page in (first, second):
+            page.set_default_timeout(10_000)
+        emails = [f"room-{n}-{time.monotonic_ns()}@example.com" for n in (1, 2)]
+        create_account(first, run.nginx, emails[0])
+        join_the_lobby(first)
+        expect(first.locator("#room-count")).to_have_text("1")  # "Here now: 1": you
+        expect(first.locator("#room-people li.me")).to_have_count(1)
+
+        create_account(second, run.nginx, emails[1])
+        join_the_lobby(second)
+        for page in (first, second):
+            expect(page.locator("#room-count")).to_have_text("2")
+            expect(page.locator("#room-people li")).to_have_count(2)
+
+        second.get_by_label("Your message").fill("Hello from the second window")
+        second.get_by_role("button", name="Send", exact=True).click()
+        for page in (first, second):
+            expect(page.locator("#room-messages li .text")).to_have_text(["Hello from the second window"])
+
+        second.get_by_role("button", name="Leave", exact=True).click()
+        expect(first.locator("#room-count")).to_have_text("1")
+    finally:
+        for context in contexts:
+            context.close()
+    for label in ("**Rooms**", "**Join**", "**Here now: 2**", "**Your message**", "**Send**", "**Leave**"):
+        assert label in text, label  # the page's words, as the README names them
+
+
 @pytest.mark.slow
 def test_reset_a_password_through_the_local_mail(run, browser):
-    text = section("4. Reset a password through the local mail")
+    text = section("5. Reset a password through the local mail")
     [forgot] = blocks(text, "sh")
     [console] = blocks(text, "")
     assert "127.0.0.1:8080" in forgot and "http://127.0.0.1:8025/" in text
@@ -141,7 +206,7 @@ def test_reset_a_password_through_the_local_mail(run, browser):
         page = context.new_page()
         page.set_default_timeout(10_000)
         page.goto(catcher)
-        mails = page.get_by_role("article")
+        mails = page.get_by_role("article").filter(has_text=EMAIL)  # not those of step 3's two accounts
         expect(mails).to_have_count(2)
         reset = mails.filter(has=page.get_by_role("heading", name="Reset your password"))
         expect(mails.filter(has=page.get_by_role("heading", name="Confirm your e-mail address"))).to_have_count(1)
@@ -163,13 +228,16 @@ def test_reset_a_password_through_the_local_mail(run, browser):
 
 
 @pytest.mark.slow
-def test_receive_a_signed_webhook(run, tmp_path):
-    text = section("5. Receive a signed webhook")
+def test_receive_a_signed_webhook_then_delete_the_endpoint(run, tmp_path):
+    """Step 6 in one terminal, as typed: the commands that start the receiver, then, once it has verified a
+    delivery, the ones that stop it and delete the endpoint (nothing is left to retry)."""
+    text = section("6. Receive a signed webhook")
     [receiver] = blocks(text, "python")
-    [commands] = blocks(text, "sh")
+    commands, cleanup = blocks(text, "sh")
     [printed] = re.findall(r"The receiver prints `([^`]+)`", text)
     saved_as = "/tmp/receiver.py"  # noqa: S108 - where the README has a developer save it
     assert "standardwebhooks" in receiver and "verify(" in receiver and saved_as in commands
+    assert "kill %1" in cleanup and "DELETE" in cleanup and "It answers `HTTP/1.1 204`" in text
     port = free_port()
     here = {
         "127.0.0.1:8090": f"127.0.0.1:{port}",
@@ -178,18 +246,71 @@ def test_receive_a_signed_webhook(run, tmp_path):
     }
     assert '("127.0.0.1", 8090)' in receiver and "http://127.0.0.1:8090/" in commands
     (tmp_path / "receiver.py").write_text(localize(receiver, run, **here))
+    # What is left after the deletion, asked with the same key: the endpoint is not among them.
+    listed = localize('curl -s http://127.0.0.1:8080/admin/webhook-endpoints -H "Authorization: Bearer $KEY"', run)
 
-    terminal = shell(localize(commands, run, **here), run)
+    terminal = shell_reading_stdin(run)
     try:
+        typed(terminal, localize(commands, run, **here))
         # A first attempt that found no receiver is retried in 5 s; the receiver may print before the
         # command that published has printed its own line.
         output = read_until(terminal, printed, 30, "published")
+        typed(terminal, localize(cleanup, run) + f'echo "endpoint $ID"\necho "left: $({listed})"\n')
+        # The end of what is typed (communicate closes the shell's stdin): the shell ends.
+        output += terminal.communicate(timeout=30)[0].decode(errors="replace")
     finally:
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(terminal.pid, signal.SIGTERM)  # the receiver, in the background of that shell
+            os.killpg(terminal.pid, signal.SIGTERM)  # the receiver, if the shell did not end it
         terminal.wait(10)
         terminal.stdout.close()
     assert "published" in output and "Traceback" not in output, output
+    assert terminal.returncode == 0, output
+    assert "HTTP/1.1 204" in output, output
+    [endpoint_id] = re.findall(r"^endpoint (\S+)$", output, re.MULTILINE)
+    left = output.rpartition("left: ")[2]
+    assert left.strip().startswith("{") and endpoint_id not in left, output
+
+
+def shell_reading_stdin(run: MakeRun) -> subprocess.Popen:
+    """A second terminal's bash reading what is typed into it (its stdin), so that commands typed later use
+    what earlier ones set and the jobs they started (`%1`)."""
+    return subprocess.Popen(
+        ["bash", "-e", "-o", "pipefail", "-s"],
+        cwd=ROOT,
+        env=clean_env(DATA_DIR=str(run.data_dir)),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def typed(terminal: subprocess.Popen, commands: str) -> None:
+    terminal.stdin.write(commands.encode())
+    terminal.stdin.flush()
+
+
+@pytest.mark.slow
+def test_a_wrong_password_in_step_4_prints_the_services_error_and_a_right_one_a_token(run):
+    """Step 4's login one-liner: the token with the right password; with a wrong one, the service's error in one
+    line and a failing status, no Python traceback."""
+    text = section("4. Publish from the command line")
+    [login] = re.findall(r"^BASE=.*?\n(?:TOKEN=\$\(.*?\n(?:  .*\n)*)", text, re.MULTILINE)
+    assert '"you@example.com"' in login and '"your password"' in login
+    email = f"step4-{time.monotonic_ns()}@example.com"
+    register = {"email": email, "password": PASSWORD}
+    assert requests.post(f"{run.nginx}/auth/register", json=register, timeout=5).status_code == 201
+    mine = localize(login, run).replace("you@example.com", email)
+
+    right = shell(mine + 'echo "token: $TOKEN"\n', run)
+    output = right.communicate(timeout=30)[0].decode()
+    assert right.returncode == 0 and re.search(r"^token: [\w-]+\.[\w-]+\.[\w-]+$", output, re.MULTILINE), output
+
+    wrong = shell(mine.replace('"your password"', '"not my password"') + 'echo "token: $TOKEN"\n', run)
+    output = wrong.communicate(timeout=30)[0].decode()
+    assert wrong.returncode == 1, output  # bash -e: the assignment's failing status stops the script
+    assert output == "error: Wrong e-mail or password.\n", output
+    assert "error: Wrong e-mail or password." in text  # the README says what it prints
 
 
 def test_the_operations_guide_counts_the_mail_queue_that_is_really_there(run):
@@ -204,9 +325,9 @@ def test_the_operations_guide_counts_the_mail_queue_that_is_really_there(run):
 
 @pytest.mark.slow
 def test_use_it_with_the_users_you_already_have(run):
-    """Every command of step 7 in one terminal: an issuer with an HMAC secret, a token made with PyJWT and
+    """Every command of step 8 in one terminal: an issuer with an HMAC secret, a token made with PyJWT and
     exchanged with curl, a room Ada is granted and present in, and the grant taken back from her stream."""
-    text = section("7. Use it with the users you already have")
+    text = section("8. Use it with the users you already have")
     commands = indented_blocks(text, "sh")
     assert len(commands) == 6 and commands[0].startswith("BASE=http://127.0.0.1:8080\n")
     script = localize("".join(commands), run)
