@@ -98,6 +98,55 @@ def init_app(app: Flask) -> None:
         delete_user(found["id"])
         click.echo(f"deleted {found['email']} ({found['id']})")
 
+    @users_group.command("import")
+    @click.argument("file", type=click.Path(exists=True, dir_okay=False, allow_dash=True))
+    @click.option("--dry-run", is_flag=True, help="Check every line and report what would happen; change nothing.")
+    @_one_line_errors
+    def import_users_command(file: str, dry_run: bool):
+        """Import users from FILE ('-': standard input), one JSON object a line: email, password_hash (bcrypt,
+        Django pbkdf2_sha256 or argon2, kept as it is), email_verified, role, id, created_at. Prints each line
+        refused (and why) or already present (left unchanged), then a summary; exits 1 if a line was refused."""
+        from .auth.transfer import import_lines
+
+        with click.open_file(file, "rb") as lines:
+            report = import_lines(lines, dry_run=dry_run)
+        for line in report.lines():
+            click.echo(line)
+        click.echo(report.summary(dry_run))
+        if report.refused:
+            raise click.exceptions.Exit(1)
+
+    @users_group.command("export")
+    @click.option("--output", "-o", type=click.Path(dir_okay=False), help="A new file, readable by its owner only.")
+    @_one_line_errors
+    def export_users_command(output: str | None):
+        """Write every user that logs in with an address, password hashes included, as JSON lines (the format
+        `users import` reads), to standard output or a new file."""
+        from .auth.transfer import export_lines, open_private
+
+        count = 0
+        try:
+            target = open_private(output) if output else None
+        except FileExistsError:
+            raise click.ClickException(f"{output} exists: export to a new file") from None
+        try:
+            for line in export_lines():
+                click.echo(line, file=target)
+                count += 1
+        finally:
+            if target is not None:
+                target.close()
+        click.echo(f"exported {count} users", err=True)
+
+    @users_group.command("reindex")
+    @_one_line_errors
+    def reindex_users_command():
+        """Add every user to the search by e-mail prefix (for users made by a version before it); safe to repeat."""
+        from .auth.indexes import build_email_order
+        from .redis import get_redis
+
+        click.echo(f"indexed {build_email_order(get_redis())} users that were missing from the e-mail search")
+
     app.cli.add_command(users_group)
 
     events_group = click.Group("events", help="Operate the event bus.")

@@ -12,7 +12,7 @@ is committed by whoever finds it.
 
 from __future__ import annotations
 
-from ..redis import Keys, get_redis, get_script
+from ..redis import Keys, get_redis, get_script, is_cluster
 
 PENDING = "pending:"
 ATTEMPTS = 5
@@ -42,6 +42,44 @@ if current ~= ARGV[1] and current ~= ARGV[2] then return 0 end
 redis.call('DEL', KEYS[1])
 return 1
 """
+
+
+def claim_many(claims: list[tuple[str, str]]) -> list[str | None]:
+    """Claim many index keys at once, each (key, user id) only while unset or already this user's: per
+    claim None when claimed, else the value that holds it (see `claim` for what a held value means)."""
+    answers = _script_batch(CLAIM_LUA, [([key], [PENDING + user_id, ""]) for key, user_id in claims])
+    return [None if holder(value) == user_id else value for (_, user_id), value in zip(claims, answers, strict=True)]
+
+
+def commit_many(claims: list[tuple[str, str]]) -> list[bool]:
+    """`commit` for many (key, user id) at once."""
+    answers = _script_batch(COMMIT_LUA, [([key], [PENDING + user_id, user_id]) for key, user_id in claims])
+    return [bool(answer) for answer in answers]
+
+
+def release_many(claims: list[tuple[str, str]]) -> None:
+    """`release` for many (key, user id) at once."""
+    _script_batch(RELEASE_LUA, [([key], [PENDING + user_id, user_id]) for key, user_id in claims])
+
+
+def _script_batch(source: str, calls: list[tuple[list[str], list]]) -> list:
+    """One script for many calls, pipelined: one pipeline on one Redis, one per node on a cluster (where the
+    node's own pipeline loads the script if it lacks it)."""
+    client, script = get_redis(), get_script(source)
+    cluster = is_cluster(client)
+    groups: dict[str, tuple] = {}
+    for position, (keys, _) in enumerate(calls):
+        node = client.get_node_from_key(keys[0]) if cluster else None
+        groups.setdefault(node.name if node else "", (node, []))[1].append(position)
+    results: list = [None] * len(calls)
+    for node, positions in groups.values():
+        pipe = (client.get_redis_connection(node) if node else client).pipeline(transaction=False)
+        for position in positions:
+            keys, args = calls[position]
+            script(keys=keys, args=args, client=pipe)
+        for position, answer in zip(positions, pipe.execute(), strict=True):
+            results[position] = answer
+    return results
 
 
 def holder(value: str | None) -> str | None:

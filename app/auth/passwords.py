@@ -2,6 +2,10 @@
 
 The cost is OWASP's unless PASSWORD_HASH_COST=minimal, which test suites set so that thousands of accounts
 do not cost 40 ms of CPU each; settings refuse it in production.
+
+Hashes imported from other systems (`users import`) are kept as they came: bcrypt (`$2a$`, `$2b$`, `$2y$`,
+as Auth0 and Supabase export it), Django's `pbkdf2_sha256$...` and argon2 PHC strings. They verify at
+login, and a match stores an Argon2id hash in their place (their schemes are deprecated in the context).
 """
 
 from __future__ import annotations
@@ -9,17 +13,24 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import re
 import threading
+import warnings
 
 import gevent
 import gevent.threadpool
 from flask import Flask, current_app, has_app_context
 from passlib.context import CryptContext
+from passlib.exc import PasslibHashWarning
 
+# Schemes an import keeps; deprecated, so that verify_and_update rehashes a match with Argon2id.
+IMPORTED_SCHEMES = ["bcrypt", "django_pbkdf2_sha256"]
 # OWASP's minimum for argon2id is m=19 MiB, t=2, p=1. Changing these makes every login after the
 # change rehash its stored hash (verify_and_update), so parameters can be raised without a migration.
 PASSWORD_CONTEXT = CryptContext(
-    schemes=["argon2"],
+    schemes=["argon2", *IMPORTED_SCHEMES],
+    deprecated=IMPORTED_SCHEMES,
+    default="argon2",
     argon2__type="ID",
     argon2__memory_cost=19 * 1024,
     argon2__time_cost=2,
@@ -27,7 +38,9 @@ PASSWORD_CONTEXT = CryptContext(
 )
 # The same scheme at the lowest cost Argon2 allows (8 KiB, one pass): about 0.1 ms a hash.
 MINIMAL_CONTEXT = CryptContext(
-    schemes=["argon2"],
+    schemes=["argon2", *IMPORTED_SCHEMES],
+    deprecated=IMPORTED_SCHEMES,
+    default="argon2",
     argon2__type="ID",
     argon2__memory_cost=8,
     argon2__time_cost=1,
@@ -85,8 +98,60 @@ def hash_password(password: str) -> str:
 
 
 def verify_password(password: str, stored_hash: str) -> tuple[bool, str | None]:
-    """Whether the password matches, and a new hash when the stored one uses old parameters."""
-    return _off_hub(_context().verify_and_update, password, stored_hash)
+    """Whether the password matches, and a new hash when the stored one uses old parameters or scheme."""
+    return _off_hub(_verify_and_update, _context(), password, stored_hash)
+
+
+def _verify_and_update(context: CryptContext, password: str, stored_hash: str) -> tuple[bool, str | None]:
+    if BCRYPT.fullmatch(stored_hash):
+        # bcrypt reads 72 bytes at most: the systems that made these hashes dropped the rest of a longer
+        # password (the bcrypt package refuses it instead). The new hash is of the whole password.
+        matches = context.verify(password.encode()[:BCRYPT_MAX_BYTES], stored_hash)
+        return matches, context.hash(password) if matches else None
+    return context.verify_and_update(password, stored_hash)
+
+
+BCRYPT = re.compile(r"\$2[aby]\$\d\d\$[./A-Za-z0-9]{53}")
+BCRYPT_MAX_BYTES = 72
+# How an import tells the schemes apart, by the start of the hash; the handler then parses the rest.
+IMPORTED_FORMS = (
+    (("$2a$", "$2b$", "$2y$"), "bcrypt", "bcrypt"),
+    (("pbkdf2_sha256$",), "pbkdf2_sha256", "django_pbkdf2_sha256"),
+    (("$argon2id$", "$argon2i$", "$argon2d$"), "argon2", "argon2"),
+)
+FORMS = "bcrypt ($2a$, $2b$, $2y$), Django's pbkdf2_sha256$, or an argon2 PHC string ($argon2id$)"
+# The most an imported hash may cost at a login: more would let one import file stall or exhaust a worker.
+MAX_BCRYPT_COST = 15
+MAX_PBKDF2_ITERATIONS = 3_000_000
+MAX_ARGON2_MEMORY_KIB, MAX_ARGON2_TIME, MAX_ARGON2_LANES = 256 * 1024, 10, 16
+
+
+def imported_hash_scheme(password_hash: str) -> str:
+    """The scheme of a hash another system exported (bcrypt, pbkdf2_sha256, argon2); ValueError saying why
+    it cannot be kept: an unknown or malformed form, or a cost beyond what a login may spend."""
+    found = [(scheme, name) for starts, scheme, name in IMPORTED_FORMS if password_hash.startswith(starts)]
+    if not found:
+        raise ValueError(f"unknown password hash format: expected {FORMS}")
+    scheme, name = found[0]
+    try:
+        if scheme == "bcrypt" and not BCRYPT.fullmatch(password_hash):
+            raise ValueError
+        with warnings.catch_warnings():  # a salt whose unused bits are set: libpass repairs it, and verifies
+            warnings.simplefilter("ignore", PasslibHashWarning)
+            parsed = PASSWORD_CONTEXT.handler(name).from_string(password_hash)
+    except ValueError:
+        raise ValueError(f"malformed {scheme} hash") from None
+    if scheme == "bcrypt" and parsed.rounds > MAX_BCRYPT_COST:
+        raise ValueError(f"bcrypt cost {parsed.rounds} is above {MAX_BCRYPT_COST}")
+    if scheme == "pbkdf2_sha256" and parsed.rounds > MAX_PBKDF2_ITERATIONS:
+        raise ValueError(f"pbkdf2_sha256 iterations {parsed.rounds} are above {MAX_PBKDF2_ITERATIONS:,}")
+    if scheme == "argon2" and (
+        parsed.memory_cost > MAX_ARGON2_MEMORY_KIB
+        or parsed.rounds > MAX_ARGON2_TIME
+        or parsed.parallelism > MAX_ARGON2_LANES
+    ):
+        raise ValueError(f"argon2 costs above m={MAX_ARGON2_MEMORY_KIB},t={MAX_ARGON2_TIME},p={MAX_ARGON2_LANES}")
+    return scheme
 
 
 @functools.cache

@@ -168,6 +168,98 @@ def _store_new_user(user: dict, index_keys: list[str], identities: tuple[str, ..
         raise
 
 
+def store_imported_users(records: list[dict]) -> dict[str, str]:
+    """Create many users at once (an import): the ordered steps of one creation, each pipelined over the batch.
+
+    `records` are complete user records (as `create_user` makes them) with distinct e-mails and ids. Returns
+    each record's outcome by its id: `created`; `present` when an account has its e-mail already (or its id,
+    with that e-mail), left unchanged; `id_taken` when another account has its id. Each created user gets its
+    `user.registered` entry (method `import`).
+    """
+    client = get_redis()
+    outcomes: dict[str, str] = {}
+    pipe = client.pipeline(transaction=False)
+    for record in records:
+        pipe.hget(Keys.user(record["id"]), "email")
+    for record, held in zip(records, pipe.execute(), strict=True):
+        if held is not None:
+            outcomes[record["id"]] = "present" if held == record["email"] else "id_taken"
+    claimed = _claim_imported(client, [record for record in records if record["id"] not in outcomes], outcomes)
+    created = _write_imported(client, claimed, outcomes)
+    for record in created:
+        if record["role"] == "admin":
+            _index_admin(record["id"])
+        details = {"method": "import", "role": record["role"]}
+        audit.record("user.registered", subject=record["id"], details=details)
+    return outcomes
+
+
+def _claim_imported(client, records: list[dict], outcomes: dict[str, str]) -> list[dict]:
+    """Claim each record's e-mail; the records claimed. A held address whose account exists is `present`
+    (a pending claim of an existing record is committed for its creator, as `indexes.claim` does); one whose
+    account is missing was left by a crash and is taken over, one at a time."""
+    answers = indexes.claim_many([(Keys.user_by_email(record["email"]), record["id"]) for record in records])
+    claimed = [record for record, value in zip(records, answers, strict=True) if value is None]
+    held = [(record, value) for record, value in zip(records, answers, strict=True) if value is not None]
+    if not held:
+        return claimed
+    pipe = client.pipeline(transaction=False)
+    for _, value in held:
+        pipe.exists(Keys.user(indexes.holder(value)))
+    unfinished = []
+    for (record, value), exists in zip(held, pipe.execute(), strict=True):
+        key = Keys.user_by_email(record["email"])
+        if exists:
+            outcomes[record["id"]] = "present"
+            if value != indexes.holder(value):
+                unfinished.append((key, indexes.holder(value)))
+        elif indexes.claim(key, record["id"]) is None:
+            claimed.append(record)
+        else:
+            outcomes[record["id"]] = "present"
+    if unfinished:
+        indexes.commit_many(unfinished)
+    return claimed
+
+
+def _write_imported(client, claimed: list[dict], outcomes: dict[str, str]) -> list[dict]:
+    """List, index for search, write and commit the claimed records, in that order; the ones created."""
+    if not claimed:
+        return []
+    try:
+        client.zadd(Keys.users(), {record["id"]: float(record["created_at"]) for record in claimed})
+        members = {indexes.email_order_member(record["email"], record["id"]): 0 for record in claimed}
+        client.zadd(indexes.EMAIL_ORDER, members)
+        pipe = client.pipeline(transaction=False)
+        for record in claimed:
+            pipe.hset(Keys.user(record["id"]), mapping=record)
+        pipe.execute()
+        committed = indexes.commit_many([(Keys.user_by_email(record["email"]), record["id"]) for record in claimed])
+    except BaseException:
+        _undo_imported(client, claimed)
+        raise
+    # A claim taken over before our record existed: a creation of that address at the same moment won.
+    lost = [record for record, ok in zip(claimed, committed, strict=True) if not ok]
+    _undo_imported(client, lost)
+    for record, ok in zip(claimed, committed, strict=True):
+        outcomes[record["id"]] = "created" if ok else "present"
+    return [record for record, ok in zip(claimed, committed, strict=True) if ok]
+
+
+def _undo_imported(client, records: list[dict]) -> None:
+    """Remove whatever an import wrote for these records (as far as Redis lets us; leftovers count as free)."""
+    if not records:
+        return
+    with contextlib.suppress(redis.exceptions.RedisError):
+        pipe = client.pipeline(transaction=False)
+        for record in records:
+            pipe.delete(Keys.user(record["id"]))
+        pipe.execute()
+        client.zrem(Keys.users(), *(record["id"] for record in records))
+        client.zrem(indexes.EMAIL_ORDER, *(indexes.email_order_member(r["email"], r["id"]) for r in records))
+        indexes.release_many([(Keys.user_by_email(record["email"]), record["id"]) for record in records])
+
+
 def find_user_id_by_email(email: str) -> str | None:
     """The id of the account with this e-mail, if any (its record may be missing: check it)."""
     return indexes.holder(get_redis().get(Keys.user_by_email(normalise_email(email))))
