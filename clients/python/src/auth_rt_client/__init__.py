@@ -1,5 +1,6 @@
-"""auth-rt's Python client for backends: publish events, introspect tokens, manage channels, read events,
-verify webhooks, and exchange the application's own tokens for sessions."""
+"""auth-rt's Python client for backends and scripts: publish events, introspect tokens, manage channels, read
+events, verify webhooks, exchange the application's own tokens for sessions, and log in (tokens renewed by
+themselves)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from .client import Client
 from .errors import (
     ApiError,
     AuthRtError,
+    LoginRequired,
+    MfaRequired,
     ProtocolError,
     ServiceUnreachable,
     WebhookVerificationError,
@@ -37,7 +40,9 @@ __all__ = [
     "EventReader",
     "ExternalIdentity",
     "Introspection",
+    "LoginRequired",
     "Member",
+    "MfaRequired",
     "Namespace",
     "Presence",
     "PresentUser",

@@ -1,5 +1,6 @@
 """`Client`: what a backend does with an API key (publish, publish in batches, introspect tokens, and manage
-channels: namespaces, members and presence), and sessions for the application's own users by token exchange."""
+channels: namespaces, members and presence), sessions for the application's own users by token exchange, and a
+script's own session (log in with a password, renewed before it expires, log out)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from urllib.parse import quote
 import httpx
 
 from ._version import USER_AGENT
-from .errors import ApiError, ProtocolError, ServiceUnreachable
-from .models import BatchItem, Introspection, Member, Namespace, Presence, PublishedEvent, Tokens
+from .errors import ApiError, MfaRequired, ProtocolError, ServiceUnreachable
+from .models import BatchItem, Introspection, Member, Namespace, Presence, PublishedEvent, Tokens, User
+from .session import SessionTokens
 
 SubscribeRule = Literal["members", "authenticated", "proxy"]
 PublishRule = Literal["server", "subscribers"]
@@ -22,22 +24,119 @@ TOKEN_TYPE_PREFIX = "urn:ietf:params:oauth:token-type:"  # noqa: S105
 
 
 class Client:
-    """A backend's connection to auth-rt, authenticated by an API key (`ak_...`).
+    """A connection to auth-rt, authenticated by an API key (`ak_...`), by a session of its own, or both.
 
     Every method raises `ApiError` when the service refuses (401 unknown or deleted key, 403 outside the
     key's scopes or channels, 413, 422, ...) and `ServiceUnreachable` when it cannot be reached. Nothing is
     retried by itself: a publish is not idempotent, so whether to try again is the caller's decision.
 
     Managing channels (namespaces, members, presence) needs the `channels:manage` scope; an admin's access
-    token, given as `api_key`, may do it too. `exchange` needs no key: a client without one may only exchange.
+    token, given as `api_key`, may do it too. `exchange` and `login` need no key.
+
+    `login` (or `exchange`) gives the client a session: it holds the tokens, renews them by itself shortly
+    before the access token expires (`refresh_before` seconds, or half its lifetime if that is less), and once
+    more when the service answers 401 `token_expired`; one renewal at a time, however many threads call.
+    Calls are authenticated by the API key when the client has one, else by the session's access token;
+    `me` and `logout_all` always by the session. Neither tokens nor passwords show in `repr`.
     """
 
-    def __init__(self, base_url: str, api_key: str | None = None, *, timeout: float = 10.0) -> None:
+    def __init__(
+        self, base_url: str, api_key: str | None = None, *, timeout: float = 10.0, refresh_before: float = 60.0
+    ) -> None:
         """`base_url` is the service's origin, e.g. `https://rt.example.com`; `timeout` is in seconds."""
-        headers = {"User-Agent": USER_AGENT}
-        if api_key is not None:
-            headers["Authorization"] = f"Bearer {api_key}"
-        self._http = httpx.Client(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout)
+        self._api_key = api_key
+        self._http = httpx.Client(base_url=base_url.rstrip("/"), headers={"User-Agent": USER_AGENT}, timeout=timeout)
+        self._session = SessionTokens(self._refreshed, refresh_before)
+        self._device_tokens: dict[str, str] = {}  # per account (lower-cased e-mail): sent back at its next login
+
+    def __repr__(self) -> str:
+        tokens = self._session.tokens
+        session = f"user {tokens.user.id}, session {tokens.session_id}" if tokens else "no session"
+        key = "an API key" if self._api_key is not None else "no API key"
+        return f"<Client {self._http.base_url} with {key}, {session}>"
+
+    @property
+    def tokens(self) -> Tokens | None:
+        """The session's current tokens (after `login`, `login_mfa` or `exchange`), or None without a session."""
+        return self._session.tokens
+
+    def access_token(self) -> str:
+        """The session's access token, renewed first when it is about to expire; `LoginRequired` without a
+        session. Give the method itself to `EventReader`, which asks for a token before every connection."""
+        return self._session.access_token()
+
+    def login(self, email: str, password: str, *, device: str | None = None, device_token: str | None = None) -> Tokens:
+        """Log in with a password (`POST /auth/login`, tokens in the answer): the client's session from now on.
+
+        `device` names the session in the user's device list (default: the client's User-Agent). `device_token`
+        (from an earlier login's `Tokens`) says this device logged in to the account before, which keeps it
+        apart from someone guessing the password; the client sends back the last one it got for the account
+        by itself. A session the client held before is replaced, not ended (call `logout` first for that).
+
+        Raises `ApiError` 401 `invalid_credentials` for a wrong password or an unknown address (alike), 403
+        `email_not_verified` where addresses must be verified, 429 `rate_limited`; and `MfaRequired` (an
+        `ApiError` 401 `mfa_required`) for an account with a second factor: finish with `login_mfa`.
+        """
+        body = {"email": email, "password": password, "transport": "body"}
+        if device is not None:
+            body["device"] = device
+        known = device_token or self._device_tokens.get(email.lower())
+        if known is not None:
+            body["device_token"] = known
+        return self._start_session(self._http.build_request("POST", "/auth/login", json=body))
+
+    def login_mfa(
+        self,
+        mfa_token: str,
+        *,
+        code: str | None = None,
+        recovery_code: str | None = None,
+        device: str | None = None,
+    ) -> Tokens:
+        """Finish a login with a second factor (`POST /auth/login/mfa`): `MfaRequired.mfa_token` and either the
+        authenticator app's `code` or one of the account's recovery codes.
+
+        Raises `ApiError` 401 `invalid_mfa_code` for a wrong code (the same `mfa_token` may try again), 400
+        `invalid_token` for a used or expired `mfa_token` (5 minutes: log in again), 429 `mfa_locked`.
+        """
+        if (code is None) == (recovery_code is None):
+            raise ValueError("login_mfa takes a code or a recovery_code (one of them)")
+        body = {"mfa_token": mfa_token, "transport": "body"}
+        body.update({"code": code} if code is not None else {"recovery_code": recovery_code})
+        if device is not None:
+            body["device"] = device
+        return self._start_session(self._http.build_request("POST", "/auth/login/mfa", json=body))
+
+    def refresh(self) -> Tokens:
+        """Renew the session now (`POST /auth/refresh`); the client does it by itself when needed.
+
+        The refresh token is rotated: the new tokens replace the old, and the old refresh token is never
+        presented again (the service would end the session). A refused renewal (401 `refresh_token_reused`
+        or `invalid_refresh_token`: the session has ended) raises that `ApiError` and the client forgets the
+        session; `LoginRequired` without a session, or for one that came without a refresh token.
+        """
+        return self._session.renew()
+
+    def me(self) -> User:
+        """The user of the client's session (`GET /auth/me`); `LoginRequired` without a session."""
+        answer = self._json_of(self._as_user(self._session.access_token(), "GET", "/auth/me"))
+        return User.from_json(answer.get("user"))
+
+    def logout(self) -> None:
+        """End the client's session (`POST /auth/logout`): its tokens stop working at once, on every worker.
+
+        No error without a session, or when the session had already ended; the tokens are kept (to try
+        again) only when the service could not be asked.
+        """
+        self._session.end(self._end_session)
+
+    def logout_all(self) -> None:
+        """Log the user out of every device (`POST /auth/logout-all`): every session ends, this one too, and
+        every live connection closes. `LoginRequired` without a session."""
+        token = self._session.access_token()
+        session_id = self._session.tokens.session_id if self._session.tokens else ""
+        self._as_user(token, "POST", "/auth/logout-all")
+        self._session.forget(session_id)
 
     def exchange(
         self,
@@ -52,8 +151,9 @@ class Client:
         provider's ID token or access token, or a JWT its backend signs. `subject_token_type` is `jwt`,
         `id_token` or `access_token` (or the full `urn:ietf:params:oauth:token-type:` name). The service opens
         an ordinary session for the user the issuer and the token's `sub` name (made at the first exchange);
-        `device` names it in the user's device list. Every exchange opens a new session: exchange again for
-        a fresh one rather than keeping many. The API key is not sent (the token is the credential).
+        `device` names it in the user's device list. Every exchange opens a new session, which becomes the
+        client's (as after `login`: renewed by its refresh token, ended by `logout`). The API key is not sent
+        (the token is the credential).
 
         Raises `ApiError` 400 with code `invalid_grant` for a token that is not accepted (signature, issuer,
         audience, expiry, an unknown issuer; the message says which), `invalid_request` for an unknown
@@ -70,9 +170,7 @@ class Client:
         }
         if device is not None:
             form["device"] = device
-        request = self._http.build_request("POST", "/oauth/token", data=form)
-        request.headers.pop("Authorization", None)
-        return Tokens.from_json(self._json_of(self._send(request)))
+        return self._start_session(self._http.build_request("POST", "/oauth/token", data=form))
 
     def publish(self, channel: str, event: str, data: Any = None) -> PublishedEvent:
         """Publish one event (`POST /events`) to a channel the key may publish to.
@@ -207,16 +305,58 @@ class Client:
         self.close()
 
     def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        return self._send(self._http.build_request(method, path, **kwargs))
+        """A call by the API key, or without one by the session's access token (or unauthenticated)."""
+        if self._api_key is None and self._session.tokens is not None:
+            return self._as_user(self._session.access_token(), method, path, **kwargs)
+        return self._send(self._request(method, path, self._api_key, **kwargs))
+
+    def _as_user(self, token: str, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """A call with the session's access token; renewed and sent once more if the service says it expired."""
+        response = self._answer(self._request(method, path, token, **kwargs))
+        if response.status_code == 401 and _error_code(response) == "token_expired":
+            token = self._session.renew(refused=token).access_token
+            response = self._answer(self._request(method, path, token, **kwargs))
+        return _checked(response)
+
+    def _request(self, method: str, path: str, bearer: str | None, **kwargs: Any) -> httpx.Request:
+        request = self._http.build_request(method, path, **kwargs)
+        if bearer is not None:
+            request.headers["Authorization"] = f"Bearer {bearer}"
+        return request
 
     def _send(self, request: httpx.Request) -> httpx.Response:
+        return _checked(self._answer(request))
+
+    def _answer(self, request: httpx.Request) -> httpx.Response:
         try:
-            response = self._http.send(request)
+            return self._http.send(request)
         except httpx.TransportError as error:
             raise ServiceUnreachable(f"{request.method} {request.url.path}: {error}") from error
-        if response.is_error:
-            raise ApiError.from_response(response)
-        return response
+
+    def _start_session(self, request: httpx.Request) -> Tokens:
+        """Send a login (of any kind) and keep the session it opens."""
+        requested_at = self._session.now()
+        response = self._answer(request)
+        if response.status_code == 401 and _error_code(response) == "mfa_required":
+            raise _mfa_required(response)
+        tokens = Tokens.from_json(self._json_of(_checked(response)))
+        if tokens.device_token is not None and tokens.user.email is not None:
+            self._device_tokens[tokens.user.email.lower()] = tokens.device_token
+        self._session.hold(tokens, requested_at)
+        return tokens
+
+    def _refreshed(self, tokens: Tokens) -> Tokens:
+        """The session's next tokens, for its refresh token (rotated: the old one is spent)."""
+        request = self._request("POST", "/auth/refresh", None, json={"refresh_token": tokens.refresh_token})
+        fresh = Tokens.from_json(self._json_of(self._send(request)))
+        if fresh.session_id != tokens.session_id:
+            raise ProtocolError("a refresh answered another session's tokens")
+        return fresh
+
+    def _end_session(self, tokens: Tokens) -> None:
+        """`POST /auth/logout` for the session: by its access token, or its refresh token once that expired."""
+        body = {"refresh_token": tokens.refresh_token} if tokens.refresh_token is not None else None
+        self._send(self._request("POST", "/auth/logout", tokens.access_token, json=body))
 
     def _json(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
         return self._json_of(self._call(method, path, **kwargs))
@@ -231,6 +371,32 @@ class Client:
         if not isinstance(answer, dict):
             raise ProtocolError(f"{where}: unexpected answer {answer!r:.200}")
         return answer
+
+
+def _checked(response: httpx.Response) -> httpx.Response:
+    if response.is_error:
+        raise ApiError.from_response(response)
+    return response
+
+
+def _error_code(response: httpx.Response) -> str | None:
+    """The `code` of an error answer in the service's shape, else None."""
+    try:
+        error = response.json()["error"]
+        return error["code"] if isinstance(error, dict) else None
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _mfa_required(response: httpx.Response) -> MfaRequired:
+    """The 401 `mfa_required` answer as the exception that carries its `mfa_token`."""
+    try:
+        mfa_token = response.json()["mfa_token"]
+    except (ValueError, KeyError, TypeError) as error:
+        raise ProtocolError("POST /auth/login answered mfa_required without an mfa_token") from error
+    if not isinstance(mfa_token, str) or not mfa_token:
+        raise ProtocolError("POST /auth/login answered mfa_required without an mfa_token")
+    return MfaRequired(ApiError.from_response(response), mfa_token)
 
 
 def _segment(value: str) -> str:

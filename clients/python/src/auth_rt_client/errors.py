@@ -67,6 +67,26 @@ class ApiError(AuthRtError):
         return self.status in (429, 500, 502, 503, 504)
 
 
+class MfaRequired(ApiError):
+    """The password was right and the account has a second factor (401 `mfa_required`).
+
+    Finish the login with `Client.login_mfa(error.mfa_token, code=...)` (or `recovery_code=...`): the token is
+    single use and lives 5 minutes. It is never part of the exception's text.
+    """
+
+    def __init__(self, error: ApiError, mfa_token: str) -> None:
+        super().__init__(
+            error.status, error.code, error.message, retry_after=error.retry_after, request_id=error.request_id
+        )
+        self.mfa_token = mfa_token
+
+
+class LoginRequired(AuthRtError):
+    """The client holds no session to use or renew: it never logged in, logged out, its session's renewal was
+    refused, or the session came without a refresh token and its access token has expired. Log in (or exchange)
+    again."""
+
+
 class ServiceUnreachable(AuthRtError):
     """No answer from the service: connection refused or dropped, DNS, TLS, or a time-out."""
 

@@ -236,18 +236,21 @@ class Tokens:
     """A session's tokens, as every way of logging in answers them (`T`, body transport).
 
     Send `access_token` as `Authorization: Bearer` (e.g. to `EventReader`) until `expires_at`; the session is
-    `session_id`, and `refresh_token` renews it. `issued_token_type` is set by a token exchange (RFC 8693).
+    `session_id`, and `refresh_token` renews it (None if the service gave none). `issued_token_type` is set by a
+    token exchange (RFC 8693). `device_token` (from a password login) marks this device as one that logged in to
+    the account before; a `Client` sends it back at its next login to the account. No token shows in `repr`.
     """
 
     access_token: str = field(repr=False)
-    refresh_token: str = field(repr=False)
+    refresh_token: str | None = field(repr=False)
     token_type: str
     expires_in: int
-    refresh_expires_in: int
+    refresh_expires_in: int | None
     session_id: str
     user: User
     expires_at: datetime
     issued_token_type: str | None = None
+    device_token: str | None = field(default=None, repr=False)
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -256,21 +259,25 @@ class Tokens:
         try:
             tokens = cls(
                 access_token=value["access_token"],
-                refresh_token=value["refresh_token"],
+                refresh_token=value.get("refresh_token"),
                 token_type=value["token_type"],
                 expires_in=value["expires_in"],
-                refresh_expires_in=value["refresh_expires_in"],
+                refresh_expires_in=value.get("refresh_expires_in"),
                 session_id=value["session_id"],
                 user=User.from_json(value["user"]),
                 expires_at=datetime.now(UTC) + timedelta(seconds=value["expires_in"]),
                 issued_token_type=value.get("issued_token_type"),
+                device_token=value.get("device_token"),
                 raw=value,
             )
         except (KeyError, TypeError, AttributeError) as error:
             raise ProtocolError("not a token answer") from error  # never the value: it holds tokens
-        texts = (tokens.access_token, tokens.refresh_token, tokens.token_type, tokens.session_id)
-        numbers = (tokens.expires_in, tokens.refresh_expires_in)
-        if not all(isinstance(text, str) for text in texts) or not all(isinstance(n, int) for n in numbers):
+        texts = (tokens.access_token, tokens.token_type, tokens.session_id)
+        optional = (tokens.refresh_token, tokens.issued_token_type, tokens.device_token)
+        numbers_valid = isinstance(tokens.expires_in, int) and isinstance(tokens.refresh_expires_in, int | None)
+        if not all(isinstance(text, str) for text in texts) or not all(_optional_str(o) for o in optional):
+            raise ProtocolError("not a token answer")
+        if not numbers_valid or isinstance(tokens.expires_in, bool) or tokens.expires_in <= 0:
             raise ProtocolError("not a token answer")
         return tokens
 
