@@ -239,6 +239,23 @@ const ACTIVITY_TEXTS = {
   "passkey.added": (details) => `Passkey “${details.name ?? "unnamed"}” added`,
   "passkey.removed": () => "A passkey was removed",
   "role.changed": (details) => `Role changed to ${details.role}`,
+  "user.deleted": () => "Account deleted",
+  "api_key.created": (details) => `An API key${named(details.name)} was made`,
+  "api_key.deleted": (details) => `An API key${named(details.name)} was deleted`,
+  "webhook_endpoint.created": () => "A webhook endpoint was added",
+  "webhook_endpoint.updated": () => "A webhook endpoint was changed",
+  "webhook_endpoint.deleted": () => "A webhook endpoint was deleted",
+  "namespace.put": (details) => `The rules of the rooms ${details.namespace ?? ""}:… were set`,
+  "namespace.deleted": (details) => `The rooms ${details.namespace ?? ""}:… were closed`,
+  "channel.member_added": (details) => `Let into the room ${details.channel ?? ""}${until(details)}`,
+  "channel.member_removed": (details) => `No longer let into the room ${details.channel ?? ""}`,
+  "issuer.put": (details) => `Sign-ins from ${details.issuer ?? "an identity provider"} were trusted`,
+  "issuer.deleted": (details) => `Sign-ins from ${details.issuer ?? "an identity provider"} are no longer trusted`,
+  "oauth_client.created": () => "An application was registered",
+  "oauth_client.updated": () => "An application's registration was changed",
+  "oauth_client.deleted": () => "An application's registration was removed",
+  "signing_key.rotated": () => "The service's signing key was replaced",
+  "signing_key.retired": () => "An old signing key of the service was retired",
   "consent.granted": (details) => `An application was allowed: ${(details.scopes ?? []).join(", ")}`,
   "consent.withdrawn": () => "An application's consent was withdrawn",
   "org.created": () => "An organization was created",
@@ -251,6 +268,22 @@ const ACTIVITY_TEXTS = {
   "org.invitation_revoked": () => "An invitation to an organization was withdrawn",
   "org.invitation_accepted": () => "Accepted an invitation to an organization",
 };
+
+// ` “name”`, for the phrases above (nothing without a name).
+function named(name) {
+  return typeof name === "string" && name ? ` “${name}”` : "";
+}
+
+// How long a room's grant lasts, for the phrase of a grant: its end, or its length.
+function until(details) {
+  if (details.expires_at) return ` until ${new Date(details.expires_at).toLocaleString()}`;
+  if (typeof details.expires_in !== "number") return "";
+  const seconds = Math.round(details.expires_in);
+  if (seconds < 120) return ` for ${seconds} seconds`;
+  if (seconds < 7200) return ` for ${Math.round(seconds / 60)} minutes`;
+  return ` for ${Math.round(seconds / 3600)} hours`;
+}
+
 // Entries that may mean someone else is trying: marked for the eye.
 const ACTIVITY_WARNINGS = new Set(["login.failed", "refresh.reuse_detected", "mfa.reset"]);
 
@@ -260,7 +293,7 @@ function activityText(entry) {
   // Another user's change shows without an id (the service keeps who for the audit log): an administrator,
   // except in an organization, where its owners and admins act on their members.
   if (kind === "user" && id !== me?.id) return entry.type.startsWith("org.") ? text : `${text} by an administrator`;
-  if (kind === "cli") return `${text} from the command line`;
+  if (kind === "cli") return `${text}, by an administrator on the service's command line`;
   if (kind === "api_key") return `${text} by an API key`;
   return text;
 }
@@ -412,6 +445,30 @@ async function askForReset(event) {
 }
 
 let resetToken = null;
+
+// Whether a reset link's token still sets a password, asked without using it: false when the service says it
+// does not, null when it could not say (the form shows then, and setting the password tells).
+async function resetLinkWorks(token) {
+  if (!token) return false;
+  try {
+    await client.json("/auth/password/reset/check", { method: "POST", body: { token } });
+    return true;
+  } catch (error) {
+    return error instanceof ServiceError && error.code === "invalid_token" ? false : null;
+  }
+}
+
+// A used, expired or replaced reset link: said as the page opens, with the form that mails a new one.
+function showUnusableResetLink() {
+  resetToken = null;
+  showSignedOut("Ask for a new link below, or log in.");
+  showNotice(
+    "This password-reset link no longer works: it was used already, it expired (a link works for 30 minutes), " +
+      "or a newer link replaced it.",
+    "failure",
+  );
+  showForm("forgot-form");
+}
 
 async function resetPassword(event) {
   event.preventDefault();
@@ -840,7 +897,7 @@ async function joinRoom(event) {
     await feed.subscribe(channel);
   } catch (error) {
     if (room === joining) closeRoom();
-    $("room-error").textContent = `You cannot join ${channel}: ${error.message}`;
+    $("room-error").replaceChildren(...joinRefusal(channel, error));
     return;
   }
   if (room !== joining) return;
@@ -850,6 +907,30 @@ async function joinRoom(event) {
   if (room === joining && !joining.withoutPresence) {
     joining.timer = setInterval(() => loadPresence(joining), ROOM_PRESENCE_REFRESH_MS);
   }
+}
+
+// Why a room cannot be joined, and the way out: the command that makes its namespace, or the one that lets this
+// user in (an administrator's, on the service's machine). As text and code parts, for the error line.
+const CLI = ".venv/bin/flask --app wsgi";
+function joinRefusal(channel, error) {
+  const refused = `You cannot join ${channel}: `;
+  const namespace = channel.split(":")[0];
+  if (error?.status === 404) {
+    const rules = "--subscribe authenticated --publish subscribers --presence --join-leave";
+    return [
+      `${refused}there is no namespace ${namespace}. An administrator makes it, open to every logged-in user, with `,
+      part("code", "command", `${CLI} channels namespace-put ${namespace} ${rules}`),
+      " (make run makes chat: try chat:lobby).",
+    ];
+  }
+  if (error?.status === 403) {
+    return [
+      `${refused}its namespace lets in only the people it is given to. An administrator lets you in with `,
+      part("code", "command", `${CLI} channels grant ${channel} ${me?.email ?? "YOUR-ADDRESS"}`),
+      ".",
+    ];
+  }
+  return [`${refused}${error.message}`];
 }
 
 async function leaveRoom() {
@@ -1347,12 +1428,39 @@ function explainInsecureContext() {
   $("status").classList.add("error");
 }
 
+// Browsers tie a passkey to a domain name, never to an IP address: at one, passkeys are not offered, and the
+// page says why and where they work (at localhost, for an address of this machine) instead of leaving them out.
+function explainPasskeysAtAnAddress() {
+  const host = location.hostname;
+  const ipAddress = /^\d+(\.\d+){3}$/.test(host) || host.startsWith("[");
+  if (!ipAddress || typeof globalThis.PublicKeyCredential !== "function") return;
+  const why = `Passkeys are not offered here: browsers tie a passkey to a domain name, never to an IP address such as ${host}.`;
+  const loopback = host.startsWith("127.") || host === "[::1]";
+  const there = `${location.protocol}//localhost${location.port ? `:${location.port}` : ""}/`;
+  for (const id of ["passkey-login-note", "passkey-account-note"]) {
+    const note = $(id);
+    if (loopback) {
+      const link = document.createElement("a");
+      link.href = there;
+      link.textContent = there;
+      note.replaceChildren(`${why} They work at `, link, ", this page at the name localhost.");
+    } else {
+      note.textContent = `${why} They work when this page is opened at the service's domain name.`;
+    }
+    note.hidden = false;
+  }
+  $("passkeys-section").hidden = false; // with the note only: nothing there works at this address
+  $("passkeys-empty").hidden = true;
+  $("passkey-add-form").hidden = true;
+}
+
 async function start() {
   if (!window.isSecureContext) return explainInsecureContext();
   $("login-form").addEventListener("submit", logIn);
   $("passkey-login-button").hidden = !passkeysSupported();
   $("passkey-login-button").addEventListener("click", logInWithPasskey);
   $("passkeys-section").hidden = !passkeysSupported();
+  explainPasskeysAtAnAddress();
   $("passkey-add-form").addEventListener("submit", addPasskey);
   $("reauth-passkey-button").addEventListener("click", reauthenticateWithPasskey);
   $("register-button").addEventListener("click", register);
@@ -1393,6 +1501,7 @@ async function start() {
   if (authorizing()) keepRequestThroughProviders();
   const link = await followLink();
   if (link.reset) {
+    if ((await resetLinkWorks(resetToken)) === false) return showUnusableResetLink();
     showSignedOut("Choose a new password for your account.");
     return showForm("reset-form");
   }

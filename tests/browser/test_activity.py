@@ -4,14 +4,19 @@ older pages on demand."""
 
 from __future__ import annotations
 
+import re
+import uuid
+
 import pytest
 import requests
 from playwright.sync_api import expect
 
 from app import create_app
+from app.audit.entries import TYPES
 from app.auth.users import create_user
 from tests.browser.conftest import Stack
 from tests.browser.test_page import log_in, register
+from tests.servers import ROOT
 from tests.utils import DEFAULT_PASSWORD, bearer, random_email
 
 pytestmark = pytest.mark.not_on_cluster("the browser page: a UI test over an endpoint proved on both modes elsewhere")
@@ -84,3 +89,38 @@ def test_older_activity_comes_a_page_at_a_time(stack, new_context):
     expect(page.get_by_role("button", name="Show older activity")).to_be_hidden()
     expect(items.last).to_have_attribute("data-type", "user.registered")
     expect(items.first).to_have_attribute("data-type", "login.succeeded")
+
+
+def phrased_types() -> set[str]:
+    """The audit types the page's table ACTIVITY_TEXTS (app/static/app.js) has a phrase for."""
+    script = (ROOT / "app" / "static" / "app.js").read_text()
+    table = re.search(r"^const ACTIVITY_TEXTS = \{\n(.*?)^\};", script, re.MULTILINE | re.DOTALL)
+    assert table, "app.js has no ACTIVITY_TEXTS table"
+    return set(re.findall(r'^  "?([a-z_.]+)"?: ', table.group(1), re.MULTILINE))
+
+
+def test_the_page_has_plain_words_for_every_type_of_entry_the_service_records():
+    """Every type /auth/activity can answer (any the service records about a user) has a phrase, and the table
+    names no type the service does not have."""
+    phrased = phrased_types()
+    assert {"user.registered", "login.succeeded", "logout"} <= phrased  # the table is read
+    assert sorted(set(TYPES) - phrased) == [], "types without words on the page"
+    assert sorted(phrased - set(TYPES)) == [], "words for types the service does not record"
+
+
+def test_a_change_made_on_the_command_line_reads_in_plain_words(stack, new_context, module_cli):
+    email = register(stack.url)
+    page = new_context().new_page()
+    log_in(page, stack.url, email)
+    namespace = f"hall-{uuid.uuid4().hex[:8]}"
+    assert module_cli("channels", "namespace-put", namespace, "--publish", "subscribers").returncode == 0
+    assert module_cli("channels", "grant", f"{namespace}:stage", email, "--expires-in", "3600").returncode == 0
+    assert module_cli("channels", "revoke", f"{namespace}:stage", email).returncode == 0
+    page.get_by_role("button", name="Refresh the activity").click()
+    by_cli = ", by an administrator on the service's command line"
+    expect(item(page, "channel.member_added").locator(".what")).to_have_text(
+        f"Let into the room {namespace}:stage for 60 minutes{by_cli}"
+    )
+    expect(item(page, "channel.member_removed").locator(".what")).to_have_text(
+        f"No longer let into the room {namespace}:stage{by_cli}"
+    )

@@ -397,6 +397,28 @@ def test_at_an_insecure_address_the_page_says_what_is_wrong_instead_of_hanging(s
     assert problems == []
 
 
+def test_at_an_ip_address_the_page_says_why_passkeys_are_absent_and_where_they_work(stack, new_context):
+    """At 127.0.0.1 browsers refuse passkeys (they are tied to a domain name): the page says so, on the log-in
+    form and in the account's passkeys, and links to the same page at localhost, where it offers them."""
+    port = stack.url.rsplit(":", 1)[1]
+    email = register(stack.url)
+    page = new_context().new_page()
+    page.goto(f"http://127.0.0.1:{port}/")
+    note = page.locator("#passkey-login-note")
+    expect(note).to_contain_text("browsers tie a passkey to a domain name, never to an IP address such as 127.0.0.1")
+    expect(note.get_by_role("link")).to_have_attribute("href", f"http://localhost:{port}/")
+    expect(page.get_by_role("button", name="Sign in with a passkey")).to_be_hidden()
+    log_in(page, stack.url, email)
+    account = page.locator("#passkey-account-note")
+    expect(account).to_contain_text("Passkeys are not offered here")
+    expect(page.get_by_role("button", name="Add a passkey")).to_be_hidden()
+
+    at_localhost = new_context().new_page()
+    at_localhost.goto(f"http://localhost:{port}/")
+    expect(at_localhost.get_by_role("button", name="Sign in with a passkey")).to_be_visible()
+    expect(at_localhost.locator("#passkey-login-note")).to_be_hidden()
+
+
 EMBEDDING_PAGE = """<!doctype html><html lang="en"><head><meta charset="utf-8"><title>Another site</title></head>
 <body><h1>Another site, using the service's client.js</h1>
 <p id="state">offline</p><ol id="events"></ol>

@@ -13,12 +13,15 @@ from app import create_app
 from app.auth.users import create_user
 from tests.browser.conftest import Stack
 from tests.browser.test_page import TRANSPORTS, choose_transport, expect_newest_event, log_in, register
+from tests.servers import ROOT
 from tests.utils import DEFAULT_PASSWORD, bearer, random_email
 
 pytestmark = pytest.mark.not_on_cluster("the browser page: a UI test; channels are proved on both modes elsewhere")
 
 ROOM_RULES = {"subscribe": "authenticated", "publish": "subscribers", "presence": True, "join_leave": True}
 MEMBERS_RULES = {"subscribe": "members", "publish": "subscribers", "presence": True, "join_leave": True}
+#: The rules make run gives the namespace `chat`, on the command line (the page names them for a missing namespace).
+RULES_OF_CHAT = ["--subscribe", "authenticated", "--publish", "subscribers", "--presence", "--join-leave"]
 
 
 @pytest.fixture(scope="module")
@@ -202,3 +205,43 @@ def test_a_room_stays_joined_across_transport_switches_and_loses_nothing(stack, 
         admin.publish(channel, sent[-1])
         expect(page.locator("#room-messages li .text")).to_have_text(sent)  # each once, in order
     assert page.evaluate("window.authRt.feed.channels") == [channel]
+
+
+def refusal_command(page, channel: str) -> list[str]:
+    """Join `channel`, be refused, and the command the page names (as the words after `flask --app wsgi`)."""
+    page.get_by_label("Room", exact=True).fill(channel)
+    page.get_by_role("button", name="Join", exact=True).click()
+    expect(page.locator("#room-error")).to_contain_text(f"You cannot join {channel}: ")
+    expect(page.locator("#room")).to_be_hidden()
+    command = page.locator("#room-error code").text_content().split()
+    assert command[:3] == [".venv/bin/flask", "--app", "wsgi"], command
+    return command[3:]
+
+
+def test_a_room_without_its_namespace_or_a_grant_names_the_command_that_lets_the_user_in(
+    stack, admin, new_context, module_cli
+):
+    """The page's way out of a refused room: the command it names, run as it says, lets the user in."""
+    page, me = signed_in(new_context, stack)
+    email = page.evaluate("window.authRt.client.me().then((user) => user.email)")
+    missing = f"rooms-{uuid.uuid4().hex[:10]}"
+    channel = f"{missing}:lobby"
+    command = refusal_command(page, channel)
+    expect(page.locator("#room-error")).to_contain_text(f"there is no namespace {missing}. An administrator makes it")
+    assert command == ["channels", "namespace-put", missing, *RULES_OF_CHAT], command
+    assert f"chat_rules=({' '.join(RULES_OF_CHAT)})" in (ROOT / "scripts" / "run.sh").read_text()  # make run's
+    done = module_cli(*command)
+    assert done.returncode == 0, done.stderr
+    join(page, channel)
+    expect(person(page, me)).to_have_text(f"{me} (you)")  # presence, as the command's rules say
+    say(page, "made it")
+    expect_last_message(page, me, "made it")
+
+    staff = f"{admin.namespace(MEMBERS_RULES)}:staff"
+    command = refusal_command(page, staff)
+    expect(page.locator("#room-error")).to_contain_text("An administrator lets you in with")
+    assert command == ["channels", "grant", staff, email], command
+    done = module_cli(*command)
+    assert done.returncode == 0, done.stderr
+    join(page, staff)
+    expect(page.locator("#room-error")).to_have_text("")
