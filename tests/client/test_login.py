@@ -278,3 +278,15 @@ def test_an_exchanged_session_is_renewed_and_ended_like_a_login(server, module_c
         assert client.me().id == tokens.user.id and family_size(redis_server, renewed) == 2
         client.logout()
         assert me_status(server, renewed.access_token) == 401
+
+
+def test_a_session_without_a_refresh_token_says_how_to_get_a_new_one():
+    user = {"id": "7", "email": None, "role": "user"}
+    answer = {"access_token": "at", "token_type": "Bearer", "expires_in": 900, "session_id": "s1", "user": user}
+    tokens = Tokens.from_json(answer)
+    assert (tokens.refresh_token, tokens.refresh_expires_in) == (None, None)
+    held = session.SessionTokens(lambda _: pytest.fail("there is no refresh token to present"), refresh_before=60)
+    held.hold(tokens, session.SessionTokens.now())
+    assert held.access_token() == "at"  # fresh: nothing to renew yet
+    with pytest.raises(LoginRequired, match="exchange a new subject token"):
+        held.renew()
