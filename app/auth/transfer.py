@@ -58,8 +58,9 @@ class Report:
         )
 
 
-def parse_line(text: str) -> dict:
-    """The user record a line describes (a record as `users.create_user` makes it), or Refused."""
+def parse_line(text: str) -> tuple[dict, str]:
+    """The user record a line describes (a record as `users.create_user` makes it) and the scheme of its
+    password hash (`no password` for none), or Refused."""
     try:
         line = json.loads(text)
     except ValueError:
@@ -72,15 +73,17 @@ def parse_line(text: str) -> dict:
     missing = [name for name in REQUIRED if name not in line]
     if missing:
         raise Refused(f"{' and '.join(missing)} missing")
-    return {
+    password_hash, scheme = _password_hash(line["password_hash"])
+    record = {
         "id": _user_id(line.get("id")),
         "email": _email(line["email"]),
         "role": _role(line.get("role", "user")),
-        "password_hash": _password_hash(line["password_hash"]),
+        "password_hash": password_hash,
         "token_version": "0",
         "created_at": _created_at(line.get("created_at")),
         "email_verified": "1" if _flag(line.get("email_verified", False)) else "0",
     }
+    return record, scheme
 
 
 def _user_id(value) -> str:
@@ -106,18 +109,17 @@ def _role(value) -> str:
     return value
 
 
-def _password_hash(value) -> str:
+def _password_hash(value) -> tuple[str, str]:
     if value is None or value == "":
-        return ""  # no password: the account logs in after a password reset, or through OAuth
+        return "", "no password"  # it logs in after a password reset, or through OAuth
     if not isinstance(value, str):
         raise Refused("password_hash must be a string or null")
     if len(value) > 1024:
         raise Refused("password_hash is longer than any known form")
     try:
-        passwords.imported_hash_scheme(value)
+        return value, passwords.imported_hash_scheme(value)
     except ValueError as refusal:
         raise Refused(str(refusal)) from None
-    return value
 
 
 def _flag(value) -> bool:
@@ -138,27 +140,22 @@ def _created_at(value) -> str:
     return f"{moment.timestamp():.3f}"
 
 
-def scheme_of(password_hash: str) -> str:
-    """How the report counts a kept hash: its scheme, or `no password`."""
-    return passwords.imported_hash_scheme(password_hash) if password_hash else "no password"
-
-
 def import_lines(lines: Iterable[bytes], dry_run: bool = False) -> Report:
     """Import users from JSON lines (blank lines skipped), BATCH at a time; with `dry_run`, only report."""
     report = Report()
     seen_emails: dict[str, int] = {}
     seen_ids: dict[str, int] = {}
-    batch: list[tuple[int, dict]] = []
+    batch: list[tuple[int, dict, str]] = []
     for number, raw in enumerate(lines, start=1):
         if not raw.strip():
             continue
         try:
-            record = parse_line(_text(raw, number))
+            record, scheme = parse_line(_text(raw, number))
             _check_unique(record, number, seen_emails, seen_ids)
         except Refused as refusal:
             report.refused.append((number, str(refusal)))
             continue
-        batch.append((number, record))
+        batch.append((number, record, scheme))
         if len(batch) == BATCH:
             _store(batch, report, dry_run)
             batch = []
@@ -184,14 +181,13 @@ def _check_unique(record: dict, number: int, seen_emails: dict[str, int], seen_i
     seen_emails[record["email"]] = seen_ids[record["id"]] = number
 
 
-def _store(batch: list[tuple[int, dict]], report: Report, dry_run: bool) -> None:
-    records = [record for _, record in batch]
+def _store(batch: list[tuple[int, dict, str]], report: Report, dry_run: bool) -> None:
+    records = [record for _, record, _ in batch]
     outcomes = _presence(records) if dry_run else users.store_imported_users(records)
-    for number, record in batch:
+    for number, record, scheme in batch:
         outcome = outcomes[record["id"]]
         if outcome == "created":
             report.imported += 1
-            scheme = scheme_of(record["password_hash"])
             report.schemes[scheme] = report.schemes.get(scheme, 0) + 1
         elif outcome == "present":
             report.present.append((number, record["email"]))

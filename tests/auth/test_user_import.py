@@ -85,7 +85,9 @@ def test_imported_users_log_in_over_http_with_each_kind_of_hash_which_becomes_ar
         assert again.status_code == 200 and rdb.hget(Keys.user(user_id), "password_hash") == rehashed
 
 
-def test_each_refused_line_is_reported_with_its_number_and_reason_and_the_others_are_imported(cli, rdb, tmp_path):
+def test_each_refused_line_is_reported_with_its_number_and_reason_and_the_others_are_imported(app, cli, rdb, tmp_path):
+    with app.app_context():
+        existing = users.create_user("existing@example.com", DEFAULT_PASSWORD)
     good = {"email": "Good@Example.com", "password_hash": BCRYPT_4.hash("x"), "role": "admin", "email_verified": True}
     lines = [
         good,
@@ -103,6 +105,7 @@ def test_each_refused_line_is_reported_with_its_number_and_reason_and_the_others
         {"email": "id@example.com", "password_hash": None, "id": "auth0|5dea9f9c82dd7c0e76e4ec93"},
         {"email": "when@example.com", "password_hash": None, "created_at": "yesterday"},
         {"email": "nopassword@example.com", "password_hash": None, "created_at": "2020-01-02T03:04:05Z"},
+        {"email": "other@example.com", "password_hash": None, "id": existing["id"]},
     ]
     path = tmp_path / "users.jsonl"
     write_lines(path, lines)
@@ -125,11 +128,12 @@ def test_each_refused_line_is_reported_with_its_number_and_reason_and_the_others
         "line 12: refused: email_verified must be true or false",
         "line 13: refused: id must be 32 lower-case hexadecimal digits (or left out for a new one)",
         "line 14: refused: created_at must be an RFC 3339 date-time with its offset, e.g. 2024-05-01T12:00:00Z",
-        "line 16: refused: not UTF-8 text",
-        "imported 2 users (1 bcrypt, 1 no password), 0 already present, 13 refused",
+        "line 16: refused: the id belongs to another account",
+        "line 17: refused: not UTF-8 text",
+        "imported 2 users (1 bcrypt, 1 no password), 0 already present, 14 refused",
     ]
     stored = {record["email"]: record for record in _records(rdb)}
-    assert sorted(stored) == ["good@example.com", "nopassword@example.com"]
+    assert sorted(stored) == ["existing@example.com", "good@example.com", "nopassword@example.com"]
     assert stored["good@example.com"]["role"] == "admin" and stored["good@example.com"]["email_verified"] == "1"
     without = stored["nopassword@example.com"]
     assert without["password_hash"] == "" and without["created_at"] == "1577934245.000"
@@ -232,3 +236,19 @@ def test_export_then_import_elsewhere_keeps_every_user_as_it_was(app, cli, rdb, 
     after = {record["email"]: record for record in _records(rdb)}
     assert after == before
     assert cli("users", "export").stdout == target.read_text()
+
+
+def test_a_bcrypt_password_longer_than_72_bytes_logs_in_as_the_system_that_truncated_it_and_is_rehashed_whole(
+    cli, rdb, auth, tmp_path
+):
+    """bcrypt reads 72 bytes; Node's bcrypt (Auth0) and Go's older one dropped the rest, the bcrypt package refuses
+    it: compared on the first 72 bytes, then kept as an Argon2id hash of the whole password."""
+    password = "long passphrase " * 6  # 96 bytes
+    line = {"email": "long@example.com", "password_hash": BCRYPT_4.hash(password.encode()[:72])}
+    assert cli("users", "import", write_lines(tmp_path / "users.jsonl", [line])).returncode == 0
+    assert auth.login("long@example.com", password).status_code == 200
+    assert auth.login("long@example.com", password[:72] + "not the rest").status_code == 401  # now all of it counts
+    assert auth.login("long@example.com", password).status_code == 200
+    assert rdb.hget(Keys.user(rdb.get(Keys.user_by_email("long@example.com"))), "password_hash").startswith(
+        "$argon2id$"
+    )
