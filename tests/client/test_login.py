@@ -11,7 +11,16 @@ import time
 import httpx
 import pyotp
 import pytest
-from auth_rt_client import ApiError, Client, EventReader, LoginRequired, MfaRequired, Tokens, session
+from auth_rt_client import (
+    ApiError,
+    Client,
+    EventReader,
+    LoginRequired,
+    MfaRequired,
+    ServiceUnreachable,
+    Tokens,
+    session,
+)
 
 from app.redis import Keys
 from tests.client.collector import Collector
@@ -290,3 +299,24 @@ def test_a_session_without_a_refresh_token_says_how_to_get_a_new_one():
     assert held.access_token() == "at"  # fresh: nothing to renew yet
     with pytest.raises(LoginRequired, match="exchange a new subject token"):
         held.renew()
+
+
+def test_a_reader_waits_out_a_renewal_that_could_not_reach_the_service(server):
+    email = register(server)
+    with Client(server.url) as client:
+        tokens = client.login(email, DEFAULT_PASSWORD)
+        asked: list[int] = []
+
+        def token_once_unreachable() -> str:
+            asked.append(1)
+            if len(asked) == 2:  # the stream's first connection: as if the renewal had met a dropped connection
+                raise ServiceUnreachable("POST /auth/refresh: connection refused")
+            return client.access_token()
+
+        collector = Collector(EventReader(server.url, token_once_unreachable, max_backoff=1))
+        try:
+            sent = client.publish(f"user:{tokens.user.id}", "n", {"n": 1}).id
+            assert [event.id for event in collector.events(1)] == [sent]  # retried as any transient failure
+        finally:
+            collector.stop()
+        assert len(asked) >= 3 and collector.error is None

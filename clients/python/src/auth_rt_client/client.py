@@ -28,7 +28,8 @@ class Client:
 
     Every method raises `ApiError` when the service refuses (401 unknown or deleted key, 403 outside the
     key's scopes or channels, 413, 422, ...) and `ServiceUnreachable` when it cannot be reached. Nothing is
-    retried by itself: a publish is not idempotent, so whether to try again is the caller's decision.
+    retried by itself (a publish is not idempotent, so whether to try again is the caller's decision), but
+    for a call the service refused, unperformed, because the session's access token had expired.
 
     Managing channels (namespaces, members, presence) needs the `channels:manage` scope; an admin's access
     token, given as `api_key`, may do it too. `exchange` and `login` need no key.

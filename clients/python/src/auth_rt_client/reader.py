@@ -14,7 +14,7 @@ from typing import Any, Literal
 import httpx
 
 from ._version import USER_AGENT
-from .errors import ApiError, ProtocolError
+from .errors import ApiError, ProtocolError, ServiceUnreachable
 from .models import Event
 from .sse import SSEParser, parse_lines, split_lines
 
@@ -40,7 +40,9 @@ class EventReader:
     same cursor, after the stream's `retry:` delay (or `Retry-After`), doubling on repeated failures up
     to `max_backoff` seconds. Any other refusal raises `ApiError`: 401 when the token has expired or its
     session has ended, 400 for a malformed cursor. Pass a function as `access_token` to hand out fresh
-    tokens: it is called before every connection, and once more after a 401 before that is raised.
+    tokens (a logged-in `Client`'s `access_token`): it is called before every connection, and once more after
+    a 401 before that is raised; when it raises `ServiceUnreachable` or a retryable `ApiError` (429, 5xx),
+    that is retried as a failed connection is.
 
     With long polling the service returns a cursor per answer, not per event: within an answer of several
     events `cursor` moves when its last event is yielded, so resuming from a cursor persisted in the middle
@@ -228,12 +230,16 @@ class EventReader:
         """An open response (200 or 204), transient failures retried; None once closed."""
         asked_again = False
         while not self._closed.is_set():
+            token = self._token_or_delay()
+            if isinstance(token, float):
+                self._closed.wait(token)
+                continue
             query = {**params, "channels": ",".join(self._channels)} if self._channels else params
             request = self._http.build_request(
                 "GET",
                 path,
                 params=query,
-                headers={**headers, "Authorization": f"Bearer {self._access_token()}"},
+                headers={**headers, "Authorization": f"Bearer {token}"},
                 timeout=httpx.Timeout(self._timeout, read=read_timeout),
                 extensions={"trace": self._trace},
             )
@@ -305,6 +311,20 @@ class EventReader:
 
     def _access_token(self) -> str:
         return self._token() if callable(self._token) else self._token
+
+    def _token_or_delay(self) -> str | float:
+        """A token for the next connection, or the seconds to wait when the token function met a transient
+        failure (a renewal that got no answer, 429, 5xx): that is retried as a failed connection is."""
+        try:
+            return self._access_token()
+        except ServiceUnreachable:
+            retry_after = 0.0
+        except ApiError as error:
+            if not error.retryable:
+                raise
+            retry_after = error.retry_after or 0.0
+        self._failures += 1
+        return max(self._backoff(), retry_after)
 
     def _backoff(self) -> float:
         return min(self._max_backoff, self._retry * 2.0 ** max(0, self._failures - 1))
