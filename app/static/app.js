@@ -918,16 +918,17 @@ function joinRefusal(channel, error) {
   if (error?.status === 404) {
     const rules = "--subscribe authenticated --publish subscribers --presence --join-leave";
     return [
-      `${refused}there is no namespace ${namespace}. An administrator makes it, open to every logged-in user, with `,
+      `${refused}there is no namespace ${namespace}. An administrator makes it, open to every logged-in user, ` +
+        "on the service's machine with ",
       part("code", "command", `${CLI} channels namespace-put ${namespace} ${rules}`),
-      " (make run makes chat: try chat:lobby).",
+      namespace === "chat" ? "." : " (make run makes the namespace chat: chat:lobby is open to you).",
     ];
   }
   if (error?.status === 403) {
     return [
-      `${refused}its namespace lets in only the people it is given to. An administrator lets you in with `,
+      `${refused}its namespace lets in only the people given this room. An administrator lets you in with `,
       part("code", "command", `${CLI} channels grant ${channel} ${me?.email ?? "YOUR-ADDRESS"}`),
-      ".",
+      " (the room of an organization lets in its members: ask one of its owners to invite you).",
     ];
   }
   return [`${refused}${error.message}`];
@@ -1434,7 +1435,9 @@ function explainPasskeysAtAnAddress() {
   const host = location.hostname;
   const ipAddress = /^\d+(\.\d+){3}$/.test(host) || host.startsWith("[");
   if (!ipAddress || typeof globalThis.PublicKeyCredential !== "function") return;
-  const why = `Passkeys are not offered here: browsers tie a passkey to a domain name, never to an IP address such as ${host}.`;
+  const why =
+    "Passkeys are not offered here: browsers tie a passkey to a domain name, never to an IP address " +
+    `such as ${host}.`;
   const loopback = host.startsWith("127.") || host === "[::1]";
   const there = `${location.protocol}//localhost${location.port ? `:${location.port}` : ""}/`;
   for (const id of ["passkey-login-note", "passkey-account-note"]) {
