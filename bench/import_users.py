@@ -1,7 +1,8 @@
 """`flask --app wsgi users import`: 10,000 users with bcrypt hashes, timed, and every one of them logging in.
 
-Run: .venv/bin/python -m bench.import_users [--users N] [--clients C]
-(starts its own redis-server and gunicorn, 2 workers; about two minutes on 2 cores)
+Run: .venv/bin/python -m bench.import_users [--users N] [--clients C] [--cluster]
+(starts its own redis-server, or with --cluster a local Redis Cluster of 3 primaries and 3 replicas, and
+gunicorn with 2 workers; about two minutes on 2 cores)
 
 1. Cost 10, as Auth0 and Supabase export them: N users whose hashes are 16 distinct cost-10 hashes reused
    (an import does not hash, so its time does not depend on how many distinct hashes there are, and making
@@ -19,6 +20,7 @@ The service runs with PASSWORD_HASH_COST=minimal so that the 10,000 rehashes at 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing
 import os
@@ -28,10 +30,10 @@ import time
 from pathlib import Path
 
 import bcrypt
-import redis
 import requests
 
-from bench.common import machine, service, summary_ms
+from bench.common import machine, service, service_env, summary_ms
+from tests.servers import LiveServer, RedisClusterServer
 
 ROOT = Path(__file__).resolve().parents[1]
 FLASK = ROOT / ".venv" / "bin" / "flask"
@@ -96,9 +98,24 @@ def log_in_all(url: str, accounts: list[tuple[str, str]], clients: int) -> tuple
     return time.perf_counter() - started, results
 
 
-def stored_hash_kinds(redis_url: str) -> dict[str, int]:
+@contextlib.contextmanager
+def cluster_service(workers: int = 2, **env):
+    """`bench.common.service` on a local Redis Cluster."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cluster = RedisClusterServer(Path(tmp))
+        cluster.start()
+        server = LiveServer({**service_env(cluster, tmp), "REDIS_MODE": "cluster", **env}, workers=workers)
+        try:
+            server.start()
+            yield server, cluster
+        finally:
+            server.stop()
+            cluster.stop()
+
+
+def stored_hash_kinds(redis_server) -> dict[str, int]:
     """How many user records hold which kind of hash (by its first characters)."""
-    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    client = redis_server.client()
     kinds: dict[str, int] = {}
     ids = client.zrange("users", 0, -1)
     pipe = client.pipeline(transaction=False)
@@ -114,10 +131,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--users", type=int, default=10_000)
     parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--cluster", action="store_true", help="on a local Redis Cluster")
     options = parser.parse_args()
     users = options.users
-    print(f"{machine()}; {users:,} users a file, {options.clients} login clients")
-    with tempfile.TemporaryDirectory() as tmp, service(workers=2, PASSWORD_HASH_COST="minimal") as (server, rdb):
+    where = "a Redis Cluster (3 primaries, 3 replicas)" if options.cluster else "one redis-server"
+    print(f"{machine()}; {users:,} users a file, {options.clients} login clients, {where}")
+    serve = cluster_service if options.cluster else service
+    with tempfile.TemporaryDirectory() as tmp, serve(workers=2, PASSWORD_HASH_COST="minimal") as (server, rdb):
         env = {key: value for key, value in server.env.items() if key not in ("PORT", "WEB_CONCURRENCY")}
 
         started = time.perf_counter()
@@ -156,7 +176,7 @@ def main() -> None:
             f"{summary_ms([s for _, s in results])}"
         )
         assert statuses == {200: users}, statuses
-        kinds = stored_hash_kinds(rdb.url)
+        kinds = stored_hash_kinds(rdb)
         print(f"  stored hashes now: {kinds}")
         assert kinds.get("argon2id", 0) >= users + len(sample), kinds
 

@@ -19,8 +19,6 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-import gevent
-
 from ..redis import Keys, get_redis
 from . import emails, indexes, passwords, users
 
@@ -227,7 +225,6 @@ def export_lines() -> Iterator[str]:
         for record in pipe.execute():
             if record and not users.is_external(record):  # deleted meanwhile, or a trusted issuer's
                 yield json.dumps(exported(record), ensure_ascii=False)
-        gevent.sleep(0)
 
 
 def open_private(path: str):
