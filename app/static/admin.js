@@ -88,6 +88,15 @@ function confirmAction(text, yes) {
   });
 }
 
+// What a failure says to the administrator: the service's own message, or in words when the service was not
+// reached at all (fetch rejects with a TypeError whose text differs by browser: "Failed to fetch", ...).
+function failureText(error) {
+  if (error instanceof TypeError && /fetch|network|load failed/i.test(error.message)) {
+    return "The service could not be reached. Check the connection and try again.";
+  }
+  return error.message;
+}
+
 // Runs an action, showing its failure (the service's message) in `errorLine`; resolves with its result,
 // or undefined when it failed.
 async function attempt(errorLine, action) {
@@ -95,7 +104,7 @@ async function attempt(errorLine, action) {
   try {
     return await action();
   } catch (error) {
-    $(errorLine).textContent = error.message;
+    $(errorLine).textContent = failureText(error);
     return undefined;
   }
 }
@@ -138,9 +147,14 @@ function userLink(id) {
   const link = el("a", { href: `#user/${id}`, className: "user-ref", text: id, title: id });
   link.dataset.userId = id;
   emailOf(id).then((email) => {
-    link.textContent = email ?? `${id} (deleted)`;
+    link.textContent = link.title = email ?? `${id} (deleted)`;
   });
   return link;
+}
+
+// A link to a user named by their address: kept whole on one line (style.css), the whole of it in its title.
+function emailLink(href, text) {
+  return el("a", { href, className: "email", text, title: text });
 }
 
 // ---- Audit entries: a table with paging, for the audit log and a user's trail ----
@@ -153,6 +167,44 @@ function actorView(actor) {
   return document.createTextNode(ACTOR_KINDS[actor.kind] ?? actor.kind);
 }
 
+// An entry's details as lines of "key: value" in words: nested objects by their path ("info name: Ada"),
+// lists joined with commas, yes/no for true/false, "none" for null or an empty list.
+function detailLines(details, path = []) {
+  const lines = [];
+  for (const [key, value] of Object.entries(details ?? {})) {
+    const name = [...path, key.replaceAll("_", " ")];
+    if (value !== null && typeof value === "object" && !Array.isArray(value)) {
+      lines.push(...detailLines(value, name));
+    } else {
+      lines.push([name.join(" "), detailValue(value)]);
+    }
+  }
+  return lines;
+}
+
+function detailValue(value) {
+  if (value === null || value === undefined) return "none";
+  if (value === true) return "yes";
+  if (value === false) return "no";
+  if (Array.isArray(value)) return value.length ? value.map(detailValue).join(", ") : "none";
+  if (typeof value === "object") {
+    return detailLines(value)
+      .map(([key, text]) => `${key}: ${text}`)
+      .join("; ");
+  }
+  return String(value);
+}
+
+function detailsView(details) {
+  return el(
+    "ul",
+    { className: "details" },
+    ...detailLines(details).map(([key, text]) =>
+      el("li", {}, el("span", { className: "detail-key", text: `${key}: ` }), el("span", { text })),
+    ),
+  );
+}
+
 function entryRow(entry) {
   const row = el(
     "tr",
@@ -162,7 +214,7 @@ function entryRow(entry) {
     cell(el("span", { className: "actor" }, actorView(entry.actor))),
     cell(entry.subject ? userLink(entry.subject) : ""),
     el("td", { className: "ip", text: entry.ip ?? "" }),
-    cell(el("code", { className: "details", text: JSON.stringify(entry.details) })),
+    cell(detailsView(entry.details)),
   );
   row.dataset.entryId = entry.id;
   row.dataset.type = entry.type;
@@ -240,7 +292,10 @@ function route() {
 
 // ---- Users ----
 
+const SEARCH_DELAY_MS = 250; // typing pauses this long before the search is sent
 let usersOffset = 0;
+let searchTimer = null;
+let searchSeq = 0; // answers to older searches than the newest are dropped
 let shownUser = null; // the user whose detail is open
 let userTrail = null;
 
@@ -248,7 +303,7 @@ function userRow(user) {
   const row = el(
     "tr",
     { className: "user" },
-    cell(el("a", { href: `#user/${user.id}`, text: nameOf(user) })),
+    cell(user.email ? emailLink(`#user/${user.id}`, nameOf(user)) : el("a", { href: `#user/${user.id}`, text: nameOf(user) })),
     cell(user.role),
     cell(user.email_verified ? "yes" : "no"),
     cell(user.mfa_enabled ? "on" : "off"),
@@ -258,20 +313,60 @@ function userRow(user) {
   return row;
 }
 
+// GET /admin/users?q=: the first users, in e-mail order, whose address starts with the text (any case).
+async function searchUsers(text) {
+  return (await client.json(`/admin/users?${new URLSearchParams({ q: text })}`)).users;
+}
+
+// The list as the administrator types: the users whose address starts with the text (the newest users once
+// it is empty). Resolves with the users shown, or undefined when this search was overtaken or failed.
+async function showSearch() {
+  clearTimeout(searchTimer);
+  const text = $("user-find-email").value.trim();
+  const seq = ++searchSeq;
+  if (!text) {
+    await newestUsers(false);
+    return undefined;
+  }
+  $("users-error").textContent = "";
+  let found;
+  try {
+    found = await searchUsers(text);
+  } catch (error) {
+    if (seq === searchSeq) $("users-error").textContent = failureText(error);
+    return undefined;
+  }
+  if (seq !== searchSeq) return undefined; // a newer search is under way: its answer is the one to show
+  showUserList(found, `Users whose address starts with "${text}"`, false);
+  $("user-list-empty").textContent = `No user's address starts with "${text}".`;
+  $("user-list-empty").hidden = found.length > 0;
+  return found;
+}
+
+function searchAsTyped() {
+  clearTimeout(searchTimer);
+  searchTimer = setTimeout(showSearch, SEARCH_DELAY_MS);
+}
+
+// Enter or Find: the search at once; the one user it finds (or the one with exactly this address) opens.
 async function findUser(event) {
   event.preventDefault();
-  const email = $("user-find-email").value.trim();
-  const found = await attempt("users-error", () => admin.users({ email }));
-  if (!found) return;
-  showUserList(found, `Users with the address ${email}`, false);
-  $("user-list-empty").hidden = found.length > 0;
-  if (found.length !== 1) return;
-  const target = `#user/${found[0].id}`;
-  if (location.hash === target) await openUser(found[0].id); // shown already: show it afresh
+  const text = $("user-find-email").value.trim().toLowerCase();
+  const found = await showSearch();
+  if (!found?.length) return;
+  const exact = found.find((user) => user.email === text);
+  const only = exact ?? (found.length === 1 ? found[0] : null);
+  if (!only) return;
+  const target = `#user/${only.id}`;
+  if (location.hash === target) await openUser(only.id); // shown already: show it afresh
   else location.hash = target;
 }
 
 async function newestUsers(more = false) {
+  if (!more) {
+    clearTimeout(searchTimer); // a search still to be sent, or under way, would replace this list
+    searchSeq++;
+  }
   usersOffset = more ? usersOffset + USERS_PAGE : 0;
   const found = await attempt("users-error", () => admin.users({ limit: USERS_PAGE, offset: usersOffset }));
   if (!found) return;
@@ -457,7 +552,11 @@ async function openOrg(id) {
       const row = el(
         "tr",
         { className: "org-member" },
-        cell(el("a", { href: `#user/${member.user_id}`, text: member.email ?? member.user_id })),
+        cell(
+          member.email
+            ? emailLink(`#user/${member.user_id}`, member.email)
+            : el("a", { href: `#user/${member.user_id}`, text: member.user_id }),
+        ),
         el("td", { className: "role", text: member.role }),
         cell(time(member.joined_at, "")),
       );
@@ -631,9 +730,7 @@ function endpointView(endpoint) {
 
 function messageRow(endpoint, message, errorId, refresh) {
   const last = message.attempts.at(-1);
-  const lastText = last
-    ? `${new Date(last.at).toLocaleString()}: ${last.status_code ?? ""} ${last.error ?? ""} (${last.duration_ms} ms)`
-    : "";
+  const lastText = last ? `${attemptText(last)}, ${new Date(last.at).toLocaleString()}` : "";
   const row = el(
     "tr",
     { className: "message" },
@@ -641,7 +738,7 @@ function messageRow(endpoint, message, errorId, refresh) {
     cell(`${message.channel} / ${message.event}`),
     cell(el("span", { className: "message-status", text: message.status })),
     cell(el("span", { className: "attempts", text: String(message.attempts.length) })),
-    cell(lastText),
+    el("td", { className: "last-attempt", text: lastText }),
     cell(time(message.next_attempt_at, "")),
     cell(
       button("Retry", `Send the message ${message.id} again`, async () => {
@@ -652,6 +749,12 @@ function messageRow(endpoint, message, errorId, refresh) {
   row.dataset.messageId = message.id;
   row.dataset.status = message.status;
   return row;
+}
+
+// What an attempt came to, in words: "HTTP 204 after 12 ms", "could not connect: connection refused after 1 ms".
+function attemptText(attempt) {
+  const outcome = attempt.error ?? (attempt.status_code ? `HTTP ${attempt.status_code}` : "no answer");
+  return `${outcome} after ${attempt.duration_ms} ms`;
 }
 
 async function createEndpoint(event) {
@@ -1087,6 +1190,7 @@ function clearAudit() {
 function start() {
   client.loggedIn(); // the server sent this page to a signed-in administrator
   $("user-find-form").addEventListener("submit", findUser);
+  $("user-find-email").addEventListener("input", searchAsTyped);
   $("user-newest-button").addEventListener("click", () => newestUsers(false));
   $("user-more-button").addEventListener("click", () => newestUsers(true));
   $("user-role-button").addEventListener("click", changeRole);

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import time
 import uuid
 
@@ -55,12 +56,26 @@ def receiver():
     started.stop()
 
 
-def make_user(base_env: dict, role: str = "user") -> tuple[str, str]:
+def make_user(base_env: dict, role: str = "user", email: str | None = None) -> tuple[str, str]:
     """A new account made in-process: its e-mail and id."""
-    email = random_email()
+    email = email or random_email()
     with create_app(base_env).app_context():
         user = create_user(email, DEFAULT_PASSWORD, role=role)
     return email, user["id"]
+
+
+# How many lines an element's text takes (its text's boxes, by their tops): 1 for an address kept whole.
+LINES_OF_TEXT = """element => {
+  const range = document.createRange();
+  range.selectNodeContents(element);
+  return new Set([...range.getClientRects()].map((box) => Math.round(box.top))).size;
+}"""
+NARROW = {"width": 700, "height": 900}  # a window where the tables' columns must give way
+
+
+def lines_of(locator) -> list[int]:
+    """The number of lines each element `locator` finds takes."""
+    return [element.evaluate(LINES_OF_TEXT) for element in locator.element_handles()]
 
 
 def token_of(stack: Stack, email: str, device: str = "a script") -> str:
@@ -241,14 +256,28 @@ def turn_on_mfa(stack: Stack, token: str) -> None:
 
 def test_an_administrator_finds_a_user_and_changes_role_mfa_sessions_and_deletes_them(stack, base_env, new_context):
     admin_email, admin_id = make_user(base_env, "admin")
-    email, user_id = make_user(base_env)
+    prefix = f"bob-{uuid.uuid4().hex[:8]}"
+    email, user_id = make_user(base_env, email=f"{prefix}@example.com")
+    namesakes = [make_user(base_env, email=f"{prefix}{end}@example.com")[0] for end in ("2", "-by")]
     phone = token_of(stack, email, device="Bob's phone")
     turn_on_mfa(stack, phone)
     add_passkey(stack, phone, "Bob's key")
 
     page = new_context().new_page()
+    page.set_viewport_size(NARROW)
     open_console(page, stack, admin_email)
-    page.get_by_label("Find a user by e-mail").fill(email)
+    # As the administrator types the start of an address (any case), the users whose address starts so show,
+    # in the addresses' order ('-' and '2' come before '@'), each address on one line.
+    page.get_by_label("Find users by e-mail").press_sequentially(prefix.upper())
+    listed = page.locator("#user-list tbody tr a")
+    expect(listed).to_have_text([namesakes[1], namesakes[0], email])
+    expect(page.locator("#user-list-caption")).to_have_text(f'Users whose address starts with "{prefix.upper()}"')
+    assert lines_of(listed) == [1, 1, 1]
+    page.get_by_label("Find users by e-mail").fill(f"{prefix}-zz")
+    expect(page.locator("#user-list-empty")).to_have_text(f'No user\'s address starts with "{prefix}-zz".')
+    expect(page.locator("#user-list")).to_be_hidden()
+    # Find opens the user whose whole address is typed.
+    page.get_by_label("Find users by e-mail").fill(email)
     page.get_by_role("button", name="Find", exact=True).click()
     detail = page.locator("#user-detail")
     expect(detail.get_by_role("heading", level=3)).to_have_text(email)
@@ -264,6 +293,10 @@ def test_an_administrator_finds_a_user_and_changes_role_mfa_sessions_and_deletes
     for own in ("user.registered", "login.succeeded", "mfa.enabled", "passkey.added"):
         expect(entry(trail, own)).to_be_visible()
     expect(entry(trail, "login.succeeded").locator(".actor")).to_have_text(email)  # by themselves
+    # Details in words, one "key: value" a line; the addresses in the narrow table each on one line.
+    expect(entry(trail, "user.registered").locator(".details li")).to_have_text(["method: password", "role: user"])
+    expect(entry(trail, "passkey.added").locator(".details")).not_to_contain_text("{")
+    assert set(lines_of(trail.locator("tr.entry .user-ref"))) == {1}
     keep(page, "admin-console-user.png")
 
     # The role: a cancelled confirmation changes nothing; a confirmed one does, and the trail says who.
@@ -372,6 +405,13 @@ def test_an_administrator_creates_an_api_key_shown_once_and_deletes_it(stack, ba
     assert key not in page.content()  # never a key in an entry
 
 
+def closed_port() -> int:
+    """A loopback port nothing listens on (bound, then let go)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 def refresh_until(article, selector: str, timeout: float = 20.0):
     """Press the endpoint's Refresh until its messages show `selector` (deliveries take seconds)."""
     deadline = time.monotonic() + timeout
@@ -391,14 +431,22 @@ def test_an_administrator_manages_a_webhook_endpoint_and_its_messages(stack, bas
     url = receiver.behave(path, fail_first=3)  # the first send and both retries fail, then it answers 204
 
     page = new_context().new_page()
+    page.set_viewport_size(NARROW)
     open_console(page, stack, admin_email)
     # The plain page of webhooks sent (kept: no script, read by operators' scripts) leads to the console's.
     page.goto(stack.url + "/admin/webhooks")
     page.get_by_role("link", name="admin console").click()
     expect(page).to_have_url(f"{stack.url}/admin#webhooks")
     expect(page.get_by_role("heading", name="Webhooks sent", level=2)).to_be_visible()
+    # Channel patterns follow the API keys' rule: a bad one is refused in words, naming it; a namespace's is kept.
     page.get_by_label("URL", exact=True).fill(url)
-    page.get_by_label("Channels (comma separated").fill(orders)
+    page.get_by_label("Channels (comma separated").fill(f"{orders}, Orders:*")
+    page.get_by_role("button", name="Add the endpoint").click()
+    refusal = page.locator("#endpoint-error")
+    expect(refusal).to_contain_text("Field 'channels': channel 2 ('Orders:*') is not a channel pattern: give")
+    assert not re.search(r"\^|channels\.\d|pattern '", refusal.text_content())
+    expect(page.locator("#endpoints article.endpoint")).to_have_count(0)
+    page.get_by_label("Channels (comma separated").fill(f"{orders}, {orders}:*")
     page.get_by_label("Event names").fill("order.*")
     page.get_by_label("Description").fill("Billing")
     page.get_by_role("button", name="Add the endpoint").click()
@@ -410,7 +458,15 @@ def test_an_administrator_manages_a_webhook_endpoint_and_its_messages(stack, bas
     article = page.get_by_role("article", name=url)
     expect(article.locator(".state")).to_have_text("enabled")
     expect(article).to_contain_text("Billing")
+    expect(article).to_contain_text(f"{orders}, {orders}:*")
     endpoint_id = article.get_attribute("data-endpoint-id")
+    # A second endpoint where nothing listens: its attempts' error reads as words.
+    unreachable = f"http://127.0.0.1:{closed_port()}/hook"
+    page.get_by_label("URL", exact=True).fill(unreachable)
+    page.get_by_label("Channels (comma separated").fill(orders)
+    page.get_by_role("button", name="Add the endpoint").click()
+    page.get_by_role("button", name="I have copied it").click()
+    refused = page.get_by_role("article", name=unreachable)
 
     published = requests.post(
         f"{stack.url}/events",
@@ -421,6 +477,13 @@ def test_an_administrator_manages_a_webhook_endpoint_and_its_messages(stack, bas
     assert published.status_code == 201, published.text
     failed = refresh_until(article, 'tr.message[data-status="failed"]')
     expect(failed.locator(".attempts")).to_have_text("3")
+    expect(failed.locator("td.last-attempt")).to_contain_text("HTTP 500 after ")
+    assert lines_of(article.locator("table.messages th", has_text="Attempts")) == [1]  # the header is not split
+    unsent = refresh_until(refused, "tr.message")
+    expect(unsent.locator("td.last-attempt")).to_contain_text("could not connect: connection refused after ")
+    refused.get_by_role("button", name=f"Delete the endpoint {unreachable}").click()
+    confirm(page, "Delete the endpoint")
+    expect(refused).to_have_count(0)
     failed.get_by_role("button", name=re.compile("^Send the message")).click()
     delivered = refresh_until(article, 'tr.message[data-status="delivered"]')
     expect(delivered.locator(".attempts")).to_have_text("4")
@@ -455,7 +518,8 @@ def test_an_administrator_manages_a_webhook_endpoint_and_its_messages(stack, bas
     page.get_by_role("button", name="Show", exact=True).click()
     log = page.locator("#audit-log")
     for change in ("webhook_endpoint.created", "webhook_endpoint.updated", "webhook_endpoint.deleted"):
-        expect(entry(log, change, admin_id)).to_contain_text(endpoint_id)
+        by_admin = log.locator(f'tr.entry[data-type="{change}"][data-actor-id="{admin_id}"]', has_text=endpoint_id)
+        expect(by_admin.first).to_be_visible()
     assert secret not in page.content()
 
 
@@ -668,7 +732,7 @@ def test_an_administrator_registers_applications_rotates_a_secret_and_deletes_on
     page.get_by_role("button", name="Show", exact=True).click()
     log = page.locator("#audit-log")
     expect(log.locator('tr.entry[data-type="oauth_client.created"]')).to_have_count(2)
-    expect(entry(log, "oauth_client.updated", admin_id)).to_contain_text('"changed":["secret"]')
+    expect(entry(log, "oauth_client.updated", admin_id).locator(".details")).to_contain_text("changed: secret")
     expect(entry(log, "oauth_client.deleted", admin_id)).to_contain_text(client_id)
     assert secret not in page.content() and rotated not in page.content()
 
