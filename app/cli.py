@@ -172,7 +172,12 @@ def init_app(app: Flask) -> None:
     @keys_group.command("create")
     @click.option("--name", required=True, help="What uses the key, e.g. 'billing backend'.")
     @click.option("--scope", "scopes", multiple=True, required=True, help="events:publish, tokens:introspect, ...")
-    @click.option("--channel", "channels", multiple=True, help="Where events:publish may publish: a name, user:* or *.")
+    @click.option(
+        "--channel",
+        "channels",
+        multiple=True,
+        help="Where events:publish may publish: a channel name, <namespace>:* (user:* every user's) or *.",
+    )
     @_one_line_errors
     def create_key_command(name: str, scopes: tuple[str, ...], channels: tuple[str, ...]):
         """Create a key and print it: it is shown this once, and only its SHA-256 is kept."""

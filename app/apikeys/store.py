@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import secrets
 import time
 import uuid
@@ -17,9 +16,9 @@ from dataclasses import dataclass
 from flask import current_app
 
 from .. import audit
-from ..channels.namespaces import NAMESPACE_PATTERN, split_channel
+from ..channels.patterns import covers
+from ..channels.patterns import refusal as channel_patterns_refusal
 from ..errors import validation_failed
-from ..events.bus import CHANNEL_PATTERN
 from ..http import plain_text, rfc3339
 from ..redis import Keys, get_redis
 
@@ -60,17 +59,7 @@ class ApiKey:
 
     def may_publish(self, channel: str) -> bool:
         """Exact channel names, `<ns>:*` for a namespace's channels (`user:*`: every user's), `*` for all."""
-        return any(
-            allowed in ("*", channel) or (allowed.endswith(":*") and channel.startswith(allowed[:-1]))
-            for allowed in self.channels
-        )
-
-
-def is_channel_rule(rule: str) -> bool:
-    """A channel name, `<ns>:*` (every channel of a namespace, `user:*` every user's) or `*`."""
-    if rule == "*" or CHANNEL_PATTERN.fullmatch(rule) or split_channel(rule):
-        return True
-    return rule.endswith(":*") and re.fullmatch(NAMESPACE_PATTERN, rule[:-2]) is not None
+        return any(covers(allowed, channel) for allowed in self.channels)
 
 
 def hash_key(raw: str) -> str:
@@ -88,9 +77,9 @@ def validate_request(name, scopes, channels) -> tuple[str, list[str], list[str]]
         raise validation_failed(f"Scopes must be one or more of {', '.join(SCOPES)}.")
     if len(channels) > CHANNELS_LIMIT:
         raise validation_failed(f"At most {CHANNELS_LIMIT} channels.")
-    for channel in channels:
-        if not is_channel_rule(channel):
-            raise validation_failed(f"Channel {channel!r} is neither a channel name, '<namespace>:*' nor '*'.")
+    refused = channel_patterns_refusal(channels)
+    if refused is not None:
+        raise validation_failed(f"{refused[:1].upper()}{refused[1:]}.")
     if "events:publish" in scopes and not channels:
         raise validation_failed("A key with scope events:publish needs at least one channel.")
     return name, sorted(set(scopes)), sorted(set(channels))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import redis
 
-from ..events.bus import USER_CHANNEL_PREFIX, Event
+from ..events.bus import Event
 from ..events.cursor import LAST_POSSIBLE_ID, parse_id
 from ..redis import Keys
 from .store import Endpoint, OutgoingStore
@@ -19,8 +19,8 @@ REPLAY_LIMIT = 10_000  # events per request; a later `since` replays what lies b
 
 def history_channels(client: redis.Redis, filters: tuple[str, ...]) -> list[str]:
     """The channels with kept history that these channel filters name."""
-    channels = {name for name in filters if name not in ("*", USER_CHANNEL_PREFIX + "*")}
-    patterns = [Keys.stream(name) for name in filters if name in ("*", USER_CHANNEL_PREFIX + "*")]
+    channels = {name for name in filters if not name.endswith("*")}
+    patterns = [Keys.stream(name) for name in filters if name.endswith("*")]  # `*` and `<namespace>:*`
     for pattern in patterns:
         for key in client.scan_iter(match=pattern, count=1000, _type="stream"):
             channels.add(Keys.stream_channel(key))

@@ -39,7 +39,7 @@ from datetime import UTC, datetime
 
 import redis
 
-from ..events.bus import USER_CHANNEL_PREFIX
+from ..channels.patterns import covers
 from ..http import rfc3339
 from ..redis import Keys, is_cluster
 from .replicas import execute_replicated
@@ -323,12 +323,7 @@ class Endpoint:
 
     def wants(self, channel: str, event: str) -> bool:
         """Whether an event on `channel` named `event` passes this endpoint's filters."""
-        if not any(
-            wanted == channel
-            or wanted == "*"
-            or (wanted == USER_CHANNEL_PREFIX + "*" and channel.startswith(USER_CHANNEL_PREFIX))
-            for wanted in self.channels
-        ):
+        if not any(covers(wanted, channel) for wanted in self.channels):
             return False
         return self.events is None or any(event_pattern(p).match(event) for p in self.events)
 
