@@ -10,6 +10,7 @@ import click
 import redis
 from flask import Flask, current_app
 
+from . import audit
 from .channels.namespaces import PUBLISH_RULES, SUBSCRIBE_RULES
 from .errors import ApiError
 from .redis import describe_redis, redis_error, redis_url_setting
@@ -136,6 +137,8 @@ def init_app(app: Flask) -> None:
         finally:
             if target is not None:
                 target.close()
+            # Every hash left the service, even when writing stopped part-way: an auditor should know.
+            audit.record("users.exported", details={"users": count, "to": "file" if output else "stdout"})
         click.echo(f"exported {count} users", err=True)
 
     @users_group.command("reindex")

@@ -45,6 +45,7 @@ TYPES = (
     "passkey.removed",
     "role.changed",
     "user.deleted",
+    "users.exported",
     "api_key.created",
     "api_key.deleted",
     "webhook_endpoint.created",

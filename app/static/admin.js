@@ -315,7 +315,7 @@ function userRow(user) {
 
 // GET /admin/users?q=: the first users, in e-mail order, whose address starts with the text (any case).
 async function searchUsers(text) {
-  return (await client.json(`/admin/users?${new URLSearchParams({ q: text })}`)).users;
+  return admin.users({ q: text });
 }
 
 // The list as the administrator types: the users whose address starts with the text (the newest users once

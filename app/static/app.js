@@ -256,6 +256,7 @@ const ACTIVITY_TEXTS = {
   "oauth_client.deleted": () => "An application's registration was removed",
   "signing_key.rotated": () => "The service's signing key was replaced",
   "signing_key.retired": () => "An old signing key of the service was retired",
+  "users.exported": (details) => `Every account, password hashes included, was exported (${details.users ?? "?"} users)`,
   "consent.granted": (details) => `An application was allowed: ${(details.scopes ?? []).join(", ")}`,
   "consent.withdrawn": () => "An application's consent was withdrawn",
   "org.created": () => "An organization was created",
@@ -451,10 +452,9 @@ let resetToken = null;
 async function resetLinkWorks(token) {
   if (!token) return false;
   try {
-    await client.json("/auth/password/reset/check", { method: "POST", body: { token } });
-    return true;
-  } catch (error) {
-    return error instanceof ServiceError && error.code === "invalid_token" ? false : null;
+    return await client.checkResetToken(token);
+  } catch {
+    return null;
   }
 }
 

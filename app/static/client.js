@@ -389,6 +389,22 @@ export class Client {
   }
 
   /**
+   * Whether a reset mail's token would still set a password, asked without using it up.
+   * @param {string} token
+   * @returns {Promise<boolean>} false for a used, expired or replaced token (400 `invalid_token`); rejects
+   *   with a {@link ServiceError} for anything else (429 `rate_limited`, 503 `unavailable`)
+   */
+  async checkResetToken(token) {
+    try {
+      await this.json("/auth/password/reset/check", { method: "POST", body: { token } });
+      return true;
+    } catch (error) {
+      if (error instanceof ServiceError && error.code === "invalid_token") return false;
+      throw error;
+    }
+  }
+
+  /**
    * Confirms the account's address with the token from a verification mail.
    * @param {string} token
    * @returns {Promise<void>} rejects with a {@link ServiceError} (400 `invalid_token`)
@@ -965,12 +981,13 @@ export class Admin {
   }
 
   /**
-   * Users newest first, or the one with an e-mail address.
-   * @param {{email?: string, limit?: number, offset?: number}} [query]
+   * Users newest first, the one with an e-mail address, or (`q`) the first 50 in e-mail order whose address
+   * starts with `q`, in any letter case. `q` goes alone.
+   * @param {{email?: string, q?: string, limit?: number, offset?: number}} [query]
    * @returns {Promise<AdminUser[]>}
    */
-  async users({ email, limit, offset } = {}) {
-    return (await this.client.json(`/admin/users${queryString({ email, limit, offset })}`)).users;
+  async users({ email, q, limit, offset } = {}) {
+    return (await this.client.json(`/admin/users${queryString({ email, q, limit, offset })}`)).users;
   }
 
   /**

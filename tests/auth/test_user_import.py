@@ -12,6 +12,7 @@ import pytest
 import requests
 from passlib.hash import bcrypt, django_pbkdf2_sha256
 
+from app.audit.store import read as read_audit
 from app.auth import indexes, users
 from app.auth.emails import RULE
 from app.redis import Keys
@@ -230,6 +231,12 @@ def test_export_then_import_elsewhere_keeps_every_user_as_it_was(app, cli, rdb, 
     assert cli("users", "export").stdout == target.read_text()  # standard output: the same lines
     refused = cli("users", "export", "--output", str(target))
     assert refused.returncode == 1 and "exists: export to a new file" in refused.stderr
+    with app.app_context():  # every export is an audit entry, naming how many and where (never the file's name)
+        exports = read_audit(entry_type="users.exported")[0]
+    assert [(entry["actor"]["kind"], entry["details"]) for entry in exports] == [
+        ("cli", {"users": 2, "to": "stdout"}),
+        ("cli", {"users": 2, "to": "file"}),
+    ]
 
     redis_server.flushall() if redis_server.mode == "cluster" else rdb.flushall()  # another service's database
     assert cli("users", "import", str(target)).returncode == 0
