@@ -355,3 +355,17 @@ def test_use_it_with_the_users_you_already_have(run):
     assert joined < said < left, output
     assert 'data: {"channel": "rooms:design", "reason": "revoked"}' in output, output
     assert "Traceback" not in output and "% Total" not in output, output
+
+
+def test_a_refused_exchange_in_step_8_prints_the_services_reason_not_a_traceback(run):
+    """Step 8's commands up to the exchange, with a token signed by another secret: the exchange's error
+    description in one line and a failing status; the access token and Ada's id are never read from it."""
+    commands = indented_blocks(section("8. Use it with the users you already have"), "sh")
+    script = localize("".join(commands[:4]), run)
+    assert script.count('os.environ["SECRET"]') == 1
+    script = script.replace('os.environ["SECRET"]', '"another secret of more than 32 bytes, not the one saved"')
+    terminal = shell(script + 'echo "reached: ${TOKEN:-no token}"\n', run)
+    output = terminal.communicate(timeout=60)[0].decode()
+    assert terminal.returncode == 1, output
+    assert re.search(r"^error: .*signature", output, re.MULTILINE | re.IGNORECASE), output
+    assert "Traceback" not in output and "reached:" not in output, output
