@@ -225,6 +225,7 @@ def init_app(app: Flask) -> None:
     @click.option("--join-leave", is_flag=True, help="Publish presence.join and presence.leave (needs --presence).")
     @click.option("--proxy-url", help="With --subscribe proxy: the application's URL asked about each subscriber.")
     @click.option("--rotate-proxy-secret", is_flag=True, help="With --subscribe proxy: a new signing secret.")
+    @click.option("--keep-existing", is_flag=True, help="Leave the namespace as it is if there is one (and say so).")
     @_one_line_errors
     def namespace_put_command(
         namespace: str,
@@ -234,12 +235,19 @@ def init_app(app: Flask) -> None:
         join_leave: bool,
         proxy_url: str | None,
         rotate_proxy_secret: bool,
+        keep_existing: bool,
     ):
         """Create NAMESPACE or replace its rules (open subscriptions are checked again). A proxy namespace's
         signing secret is printed (as proxy_secret) by the command that makes it, never again."""
-        from .channels.namespaces import Namespace
+        from .channels.namespaces import Namespace, get_namespace
         from .channels.proxy import define
+        from .redis import get_redis
 
+        existing = get_namespace(get_redis(), namespace) if keep_existing else None
+        if existing is not None:
+            click.echo(json.dumps(existing.answer()))
+            click.echo(f"namespace {namespace} exists: kept as it is", err=True)
+            return
         rules = Namespace(
             namespace, subscribe, publish, presence, join_leave, proxy_url, rotate_secret=rotate_proxy_secret
         )

@@ -167,15 +167,18 @@ done
 # logged-in user may join, talk in and see who is in, without a grant. Made when there is none, so a developer's
 # own rules for it stay; with the CLI, as a developer would type it, before the service starts.
 chat_rules=(--subscribe authenticated --publish subscribers --presence --join-leave)
-if ! namespaces="$(.venv/bin/flask --app wsgi channels namespace-list)"; then
-  echo "rooms:   the namespaces could not be read (above), so the page's rooms may have none" >&2
-elif grep -q '"name": "chat"' <<<"$namespaces"; then
-  echo "rooms:   chat:<name> (namespace chat, kept as it is)"
-elif .venv/bin/flask --app wsgi channels namespace-put chat "${chat_rules[@]}" >/dev/null; then
-  echo "rooms:   chat:<name> for every logged-in user (namespace chat made: presence, join and leave events)"
-else
+chat_made=true
+chat="$(.venv/bin/flask --app wsgi channels namespace-put chat "${chat_rules[@]}" --keep-existing 2>&1 >/dev/null)" ||
+  chat_made=false
+# What else the command said (the development secrets it made, an error) shows here; its audit entry is in the log.
+if [[ -n $chat ]]; then grep -v -e '"logger": "audit"' -e 'kept as it is' <<<"$chat" >&2 || true; fi
+if [[ $chat_made == false ]]; then
   echo "rooms:   the namespace chat could not be made (above): .venv/bin/flask --app wsgi channels" \
     "namespace-put chat ${chat_rules[*]}" >&2
+elif grep -q "kept as it is" <<<"$chat"; then
+  echo "rooms:   chat:<name> (namespace chat, kept as it is)"
+else
+  echo "rooms:   chat:<name> for every logged-in user (namespace chat made: presence, join and leave events)"
 fi
 
 # Loopback only: nginx in front is the way in (and the only place forwarded headers are trusted from).
