@@ -252,7 +252,6 @@ def test_install_units_defaults_to_the_checkout_it_is_in(tmp_path):
         ("auth-rt", "absolute path"),
         ("/srv/auth rt", "letters, digits"),
         ("/srv/a%h", "letters, digits"),
-        ("/home/me/auth-rt", "ProtectHome"),
         ("/srv/no-such-checkout", "make -C /srv/no-such-checkout deps"),
     ],
 )
@@ -260,3 +259,27 @@ def test_install_units_refuses_a_directory_the_units_cannot_run_from(tmp_path, a
     done = install_units(tmp_path, app_dir)
     assert done.returncode == 2 and complaint in done.stderr, done.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "hidden, complaint",
+    [("/home", "ProtectHome"), ("/root", "ProtectHome"), ("/tmp", "PrivateTmp")],  # noqa: S108 - the directory refused
+)
+def test_install_units_refuses_a_checkout_the_hardening_hides_even_through_a_link(tmp_path, hidden, complaint):
+    """A checkout whose venv exists, in a directory the service would not see, reached directly, through a
+    symbolic link and through `..`: judged where it really is."""
+    checkout = Path(hidden) / f"auth-rt-install-test-{tmp_path.name}"
+    (checkout / ".venv" / "bin").mkdir(parents=True)
+    try:
+        (checkout / ".venv" / "bin" / "gunicorn").write_text("#!/bin/sh\n")
+        (checkout / ".venv" / "bin" / "gunicorn").chmod(0o755)
+        link = tmp_path / "srv-link"
+        link.symlink_to(checkout)
+        units = tmp_path / "units"
+        units.mkdir()
+        for given in (str(checkout), str(link), f"/opt/..{checkout}"):
+            done = install_units(units, given)
+            assert done.returncode == 2 and complaint in done.stderr, (given, done.stderr)
+            assert list(units.iterdir()) == []
+    finally:
+        shutil.rmtree(checkout)
