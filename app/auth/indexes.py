@@ -127,6 +127,8 @@ def release(key: str, user_id: str) -> None:
 # are never in it. EMAIL_ORDER_BUILT is set once the members of the users from before the index exist.
 EMAIL_ORDER = "users:by-email"
 EMAIL_ORDER_BUILT = "users:by-email:built"
+EMAIL_ORDER_BUILDING = "users:by-email:building"  # held by the one search filling it (see users.py)
+BUILD_GUARD_SECONDS = 60
 _SEPARATOR = "\x00"
 _BUILD_BATCH = 500
 

@@ -103,14 +103,22 @@ def verify_password(password: str, stored_hash: str) -> tuple[bool, str | None]:
 
 
 def _verify_and_update(context: CryptContext, password: str, stored_hash: str) -> tuple[bool, str | None]:
-    if BCRYPT.fullmatch(stored_hash):
-        # bcrypt reads 72 bytes at most: the systems that made these hashes dropped the rest of a longer
-        # password (the bcrypt package refuses it instead). The new hash is of the whole password.
-        matches = context.verify(password.encode()[:BCRYPT_MAX_BYTES], stored_hash)
-        return matches, context.hash(password) if matches else None
-    return context.verify_and_update(password, stored_hash)
+    try:
+        if BCRYPT.fullmatch(stored_hash):
+            # bcrypt reads 72 bytes at most: the systems that made these hashes dropped the rest of a longer
+            # password (the bcrypt package refuses it instead). The new hash is of the whole password.
+            matches = context.verify(password.encode()[:BCRYPT_MAX_BYTES], stored_hash)
+            return matches, context.hash(password) if matches else None
+        return context.verify_and_update(password, stored_hash)
+    except UNVERIFIABLE:
+        # A password the scheme refuses (bcrypt and a NUL byte) matches nothing. It answers like a wrong one, in
+        # about the same time, so that no answer tells an imported account from an unknown address.
+        context.verify(password, _dummy_hash(context))
+        return False, None
 
 
+# What a scheme raises for input it cannot verify (a malformed hash, a password it refuses): never a match.
+UNVERIFIABLE = (ValueError, TypeError, NotImplementedError)
 BCRYPT = re.compile(r"\$2[aby]\$\d\d\$[./A-Za-z0-9]{53}")
 BCRYPT_MAX_BYTES = 72
 # How an import tells the schemes apart, by the start of the hash; the handler then parses the rest.
@@ -120,15 +128,18 @@ IMPORTED_FORMS = (
     (("$argon2id$", "$argon2i$", "$argon2d$"), "argon2", "argon2"),
 )
 FORMS = "bcrypt ($2a$, $2b$, $2y$), Django's pbkdf2_sha256$, or an argon2 PHC string ($argon2id$)"
-# The most an imported hash may cost at a login: more would let one import file stall or exhaust a worker.
-MAX_BCRYPT_COST = 15
-MAX_PBKDF2_ITERATIONS = 3_000_000
-MAX_ARGON2_MEMORY_KIB, MAX_ARGON2_TIME, MAX_ARGON2_LANES = 256 * 1024, 10, 16
+# The most an imported hash may cost at a login: one wrong guess holds a worker's only hashing thread for
+# that long (bcrypt 12 is about 0.3 s here, pbkdf2 1,000,000 about 0.5 s, argon2 64 MiB x 4 passes about 0.2 s).
+MAX_BCRYPT_COST = 12
+MAX_PBKDF2_ITERATIONS = 1_000_000
+MAX_ARGON2_MEMORY_KIB, MAX_ARGON2_TIME, MAX_ARGON2_LANES = 64 * 1024, 4, 4
+ARGON2_MIN_CHECKSUM_BYTES = 4
 
 
 def imported_hash_scheme(password_hash: str) -> str:
     """The scheme of a hash another system exported (bcrypt, pbkdf2_sha256, argon2); ValueError saying why
-    it cannot be kept: an unknown or malformed form, or a cost beyond what a login may spend."""
+    it cannot be kept: an unknown or malformed form, a cost beyond what a login may spend, or a hash that a
+    login could not verify."""
     found = [(scheme, name) for starts, scheme, name in IMPORTED_FORMS if password_hash.startswith(starts)]
     if not found:
         raise ValueError(f"unknown password hash format: expected {FORMS}")
@@ -139,19 +150,41 @@ def imported_hash_scheme(password_hash: str) -> str:
         with warnings.catch_warnings():  # a salt whose unused bits are set: libpass repairs it, and verifies
             warnings.simplefilter("ignore", PasslibHashWarning)
             parsed = PASSWORD_CONTEXT.handler(name).from_string(password_hash)
-    except ValueError:
+    except UNVERIFIABLE:
         raise ValueError(f"malformed {scheme} hash") from None
     if scheme == "bcrypt" and parsed.rounds > MAX_BCRYPT_COST:
         raise ValueError(f"bcrypt cost {parsed.rounds} is above {MAX_BCRYPT_COST}")
     if scheme == "pbkdf2_sha256" and parsed.rounds > MAX_PBKDF2_ITERATIONS:
         raise ValueError(f"pbkdf2_sha256 iterations {parsed.rounds} are above {MAX_PBKDF2_ITERATIONS:,}")
-    if scheme == "argon2" and (
+    if scheme == "argon2":
+        _check_argon2(parsed)
+    return scheme
+
+
+def _check_argon2(parsed) -> None:
+    """ValueError unless a login can verify this argon2 hash within the cost limits.
+
+    Parsing accepts what the verifier then refuses, so the hash is also verified once, at the lowest cost
+    its lanes allow (the cost does not change what is checked): whatever that raises refuses it here.
+    """
+    if (
         parsed.memory_cost > MAX_ARGON2_MEMORY_KIB
         or parsed.rounds > MAX_ARGON2_TIME
         or parsed.parallelism > MAX_ARGON2_LANES
     ):
         raise ValueError(f"argon2 costs above m={MAX_ARGON2_MEMORY_KIB},t={MAX_ARGON2_TIME},p={MAX_ARGON2_LANES}")
-    return scheme
+    if parsed.data:
+        raise ValueError("argon2 hash with a data= parameter (associated data), which logins cannot verify")
+    if parsed.memory_cost < 8 * parsed.parallelism:
+        raise ValueError(f"argon2 memory cost {parsed.memory_cost} is below 8 per lane ({parsed.parallelism} lanes)")
+    if len(parsed.checksum or b"") < ARGON2_MIN_CHECKSUM_BYTES:
+        raise ValueError("malformed argon2 hash: its checksum is shorter than 4 bytes")
+    parsed.memory_cost, parsed.rounds = 8 * parsed.parallelism, 1  # parsed here for this check alone
+    trial = parsed.to_string()
+    try:
+        PASSWORD_CONTEXT.handler("argon2").verify("trial", trial)
+    except UNVERIFIABLE:
+        raise ValueError("malformed argon2 hash: it cannot be verified") from None
 
 
 @functools.cache

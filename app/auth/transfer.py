@@ -25,6 +25,7 @@ from . import emails, indexes, passwords, users
 FIELDS = ("id", "email", "password_hash", "email_verified", "role", "created_at")
 REQUIRED = ("email", "password_hash")
 BATCH = 500
+CREATED_AT_FUTURE_SECONDS = 24 * 3600  # clocks of the exporting system may run ahead
 
 
 class Refused(ValueError):
@@ -135,7 +136,11 @@ def _created_at(value) -> str:
         moment = None
     if moment is None or moment.tzinfo is None:
         raise Refused("created_at must be an RFC 3339 date-time with its offset, e.g. 2024-05-01T12:00:00Z")
-    return f"{moment.timestamp():.3f}"
+    # Listings and exports turn it back into a date: one outside these bounds could not be shown.
+    epoch = moment.timestamp()
+    if not 0 <= epoch <= time.time() + CREATED_AT_FUTURE_SECONDS:
+        raise Refused("created_at must be between 1970-01-01 and now (a day ahead at most)")
+    return f"{epoch:.3f}"
 
 
 def import_lines(lines: Iterable[bytes], dry_run: bool = False) -> Report:

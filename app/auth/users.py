@@ -27,6 +27,7 @@ from .sessions import run_listed, sessions_ended
 
 PASSWORD_MIN, PASSWORD_MAX = 8, 1024
 ROLES = ("user", "admin")
+BUILD_WAIT_SECONDS = 3  # how long a search waits for another one filling the e-mail search index
 USER_ID = re.compile(r"[0-9a-f]{32}")
 
 
@@ -186,9 +187,13 @@ def store_imported_users(records: list[dict]) -> dict[str, str]:
             outcomes[record["id"]] = "present" if held == record["email"] else "id_taken"
     claimed = _claim_imported(client, [record for record in records if record["id"] not in outcomes], outcomes)
     created = _write_imported(client, claimed, outcomes)
+    # Only once committed: an admin indexed before its creation is undone would be counted by the last-admin
+    # rule. An import that stops before this point is repaired by running it again (its admins are present).
     for record in created:
         if record["role"] == "admin":
             _index_admin(record["id"])
+    _index_present_admins(client, [record for record in records if outcomes[record["id"]] == "present"])
+    for record in created:
         details = {"method": "import", "role": record["role"]}
         audit.record("user.registered", subject=record["id"], details=details)
     return outcomes
@@ -244,6 +249,20 @@ def _write_imported(client, claimed: list[dict], outcomes: dict[str, str]) -> li
     for record, ok in zip(claimed, committed, strict=True):
         outcomes[record["id"]] = "created" if ok else "present"
     return [record for record, ok in zip(claimed, committed, strict=True) if ok]
+
+
+def _index_present_admins(client, records: list[dict]) -> None:
+    """Index the admins among the accounts that lines asking for an admin found present: an import that stopped
+    after writing its records and before indexing its admins is repaired by running it again."""
+    asked = [record for record in records if record["role"] == "admin"]
+    if not asked:
+        return
+    pipe = client.pipeline(transaction=False)
+    for record in asked:
+        pipe.get(Keys.user_by_email(record["email"]))
+    holders = [indexes.holder(value) for value in pipe.execute()]
+    for user_id in _admins_among([user_id for user_id in holders if user_id]):
+        _index_admin(user_id)
 
 
 def _undo_imported(client, records: list[dict]) -> None:
@@ -324,7 +343,7 @@ def find_users_by_email_prefix(prefix: str, limit: int = 50) -> list[dict]:
         return []
     client = get_redis()
     if not client.exists(indexes.EMAIL_ORDER_BUILT):
-        indexes.build_email_order(client, pause=lambda: gevent.sleep(0))
+        _build_email_order_once(client)
     low, high = indexes.email_prefix_range(prefix)
     found: list[dict] = []
     while len(found) < limit:
@@ -335,6 +354,23 @@ def find_users_by_email_prefix(prefix: str, limit: int = 50) -> list[dict]:
             break
         low = b"(" + members[-1].encode()  # after the last one read: members removed meanwhile move nothing
     return found
+
+
+def _build_email_order_once(client) -> None:
+    """Fill the e-mail search index for the users from before it, once however many search at that moment.
+
+    One search builds (it reads every user); the others wait for it a little, then answer from what is there
+    so far. A builder that dies leaves its guard to expire, and a later search builds.
+    """
+    if client.set(indexes.EMAIL_ORDER_BUILDING, "1", nx=True, ex=indexes.BUILD_GUARD_SECONDS):
+        try:
+            indexes.build_email_order(client, pause=lambda: gevent.sleep(0))
+        finally:
+            client.delete(indexes.EMAIL_ORDER_BUILDING)
+        return
+    deadline = time.monotonic() + BUILD_WAIT_SECONDS
+    while time.monotonic() < deadline and not client.exists(indexes.EMAIL_ORDER_BUILT):
+        gevent.sleep(0.05)
 
 
 def _users_of_members(client, members: list[str]) -> list[dict]:
@@ -360,19 +396,29 @@ def _users_of_members(client, members: list[str]) -> list[dict]:
 def _drop_stale(client, missing: list[str], wrong: list[str]) -> None:
     """Remove members whose record is missing for good, and those that do not match their record.
 
-    A member whose record is missing is removed unless the e-mail index holds the user's pending claim:
-    its creation claimed the address before adding the member and may still write the record. Any other
-    value (committed by a user now deleted, another user's, none) means that creation failed or the user
-    is gone; a record never comes back.
+    A member whose record was missing is kept while the e-mail index names its user: pending, its creation
+    may still write the record; committed, the record was written before the commit (a creation that
+    finished since the record was read), so it is removed only if the record is missing still, read after
+    the claim (a deletion removes the record before it releases the claim, and a record never comes back).
+    Any other value (another user's, none) means that creation failed or the user is gone.
     """
     pipe = client.pipeline(transaction=False)
     for member in missing:
         pipe.get(Keys.user_by_email(indexes.split_email_order_member(member)[0]))
     claims = pipe.execute() if missing else []
     stale = list(wrong)
+    committed = []
     for member, value in zip(missing, claims, strict=True):
-        if value != indexes.PENDING + indexes.split_email_order_member(member)[1]:
+        user_id = indexes.split_email_order_member(member)[1]
+        if value == user_id:
+            committed.append(member)
+        elif value != indexes.PENDING + user_id:
             stale.append(member)
+    if committed:  # after the claims were read, in a round trip of its own: the order is what makes it safe
+        pipe = client.pipeline(transaction=False)
+        for member in committed:
+            pipe.exists(Keys.user(indexes.split_email_order_member(member)[1]))
+        stale += [member for member, exists in zip(committed, pipe.execute(), strict=True) if not exists]
     if stale:
         client.zrem(indexes.EMAIL_ORDER, *stale)
 
@@ -585,9 +631,18 @@ def delete_user(user_id: str) -> bool:
     return True
 
 
-def store_password_hash(user_id: str, password_hash: str) -> None:
-    """Replace the user's stored password hash."""
-    get_redis().hset(Keys.user(user_id), "password_hash", password_hash)
+# KEYS[1] user. ARGV: the hash a login verified, the hash to store in its place. 1 when stored: only while the
+# user exists and its hash is still the one verified (a password change made meanwhile stays).
+REHASH_LUA = """
+if redis.call('HGET', KEYS[1], 'password_hash') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'password_hash', ARGV[2])
+return 1
+"""
+
+
+def store_rehashed_password(user_id: str, verified_hash: str, new_hash: str) -> bool:
+    """Replace the hash a login verified with a fresh one, unless it changed (or the user went) meanwhile."""
+    return bool(get_script(REHASH_LUA)(keys=[Keys.user(user_id)], args=[verified_hash, new_hash]))
 
 
 def change_password_hash(user_id: str, password_hash: str) -> None:
@@ -613,5 +668,5 @@ def password_matches(user: dict | None, password: str) -> bool:
         return False
     ok, new_hash = passwords.verify_password(password, user["password_hash"])
     if ok and new_hash:
-        store_password_hash(user["id"], new_hash)
+        store_rehashed_password(user["id"], user["password_hash"], new_hash)
     return ok

@@ -121,7 +121,7 @@ def test_each_refused_line_is_reported_with_its_number_and_reason_and_the_others
         "line 6: refused: unknown password hash format: expected bcrypt ($2a$, $2b$, $2y$), Django's pbkdf2_sha256$, "
         "or an argon2 PHC string ($argon2id$)",
         "line 7: refused: malformed bcrypt hash",
-        "line 8: refused: bcrypt cost 31 is above 15",
+        "line 8: refused: bcrypt cost 31 is above 12",
         "line 9: refused: role must be one of user, admin",
         "line 10: refused: the same e-mail address as line 1",
         "line 11: refused: unknown field(s) passwordHash (known: id, email, password_hash, email_verified, role, "
