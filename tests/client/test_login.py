@@ -17,6 +17,7 @@ from auth_rt_client import (
     EventReader,
     LoginRequired,
     MfaRequired,
+    ProtocolError,
     ServiceUnreachable,
     Tokens,
     session,
@@ -25,6 +26,7 @@ from auth_rt_client import (
 from app.redis import Keys
 from tests.client.collector import Collector
 from tests.client.conftest import create_key
+from tests.client.lossy_proxy import LossyProxy
 from tests.events.conftest import FAST
 from tests.issuers.issuer import AUDIENCE, Signer, claims
 from tests.servers import LiveServer, wait_until
@@ -320,3 +322,119 @@ def test_a_reader_waits_out_a_renewal_that_could_not_reach_the_service(server):
         finally:
             collector.stop()
         assert len(asked) >= 3 and collector.error is None
+
+
+@pytest.fixture
+def lossy_proxy(server):
+    """A relay in front of the service, for a client that is to lose a renewal's answer or not reach it."""
+    proxy = LossyProxy(server.url)
+    proxy.start()
+    yield proxy
+    proxy.close()
+
+
+def reuse_alarms(redis_server, user_id: str) -> list[str]:
+    """The user's audit entries that say a used refresh token came back (and its session was ended)."""
+    entries = redis_server.client().zrange(Keys.audit_subject(user_id), 0, -1)
+    return [entry for entry in entries if '"refresh.reuse_detected"' in entry]
+
+
+def session_alive(redis_server, tokens: Tokens) -> bool:
+    return bool(redis_server.client().exists(Keys.session(tokens.user.id, tokens.session_id)))
+
+
+def test_a_renewal_that_never_reached_the_service_is_tried_again_with_the_same_refresh_token(
+    server, redis_server, lossy_proxy
+):
+    email = register(server)
+    with Client(lossy_proxy.url) as client:
+        tokens = client.login(email, DEFAULT_PASSWORD)
+        lossy_proxy.stop()  # connection refused: the request never leaves the client
+        with pytest.raises(ServiceUnreachable) as unreachable:
+            client.refresh()
+        assert unreachable.value.maybe_received is False
+        assert client.tokens == tokens  # kept, to present again
+        assert lossy_proxy.refresh_tokens == [] and family_size(redis_server, tokens) == 1  # never presented
+
+        lossy_proxy.start()  # on the same port
+        renewed = client.refresh()
+        assert lossy_proxy.refresh_tokens == [tokens.refresh_token]  # its first presentation, which rotates it
+        assert renewed.session_id == tokens.session_id and renewed.refresh_token != tokens.refresh_token
+        assert family_size(redis_server, renewed) == 2 and client.me().id == tokens.user.id
+        assert reuse_alarms(redis_server, tokens.user.id) == []
+
+
+@pytest.mark.parametrize("loss", ["bad_gateway", "no_answer", "reset", "silence", "not_json"])
+def test_a_renewal_whose_answer_is_lost_forgets_the_session_and_never_presents_its_refresh_token_again(
+    server, redis_server, lossy_proxy, loss
+):
+    email = register(server)
+    with Client(lossy_proxy.url, timeout=5) as client:  # "silence" lasts until the client's read time-out
+        tokens = client.login(email, DEFAULT_PASSWORD)
+        lossy_proxy.lose = loss  # the request reaches the service, which rotates the token; the answer is lost
+        with pytest.raises(LoginRequired, match="log in") as lost:
+            client.refresh()
+        assert tokens.refresh_token not in str(lost.value)
+        assert client.tokens is None
+        for call in (client.access_token, client.refresh, client.me):
+            with pytest.raises(LoginRequired):
+                call()
+        assert lossy_proxy.refresh_tokens == [tokens.refresh_token]  # presented once, never again
+
+        # The service did rotate it, and the session lives on: no false theft alarm ended it.
+        assert family_size(redis_server, tokens) == 2 and session_alive(redis_server, tokens)
+        assert reuse_alarms(redis_server, tokens.user.id) == []
+        # What presenting it again would have done: the session ends as stolen, and the audit log says so.
+        reused = httpx.post(f"{server.url}/auth/refresh", json={"refresh_token": tokens.refresh_token})
+        assert (reused.status_code, reused.json()["error"]["code"]) == (401, "refresh_token_reused")
+        assert len(reuse_alarms(redis_server, tokens.user.id)) == 1 and not session_alive(redis_server, tokens)
+
+
+def test_a_reader_ends_with_login_required_when_a_renewal_answer_is_lost(server, redis_server, lossy_proxy):
+    email = register(server)
+    with Client(lossy_proxy.url) as client:
+        tokens = client.login(email, DEFAULT_PASSWORD)
+        lossy_proxy.lose = "bad_gateway"
+        # The reader connects to the service itself; only the renewals its token function makes go by the proxy.
+        reader = EventReader(server.url, client.access_token, transport="long-poll", wait_seconds=1, max_backoff=1)
+        collector = Collector(reader)
+        try:
+            ended = collector.raised(timeout=30)  # once the token is due, at its first renewal
+        finally:
+            collector.stop()
+        assert isinstance(ended, LoginRequired), ended
+        assert lossy_proxy.refresh_tokens == [tokens.refresh_token]
+        assert session_alive(redis_server, tokens) and reuse_alarms(redis_server, tokens.user.id) == []
+
+
+@pytest.mark.parametrize(
+    ("make_failure", "kept"),
+    [
+        (lambda: ServiceUnreachable("connection refused", maybe_received=False), True),
+        (lambda: ApiError(429, "rate_limited", "Too many requests.", retry_after=3), True),
+        (lambda: ApiError(422, "validation_failed", "refresh_token is required."), True),
+        (lambda: ServiceUnreachable("read time-out", maybe_received=True), False),
+        (lambda: ApiError(503, "unavailable", "Try again later."), False),
+        (lambda: ProtocolError("POST /auth/refresh: the answer is not JSON"), False),
+    ],
+    ids=["refused", "429", "422", "read-timeout", "503", "unreadable"],
+)
+def test_a_failed_renewal_keeps_the_refresh_token_only_when_the_service_certainly_did_not_rotate_it(make_failure, kept):
+    user = {"id": "7", "email": None, "role": "user"}
+    answer = {"access_token": "at", "token_type": "Bearer", "expires_in": 900, "session_id": "s1", "user": user}
+    tokens = Tokens.from_json({**answer, "refresh_token": "rt", "refresh_expires_in": 3600})
+    failure = make_failure()
+
+    def fail(_: Tokens) -> Tokens:
+        raise failure
+
+    held = session.SessionTokens(fail, refresh_before=60)
+    held.hold(tokens, session.SessionTokens.now())
+    if kept:
+        with pytest.raises(type(failure)):
+            held.renew()
+        assert held.tokens == tokens
+    else:
+        with pytest.raises(LoginRequired, match="log in") as raised:
+            held.renew()
+        assert raised.value.__cause__ is failure and held.tokens is None

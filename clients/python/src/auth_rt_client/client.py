@@ -21,15 +21,19 @@ PublishRule = Literal["server", "subscribers"]
 # RFC 8693 names (URNs, not secrets).
 TOKEN_EXCHANGE = "urn:ietf:params:oauth:grant-type:token-exchange"  # noqa: S105
 TOKEN_TYPE_PREFIX = "urn:ietf:params:oauth:token-type:"  # noqa: S105
+# Failures before any byte of the request was sent: no connection was made (refused, DNS, connect time-out, TLS
+# handshake, a proxy refusing the tunnel), none was free in the pool, or the URL's scheme is not HTTP.
+NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.ProxyError, httpx.UnsupportedProtocol)
 
 
 class Client:
     """A connection to auth-rt, authenticated by an API key (`ak_...`), by a session of its own, or both.
 
     Every method raises `ApiError` when the service refuses (401 unknown or deleted key, 403 outside the
-    key's scopes or channels, 413, 422, ...) and `ServiceUnreachable` when it cannot be reached. Nothing is
-    retried by itself (a publish is not idempotent, so whether to try again is the caller's decision), but
-    for a call the service refused, unperformed, because the session's access token had expired.
+    key's scopes or channels, 413, 422, ...) and `ServiceUnreachable` when it cannot be reached (its
+    `maybe_received` says whether the service may have got the request). Nothing is retried by itself (a
+    publish is not idempotent, so whether to try again is the caller's decision), but for a call the service
+    refused, unperformed, because the session's access token had expired.
 
     Managing channels (namespaces, members, presence) needs the `channels:manage` scope; an admin's access
     token, given as `api_key`, may do it too. `exchange` and `login` need no key.
@@ -47,6 +51,11 @@ class Client:
         """`base_url` is the service's origin, e.g. `https://rt.example.com`; `timeout` is in seconds."""
         self._api_key = api_key
         self._http = httpx.Client(base_url=base_url.rstrip("/"), headers={"User-Agent": USER_AGENT}, timeout=timeout)
+        # Each renewal on a new connection: a kept-alive one the service closed while idle fails like an answer
+        # lost after the service got the request, which would cost the session for nothing.
+        self._renewals = httpx.Client(
+            headers={"User-Agent": USER_AGENT}, timeout=timeout, limits=httpx.Limits(max_keepalive_connections=0)
+        )
         self._session = SessionTokens(self._refreshed, refresh_before)
         self._device_tokens: dict[str, str] = {}  # per account (lower-cased e-mail): sent back at its next login
 
@@ -115,6 +124,15 @@ class Client:
         presented again (the service would end the session). A refused renewal (401 `refresh_token_reused`
         or `invalid_refresh_token`: the session has ended) raises that `ApiError` and the client forgets the
         session; `LoginRequired` without a session, or for one that came without a refresh token.
+
+        A renewal that failed otherwise keeps the refresh token, to present it at the next try, only when the
+        service certainly did not rotate it: `ServiceUnreachable` with `maybe_received` False (the request never
+        left: connection refused, DNS, connect time-out), or an `ApiError` 429 (or another 4xx). When the
+        service may have rotated it without its answer arriving (a read time-out, a connection dropped or reset
+        after sending, a 5xx, perhaps a proxy's after forwarding, an answer that is not the tokens), the client
+        forgets the session and raises `LoginRequired` (the original failure is its `__cause__`): log in or
+        exchange again. The session the service may still hold ends when its refresh token expires, or from
+        the user's device list.
         """
         return self._session.renew()
 
@@ -294,8 +312,9 @@ class Client:
         return Presence.from_json(self._json("GET", f"{_channel_path(channel)}/presence"))
 
     def close(self) -> None:
-        """Close the connection pool."""
+        """Close the connection pools."""
         self._http.close()
+        self._renewals.close()
 
     def __enter__(self) -> Client:
         return self
@@ -328,11 +347,12 @@ class Client:
     def _send(self, request: httpx.Request) -> httpx.Response:
         return _checked(self._answer(request))
 
-    def _answer(self, request: httpx.Request) -> httpx.Response:
+    def _answer(self, request: httpx.Request, http: httpx.Client | None = None) -> httpx.Response:
         try:
-            return self._http.send(request)
+            return (http or self._http).send(request)
         except httpx.TransportError as error:
-            raise ServiceUnreachable(f"{request.method} {request.url.path}: {error}") from error
+            where = f"{request.method} {request.url.path}"
+            raise ServiceUnreachable(f"{where}: {error}", maybe_received=not isinstance(error, NOT_SENT)) from error
 
     def _start_session(self, request: httpx.Request) -> Tokens:
         """Send a login (of any kind) and keep the session it opens."""
@@ -349,7 +369,7 @@ class Client:
     def _refreshed(self, tokens: Tokens) -> Tokens:
         """The session's next tokens, for its refresh token (rotated: the old one is spent)."""
         request = self._request("POST", "/auth/refresh", None, json={"refresh_token": tokens.refresh_token})
-        fresh = Tokens.from_json(self._json_of(self._send(request)))
+        fresh = Tokens.from_json(self._json_of(_checked(self._answer(request, self._renewals))))
         if fresh.session_id != tokens.session_id:
             raise ProtocolError("a refresh answered another session's tokens")
         return fresh

@@ -83,12 +83,22 @@ class MfaRequired(ApiError):
 
 class LoginRequired(AuthRtError):
     """The client holds no session to use or renew: it never logged in, logged out, its session's renewal was
-    refused, or the session came without a refresh token and its access token has expired. Log in (or exchange)
-    again."""
+    refused or its answer was lost (the refresh token may be spent: see `Client.refresh`), or the session came
+    without a refresh token and its access token has expired. Log in (or exchange) again."""
 
 
 class ServiceUnreachable(AuthRtError):
-    """No answer from the service: connection refused or dropped, DNS, TLS, or a time-out."""
+    """No answer from the service: connection refused or dropped, DNS, TLS, or a time-out.
+
+    `maybe_received` is False only when the request certainly never left the client (no connection was made:
+    refused, DNS, a connect time-out, TLS, a proxy refusing the tunnel), so sending it again repeats nothing;
+    True when the service may have received and acted on it (a read time-out, a connection closed or reset
+    after the request was sent).
+    """
+
+    def __init__(self, message: str, *, maybe_received: bool = True) -> None:
+        super().__init__(message)
+        self.maybe_received = maybe_received
 
 
 class ProtocolError(AuthRtError):

@@ -8,7 +8,7 @@ from time import monotonic
 from time import time as wall_clock
 from typing import NamedTuple
 
-from .errors import ApiError, LoginRequired
+from .errors import ApiError, AuthRtError, LoginRequired, ServiceUnreachable
 from .models import Tokens
 
 #: Renews a session: presents its refresh token and answers the new tokens.
@@ -17,6 +17,11 @@ Renewal = Callable[[Tokens], Tokens]
 Ending = Callable[[Tokens], None]
 # A refused renewal: the refresh token is no longer good (used, revoked, the session ended).
 REFUSED = (400, 401)
+LOST_RENEWAL = (
+    "The session's renewal may have reached the service without its answer reaching the client ({error}). Its "
+    "refresh token may be spent, and presenting a spent one ends the session as stolen, so the client has "
+    "forgotten the session: log in (or exchange a subject token) again."
+)
 
 
 class Instant(NamedTuple):
@@ -39,6 +44,11 @@ class SessionTokens:
     Every renewal happens under one lock: a refresh token is presented once, by one caller, however many
     threads (or greenlets) ask at the same moment. The service takes a second presentation of a used
     refresh token for theft and ends the whole session, so the others wait and take the new tokens.
+
+    For the same reason a failed renewal keeps the refresh token, to present it again, only when the service
+    certainly did not rotate it: the request never left the client, or the service refused it before rotating
+    (429 and other 4xx but 400 and 401). Any other failure (no answer after sending, a 5xx, perhaps a proxy's
+    after forwarding, an unreadable answer) forgets the session and raises `LoginRequired`.
     """
 
     def __init__(self, renew: Renewal, refresh_before: float) -> None:
@@ -118,10 +128,14 @@ class SessionTokens:
         requested_at = self.now()
         try:
             fresh = self._renew(tokens)
-        except ApiError as error:
-            if error.status in REFUSED:
-                self._tokens = None  # presenting the same token again would only be refused again
-            raise
+        except BaseException as error:
+            if certainly_not_rotated(error):
+                raise  # the same refresh token is good for the next try
+            # Refused, or perhaps rotated by a request whose answer was lost: never present this token again.
+            self._tokens = None
+            if not isinstance(error, AuthRtError) or isinstance(error, ApiError) and error.status in REFUSED:
+                raise
+            raise LoginRequired(LOST_RENEWAL.format(error=error)) from error
         self._keep(fresh, requested_at)
         return fresh
 
@@ -129,3 +143,13 @@ class SessionTokens:
         margin = min(self._refresh_before, tokens.expires_in / 2)
         self._tokens = tokens
         self._renew_at = requested_at.plus(tokens.expires_in - margin)
+
+
+def certainly_not_rotated(error: BaseException) -> bool:
+    """Whether a renewal that failed with `error` certainly left its refresh token unspent: the request never
+    left the client, or the service refused it before rotating (429, or a 4xx other than a refused token)."""
+    if isinstance(error, ServiceUnreachable):
+        return not error.maybe_received
+    if isinstance(error, ApiError):
+        return error.status < 500 and error.status not in REFUSED
+    return False
