@@ -42,7 +42,9 @@ class EventReader:
     session has ended, 400 for a malformed cursor. Pass a function as `access_token` to hand out fresh
     tokens (a logged-in `Client`'s `access_token`): it is called before every connection, and once more after
     a 401 before that is raised; when it raises `ServiceUnreachable` or a retryable `ApiError` (429, 5xx),
-    that is retried as a failed connection is.
+    that is retried as a failed connection is. Anything else it raises ends the iteration: `LoginRequired`
+    from a `Client` whose session has ended, or whose renewal's answer was lost (its refresh token may be
+    spent, and asking again would present it again).
 
     With long polling the service returns a cursor per answer, not per event: within an answer of several
     events `cursor` moves when its last event is yielded, so resuming from a cursor persisted in the middle
@@ -314,7 +316,8 @@ class EventReader:
 
     def _token_or_delay(self) -> str | float:
         """A token for the next connection, or the seconds to wait when the token function met a transient
-        failure (a renewal that got no answer, 429, 5xx): that is retried as a failed connection is."""
+        failure (no answer, 429, 5xx): that is retried as a failed connection is. Anything else, such as a
+        `Client`'s `LoginRequired`, ends the iteration."""
         try:
             return self._access_token()
         except ServiceUnreachable:
