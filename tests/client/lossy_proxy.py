@@ -17,6 +17,8 @@ from typing import Literal
 
 import httpx
 
+from tests.servers import free_cluster_port
+
 Loss = Literal["bad_gateway", "no_answer", "reset", "silence", "not_json"]
 RELAYED_HEADERS = ("Content-Type", "Retry-After", "X-Request-ID")
 
@@ -49,7 +51,8 @@ class LossyProxy:
             def handle(self) -> None:
                 proxy._serve(self.request)
 
-        server = _Listener(("127.0.0.1", self.port), Handler)
+        # Outside the ephemeral range: no outgoing connection takes the port while the relay is stopped.
+        server = _Listener(("127.0.0.1", self.port or free_cluster_port()), Handler)
         self.port = server.server_address[1]
         self._server = server
         threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
