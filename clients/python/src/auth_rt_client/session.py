@@ -133,8 +133,8 @@ class SessionTokens:
                 raise  # the same refresh token is good for the next try
             # Refused, or perhaps rotated by a request whose answer was lost: never present this token again.
             self._tokens = None
-            if not isinstance(error, AuthRtError) or isinstance(error, ApiError) and error.status in REFUSED:
-                raise
+            if not isinstance(error, AuthRtError) or (isinstance(error, ApiError) and error.status in REFUSED):
+                raise  # a refusal says so itself; an interruption (or a bug) is passed on as it is
             raise LoginRequired(LOST_RENEWAL.format(error=error)) from error
         self._keep(fresh, requested_at)
         return fresh
