@@ -37,6 +37,7 @@ def refusal(password_hash) -> str:
         (f"$argon2id$v=19$m=16,t=1,p=4${ARGON2_SALT}${ARGON2_SUM}", "argon2 memory cost 16 is below 8 per lane"),
         (f"{ARGON2_PARAMS}${ARGON2_SALT}$YWJj", "malformed argon2 hash"),
     ],
+    ids=["data", "memory-per-lane", "short-checksum"],  # the hashes hold random salts: xdist needs stable ids
 )
 def test_argon2_hashes_that_no_login_could_verify_are_refused_at_import(password_hash, reason):
     assert refusal(password_hash).startswith(reason), refusal(password_hash)
@@ -70,6 +71,7 @@ def test_every_hash_the_import_accepts_verifies_without_an_error():
         (f"$argon2id$v=19$m=1024,t=5,p=1${ARGON2_SALT}${ARGON2_SUM}", "argon2 costs above m=65536,t=4,p=4"),
         (f"$argon2id$v=19$m=1024,t=1,p=5${ARGON2_SALT}${ARGON2_SUM}", "argon2 costs above m=65536,t=4,p=4"),
     ],
+    ids=["bcrypt-cost", "pbkdf2-iterations", "argon2-memory", "argon2-time", "argon2-lanes"],
 )
 def test_costs_that_would_stall_a_worker_at_one_wrong_guess_are_refused(password_hash, reason):
     assert refusal(password_hash) == reason
