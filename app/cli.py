@@ -428,7 +428,8 @@ def init_app(app: Flask) -> None:
         replaced = f"; {previous.kid} no longer signs, published until {iso(previous.published_until())}"
         click.echo(f"{key.alg} key {key.kid} signs from now on{replaced if previous else ''}", err=True)
 
-    @signing_keys_group.command("retire")
+    # A kid is a base64url thumbprint: one in 64 begins with '-', which must not be read as an option.
+    @signing_keys_group.command("retire", context_settings={"ignore_unknown_options": True})
     @click.argument("kid")
     @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
     @_one_line_errors

@@ -259,7 +259,12 @@ def test_retire_removes_a_key_at_once(app, client, cli, make_app, rdb):
 
 def test_the_key_that_signs_cannot_be_retired_and_unknown_kids_are_refused(app, client, cli, rdb):
     token = sign(app)
-    for kid, says in ((kid_of(token), "rotate` first"), ("no-such-kid", "no signing key no-such-kid")):
+    refusals = (
+        (kid_of(token), "rotate` first"),
+        ("no-such-kid", "no signing key no-such-kid"),
+        ("-no-such-kid", "no signing key -no-such-kid"),  # a kid may begin with '-': not an option
+    )
+    for kid, says in refusals:
         refused = cli("keys", "retire", kid, "--yes")
         assert refused.returncode == 1 and says in refused.stderr and "Traceback" not in refused.stderr
     assert published_kids(client) == [kid_of(token)] and verifies(app, token)
