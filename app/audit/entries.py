@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import os
 import re
 import secrets
 import sys
@@ -23,7 +24,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import click
-from flask import g, has_request_context, request
+from flask import current_app, g, has_app_context, has_request_context, request
 
 from ..http import ip_address
 
@@ -186,16 +187,31 @@ def configure_log() -> None:
         audit_log.propagate = False
 
 
+CLI_LOG_NAME = "cli-audit.log"
+
+
 def _a_command_at_a_terminal() -> bool:
-    """A `flask` command whose stderr is someone's terminal: it says what it did in words, and its entries
-    are in the audit log; the JSON lines are for a log collector (systemd-run, a pipe, a file)."""
+    """A `flask` command whose stderr is someone's terminal, where it says what it did in words."""
     return click.get_current_context(silent=True) is not None and sys.stderr.isatty()
 
 
+def _kept_beside_the_terminal(text: str) -> bool:
+    """Append a terminal command's line to DATA_DIR/cli-audit.log (owner-only); False if it cannot be."""
+    if not has_app_context():
+        return False
+    path = current_app.config["SETTINGS"].data_dir / CLI_LOG_NAME
+    try:
+        descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    except OSError:
+        return False
+    with os.fdopen(descriptor, "a") as log_file:
+        log_file.write(text + "\n")
+    return True
+
+
 def write_log_line(entry: Entry) -> None:
-    """The entry as one JSON log line: `A` with the fields every line has (`logger: "audit"`)."""
-    if _a_command_at_a_terminal():
-        return
+    """The entry as one JSON log line: `A` with the fields every line has (`logger: "audit"`). A `flask` command
+    at a terminal writes it to DATA_DIR/cli-audit.log instead of into the person's output."""
     line = {
         "ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "level": "info",
@@ -203,4 +219,6 @@ def write_log_line(entry: Entry) -> None:
         "msg": entry.type,
         **entry.as_json(),
     }
-    audit_log.info(json.dumps(line))
+    text = json.dumps(line)
+    if not (_a_command_at_a_terminal() and _kept_beside_the_terminal(text)):
+        audit_log.info(text)

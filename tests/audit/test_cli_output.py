@@ -1,12 +1,15 @@
-"""A `flask` command at a terminal prints its outcome in words; its audit lines go to a log collector only."""
+"""A `flask` command at a terminal prints its outcome in words; its audit lines go to DATA_DIR/cli-audit.log there,
+and to stderr for a log collector otherwise."""
 
 from __future__ import annotations
 
 import json
 import os
 import pty
+import stat
 import subprocess
 import sys
+from pathlib import Path
 
 from tests.servers import ROOT, process_env
 from tests.test_settings_and_cli import THE_PROCESS_ITSELF
@@ -57,11 +60,15 @@ def test_help_prints_only_help(base_env):
     assert terminal == ""
 
 
-def test_a_change_at_a_terminal_says_what_it_did_without_the_json_line_which_a_pipe_still_gets(base_env, rdb):
+def test_a_change_at_a_terminal_says_what_it_did_and_logs_its_json_line_beside_which_a_pipe_gets(base_env, rdb):
     email = random_email()
     out, terminal = run_at_a_terminal(base_env, "users", "create", "--email", email, "--password", "a long passphrase")
     assert out.startswith(f"created user {email}")
     assert terminal == ""
+    kept = Path(base_env["DATA_DIR"]) / "cli-audit.log"
+    [line] = [line for line in audit_lines(kept.read_text()) if line.get("subject") == out.split("(")[1][:32]]
+    assert line["type"] == "user.registered" and line["actor"] == {"kind": "cli", "id": None}
+    assert stat.S_IMODE(kept.stat().st_mode) == 0o600
 
     piped = subprocess.run(
         [sys.executable, "-m", "flask", "--app", "wsgi", "users", "set-role", email, "admin"],
