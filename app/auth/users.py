@@ -145,9 +145,11 @@ def _store_new_user(user: dict, index_keys: list[str], identities: tuple[str, ..
             if indexes.claim(key, user_id) is not None:
                 raise _conflict()
             claimed.append(key)
-        client.zadd(Keys.users(), {user_id: float(user["created_at"])})
+        listed = client.pipeline(transaction=False)  # two keys, perhaps two nodes: one round trip
+        listed.zadd(Keys.users(), {user_id: float(user["created_at"])})
         if searchable:  # before the record: a crash leaves a member whose record is missing, never the reverse
-            client.zadd(indexes.EMAIL_ORDER, {searchable: 0})
+            listed.zadd(indexes.EMAIL_ORDER, {searchable: 0})
+        listed.execute()
         pipe = client.pipeline(transaction=True)
         pipe.hset(Keys.user(user_id), mapping=user)
         if identities:
@@ -161,9 +163,11 @@ def _store_new_user(user: dict, index_keys: list[str], identities: tuple[str, ..
         with contextlib.suppress(redis.exceptions.RedisError):
             if written:
                 client.delete(Keys.user(user_id), Keys.user_identities(user_id))
-            client.zrem(Keys.users(), user_id)
+            unlisted = client.pipeline(transaction=False)
+            unlisted.zrem(Keys.users(), user_id)
             if searchable:
-                client.zrem(indexes.EMAIL_ORDER, searchable)
+                unlisted.zrem(indexes.EMAIL_ORDER, searchable)
+            unlisted.execute()
             for key in claimed:
                 indexes.release(key, user_id)
         raise
@@ -621,10 +625,12 @@ def delete_user(user_id: str) -> bool:
         indexes.release(index, user_id)
     if is_external(user):
         client.srem(Keys.issuer_users(user["external_issuer"]), user_id)
-    client.zrem(Keys.users(), user_id)
+    unlisted = client.pipeline(transaction=False)
+    unlisted.zrem(Keys.users(), user_id)
     if not is_external(user):
-        client.zrem(indexes.EMAIL_ORDER, indexes.email_order_member(user["email"], user_id))
-    client.delete(Keys.stream(user_channel(user_id)))
+        unlisted.zrem(indexes.EMAIL_ORDER, indexes.email_order_member(user["email"], user_id))
+    unlisted.delete(Keys.stream(user_channel(user_id)))
+    unlisted.execute()
     sessions_ended.send(
         current_app._get_current_object(), user_id=user_id, session_ids=list(result[1]), whole_user=True
     )

@@ -497,7 +497,8 @@ class Bus:
     ) -> None:
         """Tell every worker of every instance that access to channels changed; they re-check or end it.
 
-        One user's grant of one channel (`channel`, `user_id`): on the channel's own wake-up channel, the
+        One user's grant of one channel (`channel`, `user_id`; `user_id` None: every subscriber of the
+        channel, as for an organization's channels): on the channel's own wake-up channel, the
         path its events take, so the change is in order with them: nothing published after a revocation
         reaches the user. A namespace's rules or existence (`namespace`): on the control channel.
         `reason`: revoked, access_changed (grants and rules: re-check) or namespace_deleted.
