@@ -150,12 +150,12 @@ def field(body: dict, name: str, kind: type = str, required: bool = True, defaul
     return value
 
 
-def rfc3339(epoch: float | str | None) -> str | None:
-    """An epoch time as an RFC 3339 UTC string."""
+def rfc3339(epoch: float | str | None, timespec: str = "seconds") -> str | None:
+    """An epoch time as an RFC 3339 UTC string (`timespec` as `datetime.isoformat` takes it)."""
     if epoch in (None, ""):
         return None
     moment = datetime.fromtimestamp(float(epoch), tz=UTC)
-    return moment.isoformat(timespec="seconds").replace("+00:00", "Z")
+    return moment.isoformat(timespec=timespec).replace("+00:00", "Z")
 
 
 def number_arg(name: str, default: float, minimum: float, maximum: float, kind=float):

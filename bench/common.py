@@ -9,7 +9,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from tests.servers import LiveServer, RedisServer
+from tests.servers import LiveServer, RedisClusterServer, RedisServer
 
 PASSWORD = "benchmark password"
 
@@ -43,13 +43,16 @@ def service_env(redis_server: RedisServer, data_dir: str) -> dict:
 
 
 @contextlib.contextmanager
-def service(workers: int = 2, **env):
-    """A redis-server and the service under gunicorn (gevent worker), on loopback ports."""
+def service(workers: int = 2, cluster: bool = False, **env):
+    """A redis-server (or, `cluster`, a local Redis Cluster) and the service under gunicorn (gevent worker),
+    on loopback ports."""
     with tempfile.TemporaryDirectory() as tmp:
-        redis_server = RedisServer(Path(tmp))
+        redis_server = RedisClusterServer(Path(tmp)) if cluster else RedisServer(Path(tmp))
         redis_server.start()
         # Load generators open thousands of streams as a handful of users.
         settings = {**service_env(redis_server, tmp), "MAX_CONNECTIONS_PER_USER": "1000000", **env}
+        if cluster:
+            settings["REDIS_MODE"] = "cluster"
         server = LiveServer(settings, workers=workers)
         server.start()
         try:

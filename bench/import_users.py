@@ -20,7 +20,6 @@ The service runs with PASSWORD_HASH_COST=minimal so that the 10,000 rehashes at 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import multiprocessing
 import os
@@ -32,8 +31,8 @@ from pathlib import Path
 import bcrypt
 import requests
 
-from bench.common import machine, service, service_env, summary_ms
-from tests.servers import LiveServer, RedisClusterServer
+from app.redis import Keys
+from bench.common import machine, service, summary_ms
 
 ROOT = Path(__file__).resolve().parents[1]
 FLASK = ROOT / ".venv" / "bin" / "flask"
@@ -98,29 +97,14 @@ def log_in_all(url: str, accounts: list[tuple[str, str]], clients: int) -> tuple
     return time.perf_counter() - started, results
 
 
-@contextlib.contextmanager
-def cluster_service(workers: int = 2, **env):
-    """`bench.common.service` on a local Redis Cluster."""
-    with tempfile.TemporaryDirectory() as tmp:
-        cluster = RedisClusterServer(Path(tmp))
-        cluster.start()
-        server = LiveServer({**service_env(cluster, tmp), "REDIS_MODE": "cluster", **env}, workers=workers)
-        try:
-            server.start()
-            yield server, cluster
-        finally:
-            server.stop()
-            cluster.stop()
-
-
 def stored_hash_kinds(redis_server) -> dict[str, int]:
     """How many user records hold which kind of hash (by its first characters)."""
     client = redis_server.client()
     kinds: dict[str, int] = {}
-    ids = client.zrange("users", 0, -1)
+    ids = client.zrange(Keys.users(), 0, -1)
     pipe = client.pipeline(transaction=False)
     for user_id in ids:
-        pipe.hget(f"user:{{{user_id}}}", "password_hash")
+        pipe.hget(Keys.user(user_id), "password_hash")
     for value in pipe.execute():
         kind = value.split("$")[1] if value else "none"
         kinds[kind] = kinds.get(kind, 0) + 1
@@ -136,8 +120,10 @@ def main() -> None:
     users = options.users
     where = "a Redis Cluster (3 primaries, 3 replicas)" if options.cluster else "one redis-server"
     print(f"{machine()}; {users:,} users a file, {options.clients} login clients, {where}")
-    serve = cluster_service if options.cluster else service
-    with tempfile.TemporaryDirectory() as tmp, serve(workers=2, PASSWORD_HASH_COST="minimal") as (server, rdb):
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        service(workers=2, cluster=options.cluster, PASSWORD_HASH_COST="minimal") as (server, rdb),
+    ):
         env = {key: value for key, value in server.env.items() if key not in ("PORT", "WEB_CONCURRENCY")}
 
         started = time.perf_counter()
@@ -151,7 +137,7 @@ def main() -> None:
             (f"auth0-{n:05d}@example.com", password_of("auth0", n, DISTINCT_COST_10))
             for n in range(0, users, max(1, users // SAMPLE_LOGINS))
         ]
-        elapsed, results = log_in_all(server.url, sample, 2)
+        _, results = log_in_all(server.url, sample, 2)
         assert [status for status, _ in results] == [200] * len(sample), results
         latencies = summary_ms([latency for _, latency in results])
         print(f"  {len(sample)} of them logged in (cost-10 verification, then rehash): {latencies}")

@@ -13,16 +13,15 @@ from ..http import json_body, validated
 from ..limits import rate_limited
 from ..openapi import operation
 from ..redis import Keys, get_redis
-from ..schemas import Body
 from . import devices, mailtokens, mfa, passkeys, passwords, sessions, users
 from .guards import current_caller, login_required
 from .schemas import (
     EmailVerification,
     ForgottenPassword,
-    MailedToken,
     PasswordReset,
     Reauthentication,
     RecoveryCodes,
+    ResetTokenCheck,
     TotpConfirmation,
     TotpRemoval,
     TotpSetup,
@@ -33,12 +32,6 @@ USER = ("bearer", "cookie")
 
 VERIFICATION_RESEND_COOLDOWN = 10 * 60  # a refused login re-sends the link at most this often
 TOKEN_MAX = 200  # a mailed token is 76 characters (user id, dot, 43); anything much longer is not one of ours
-
-
-class ResetTokenCheck(Body):
-    """The token of a reset mail, to learn whether it still works (it is not used)."""
-
-    token: MailedToken
 
 
 def _empty(status: int):

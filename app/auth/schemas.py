@@ -219,6 +219,12 @@ class EmailVerification(Body):
     token: MailedToken
 
 
+class ResetTokenCheck(Body):
+    """The token of a reset mail, to learn whether it still works (it is not used)."""
+
+    token: MailedToken
+
+
 class ForgottenPassword(Body):
     """The address to send a reset link to (if an account has it)."""
 

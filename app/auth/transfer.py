@@ -17,8 +17,9 @@ import time
 import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 
+from ..http import rfc3339
 from ..redis import Keys, get_redis
 from . import emails, indexes, passwords, users
 
@@ -239,17 +240,11 @@ def open_private(path: str):
 
 def exported(record: dict) -> dict:
     """One user as an export line holds it."""
-    created = record.get("created_at")
     return {
         "id": record["id"],
         "email": record["email"],
         "password_hash": record.get("password_hash") or None,
         "email_verified": record.get("email_verified") == "1",
         "role": record.get("role", "user"),
-        "created_at": _rfc3339_ms(created) if created else None,
+        "created_at": rfc3339(record.get("created_at"), timespec="milliseconds"),
     }
-
-
-def _rfc3339_ms(epoch: str) -> str:
-    moment = datetime.fromtimestamp(float(epoch), tz=UTC)
-    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")

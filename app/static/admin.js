@@ -313,11 +313,6 @@ function userRow(user) {
   return row;
 }
 
-// GET /admin/users?q=: the first users, in e-mail order, whose address starts with the text (any case).
-async function searchUsers(text) {
-  return admin.users({ q: text });
-}
-
 // The list as the administrator types: the users whose address starts with the text (the newest users once
 // it is empty). Resolves with the users shown, or undefined when this search was overtaken or failed.
 async function showSearch() {
@@ -331,7 +326,7 @@ async function showSearch() {
   $("users-error").textContent = "";
   let found;
   try {
-    found = await searchUsers(text);
+    found = await admin.users({ q: text }); // the first 50 whose address starts with it, any case
   } catch (error) {
     if (seq === searchSeq) $("users-error").textContent = failureText(error);
     return undefined;

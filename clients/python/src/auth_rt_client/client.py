@@ -333,7 +333,7 @@ class Client:
     def _as_user(self, token: str, method: str, path: str, **kwargs: Any) -> httpx.Response:
         """A call with the session's access token; renewed and sent once more if the service says it expired."""
         response = self._answer(self._request(method, path, token, **kwargs))
-        if response.status_code == 401 and _error_code(response) == "token_expired":
+        if response.status_code == 401 and ApiError.from_response(response).code == "token_expired":
             token = self._session.renew(refused=token).access_token
             response = self._answer(self._request(method, path, token, **kwargs))
         return _checked(response)
@@ -358,7 +358,7 @@ class Client:
         """Send a login (of any kind) and keep the session it opens."""
         requested_at = self._session.now()
         response = self._answer(request)
-        if response.status_code == 401 and _error_code(response) == "mfa_required":
+        if response.status_code == 401 and ApiError.from_response(response).code == "mfa_required":
             raise _mfa_required(response)
         tokens = Tokens.from_json(self._json_of(_checked(response)))
         if tokens.device_token is not None and tokens.user.email is not None:
@@ -398,15 +398,6 @@ def _checked(response: httpx.Response) -> httpx.Response:
     if response.is_error:
         raise ApiError.from_response(response)
     return response
-
-
-def _error_code(response: httpx.Response) -> str | None:
-    """The `code` of an error answer in the service's shape, else None."""
-    try:
-        error = response.json()["error"]
-        return error["code"] if isinstance(error, dict) else None
-    except (ValueError, KeyError, TypeError):
-        return None
 
 
 def _mfa_required(response: httpx.Response) -> MfaRequired:
