@@ -14,9 +14,10 @@ from playwright.sync_api import sync_playwright
 from werkzeug.routing.rules import Rule
 
 from app import create_app
+from app.auth.users import create_user
 from tests.chromium import CHROMIUM, CHROMIUM_ARGS
 from tests.servers import LiveServer, RedisClusterServer, RedisServer
-from tests.utils import AuthActions
+from tests.utils import DEFAULT_PASSWORD, AuthActions, bearer, random_email
 
 # pytest keeps each test file as rewritten and compiled in its __pycache__ (ignored by git) even where
 # PYTHONDONTWRITEBYTECODE is set, as on the machines this suite runs on: every test process collects every test
@@ -251,6 +252,15 @@ def https_client(app):
 @pytest.fixture
 def client(app):
     return https_client(app)
+
+
+@pytest.fixture
+def admin_headers(app, auth) -> dict:
+    """The Authorization header of a fresh administrator, signed in with tokens in the body."""
+    email = random_email()
+    with app.app_context():
+        create_user(email, DEFAULT_PASSWORD, role="admin", email_verified=True)
+    return bearer(auth.login_body(email)["access_token"])
 
 
 @pytest.fixture

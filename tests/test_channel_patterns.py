@@ -8,9 +8,8 @@ import uuid
 import pytest
 
 from app.apikeys.store import create_key
-from app.auth.users import create_user
 from app.openapi import build_document
-from tests.utils import DEFAULT_PASSWORD, bearer, random_email, redis_snapshot
+from tests.utils import redis_snapshot
 
 LOCAL = {"WEBHOOK_OUT_ALLOW_PRIVATE": "true", "WEBHOOK_OUT_ALLOW_HTTP": "true"}
 HOOK = "http://127.0.0.1:9/hooks"  # never contacted: no delivery process runs here
@@ -24,38 +23,30 @@ def app(make_app):
     return make_app(**LOCAL)
 
 
-@pytest.fixture
-def admin(app, auth) -> dict:
-    email = random_email()
-    with app.app_context():
-        create_user(email, DEFAULT_PASSWORD, role="admin")
-    return bearer(auth.login_body(email)["access_token"])
-
-
-def save_key(client, admin, channels: list[str]):
+def save_key(client, admin_headers, channels: list[str]):
     body = {"name": "backend", "scopes": ["events:publish"], "channels": channels}
-    return client.post("/admin/api-keys", json=body, headers=admin)
+    return client.post("/admin/api-keys", json=body, headers=admin_headers)
 
 
-def save_endpoint(client, admin, channels: list[str]):
-    return client.post("/admin/webhook-endpoints", json={"url": HOOK, "channels": channels}, headers=admin)
+def save_endpoint(client, admin_headers, channels: list[str]):
+    return client.post("/admin/webhook-endpoints", json={"url": HOOK, "channels": channels}, headers=admin_headers)
 
 
 SAVERS = {"api key": save_key, "webhook endpoint": save_endpoint}
 
 
 @pytest.mark.parametrize("saver", SAVERS)
-def test_both_accept_every_pattern_of_the_rule(client, admin, saver):
-    saved = SAVERS[saver](client, admin, GOOD)
+def test_both_accept_every_pattern_of_the_rule(client, admin_headers, saver):
+    saved = SAVERS[saver](client, admin_headers, GOOD)
     assert saved.status_code == 201, saved.get_json()
     assert sorted(saved.get_json()["channels"]) == sorted(GOOD)
 
 
 @pytest.mark.parametrize("saver", SAVERS)
-def test_both_refuse_the_same_patterns_in_words_naming_the_item_and_store_nothing(client, admin, rdb, saver):
+def test_both_refuse_the_same_patterns_in_words_naming_the_item_and_store_nothing(client, admin_headers, rdb, saver):
     before = redis_snapshot(rdb)
     for bad in BAD:
-        refused = SAVERS[saver](client, admin, ["broadcast", bad])
+        refused = SAVERS[saver](client, admin_headers, ["broadcast", bad])
         assert refused.status_code == 422, (bad, refused.get_json())
         message = refused.get_json()["error"]["message"]
         assert message.startswith("Field 'channels': channel 2"), message  # 1-based, never "channels.1"
@@ -65,12 +56,12 @@ def test_both_refuse_the_same_patterns_in_words_naming_the_item_and_store_nothin
     assert redis_snapshot(rdb) == before
 
 
-def test_an_endpoint_changed_to_a_namespace_pattern_is_kept_and_a_bad_one_refused_alike(client, admin):
-    endpoint = save_endpoint(client, admin, ["orders"]).get_json()
+def test_an_endpoint_changed_to_a_namespace_pattern_is_kept_and_a_bad_one_refused_alike(client, admin_headers):
+    endpoint = save_endpoint(client, admin_headers, ["orders"]).get_json()
     path = f"/admin/webhook-endpoints/{endpoint['id']}"
-    changed = client.patch(path, json={"channels": ["orders:*"]}, headers=admin)
+    changed = client.patch(path, json={"channels": ["orders:*"]}, headers=admin_headers)
     assert changed.status_code == 200 and changed.get_json()["channels"] == ["orders:*"]
-    refused = client.patch(path, json={"channels": ["orders:*", "Orders:*"]}, headers=admin)
+    refused = client.patch(path, json={"channels": ["orders:*", "Orders:*"]}, headers=admin_headers)
     assert refused.status_code == 422
     assert refused.get_json()["error"]["message"].startswith("Field 'channels': channel 2 ('Orders:*') is not")
 

@@ -8,17 +8,9 @@ import uuid
 import pytest
 
 from app.auth.users import create_user, find_or_create_external_user
-from tests.utils import DEFAULT_PASSWORD, bearer, random_email
+from tests.utils import DEFAULT_PASSWORD, bearer
 
 FIELDS = {"id", "email", "role", "email_verified", "mfa_enabled", "created_at"}
-
-
-@pytest.fixture
-def admin(app, auth) -> dict:
-    email = random_email()
-    with app.app_context():
-        create_user(email, DEFAULT_PASSWORD, role="admin", email_verified=True)
-    return bearer(auth.login_body(email)["access_token"])
 
 
 def tag() -> str:
@@ -26,14 +18,14 @@ def tag() -> str:
     return f"s{uuid.uuid4().hex[:10]}"
 
 
-def search(client, admin, q: str, **more) -> list[dict]:
-    answer = client.get("/admin/users", query_string={"q": q, **more}, headers=admin)
+def search(client, admin_headers, q: str, **more) -> list[dict]:
+    answer = client.get("/admin/users", query_string={"q": q, **more}, headers=admin_headers)
     assert answer.status_code == 200, answer.get_json()
     assert answer.headers["Cache-Control"] == "no-store"
     return answer.get_json()["users"]
 
 
-def test_a_prefix_finds_users_in_any_case_in_ascending_email_order(app, client, admin):
+def test_a_prefix_finds_users_in_any_case_in_ascending_email_order(app, client, admin_headers):
     prefix = tag()
     with app.app_context():
         made = {
@@ -42,7 +34,7 @@ def test_a_prefix_finds_users_in_any_case_in_ascending_email_order(app, client, 
         }
         find_or_create_external_user("https://idp.example", f"{prefix}-bob", None)  # no address: never found
         find_or_create_external_user("https://idp.example", f"{prefix}-bob-ext", f"{prefix}-bob-ext@example.com")
-    found = search(client, admin, f"{prefix.upper()}-BOB")
+    found = search(client, admin_headers, f"{prefix.upper()}-BOB")
     # '2' and 'b' come before '@': the order is the addresses', not the names'
     assert [user["email"] for user in found] == [
         f"{prefix}-bob2@example.com",
@@ -51,20 +43,20 @@ def test_a_prefix_finds_users_in_any_case_in_ascending_email_order(app, client, 
     ]
     assert [user["id"] for user in found] == [made["bob2"]["id"], made["bob"]["id"], made["bobby"]["id"]]
     assert set(found[0]) == FIELDS and found[0]["role"] == "user"
-    whole = search(client, admin, prefix)
+    whole = search(client, admin_headers, prefix)
     assert [user["email"] for user in whole] == sorted(user["email"] for user in made.values())
-    assert search(client, admin, f"{prefix}-bob@example.com") == [found[1]]  # a whole address is a prefix too
-    assert search(client, admin, f"{prefix}-dave") == []
-    assert search(client, admin, f"x{prefix}") == []
+    assert search(client, admin_headers, f"{prefix}-bob@example.com") == [found[1]]  # a whole address is a prefix too
+    assert search(client, admin_headers, f"{prefix}-dave") == []
+    assert search(client, admin_headers, f"x{prefix}") == []
 
 
-def test_at_most_the_first_50_are_answered(app, client, admin):
+def test_at_most_the_first_50_are_answered(app, client, admin_headers):
     prefix = tag()
     with app.app_context():
         emails = [create_user(f"{prefix}-{n:02d}@example.com", DEFAULT_PASSWORD)["email"] for n in range(53)]
-    found = search(client, admin, prefix)
+    found = search(client, admin_headers, prefix)
     assert [user["email"] for user in found] == sorted(emails)[:50]
-    everyone = search(client, admin, "")  # every address starts with nothing: the first 50 of all
+    everyone = search(client, admin_headers, "")  # every address starts with nothing: the first 50 of all
     assert len(everyone) == 50 and [user["email"] for user in everyone] == sorted(user["email"] for user in everyone)
 
 
@@ -77,8 +69,8 @@ def test_at_most_the_first_50_are_answered(app, client, admin):
         ({"q": "b" * 255}, "Query parameter 'q': string should have at most 254 characters"),
     ],
 )
-def test_a_bad_search_is_a_400_in_words(client, admin, query, words):
-    answer = client.get("/admin/users", query_string=query, headers=admin)
+def test_a_bad_search_is_a_400_in_words(client, admin_headers, query, words):
+    answer = client.get("/admin/users", query_string=query, headers=admin_headers)
     assert answer.status_code == 400 and answer.get_json()["error"]["code"] == "bad_request"
     assert words in answer.get_json()["error"]["message"]
 

@@ -29,14 +29,6 @@ def app(make_app):
 
 
 @pytest.fixture
-def admin(app, auth) -> dict:
-    email = random_email()
-    with app.app_context():
-        create_user(email, DEFAULT_PASSWORD, role="admin")
-    return bearer(auth.login_body(email)["access_token"])
-
-
-@pytest.fixture
 def key(app):
     def make(*scopes: str) -> dict:
         with app.app_context():
@@ -47,9 +39,9 @@ def key(app):
 
 
 @pytest.fixture
-def endpoint(client, admin) -> dict:
+def endpoint(client, admin_headers) -> dict:
     body = {"url": URL, "channels": ["orders"], "events": ["order.*"], "description": "Billing"}
-    response = client.post(BASE, json=body, headers=admin)
+    response = client.post(BASE, json=body, headers=admin_headers)
     assert response.status_code == 201, response.get_json()
     return response.get_json()
 
@@ -58,37 +50,37 @@ def outgoing_keys(rdb) -> dict:
     return {k: v for k, v in redis_snapshot(rdb).items() if k.startswith("outgoing:")}
 
 
-def test_an_endpoint_is_created_shown_changed_and_deleted(client, admin, endpoint, rdb):
+def test_an_endpoint_is_created_shown_changed_and_deleted(client, admin_headers, endpoint, rdb):
     assert set(endpoint) == {"id", "url", "channels", "events", "description", "disabled", "created_at", "secret"}
     assert endpoint["secret"].startswith("whsec_") and len(base64.b64decode(endpoint["secret"][6:])) == 32
     shown = {k: v for k, v in endpoint.items() if k != "secret"}
     assert shown == {**shown, "url": URL, "channels": ["orders"], "events": ["order.*"], "disabled": False}
-    assert client.get(f"{BASE}/{endpoint['id']}", headers=admin).get_json() == shown
-    listed = client.get(BASE, headers=admin)
+    assert client.get(f"{BASE}/{endpoint['id']}", headers=admin_headers).get_json() == shown
+    listed = client.get(BASE, headers=admin_headers)
     assert listed.get_json() == {"endpoints": [shown]} and listed.headers["Cache-Control"] == "no-store"
 
     changes = {"channels": ["user:*", "orders"], "events": None, "description": None, "disabled": True}
-    changed = client.patch(f"{BASE}/{endpoint['id']}", json=changes, headers=admin)
+    changed = client.patch(f"{BASE}/{endpoint['id']}", json=changes, headers=admin_headers)
     assert changed.status_code == 200
     assert changed.get_json() == {**shown, "channels": ["orders", "user:*"], "events": None, "description": None,
                                   "disabled": True}  # fmt: skip
-    assert client.patch(f"{BASE}/{endpoint['id']}", json={}, headers=admin).get_json() == changed.get_json()
+    assert client.patch(f"{BASE}/{endpoint['id']}", json={}, headers=admin_headers).get_json() == changed.get_json()
 
-    assert client.delete(f"{BASE}/{endpoint['id']}", headers=admin).status_code == 204
-    assert client.get(f"{BASE}/{endpoint['id']}", headers=admin).status_code == 404
-    assert client.delete(f"{BASE}/{endpoint['id']}", headers=admin).status_code == 404
-    assert client.get(BASE, headers=admin).get_json() == {"endpoints": []}
+    assert client.delete(f"{BASE}/{endpoint['id']}", headers=admin_headers).status_code == 204
+    assert client.get(f"{BASE}/{endpoint['id']}", headers=admin_headers).status_code == 404
+    assert client.delete(f"{BASE}/{endpoint['id']}", headers=admin_headers).status_code == 404
+    assert client.get(BASE, headers=admin_headers).get_json() == {"endpoints": []}
     assert outgoing_keys(rdb).keys() <= {"outgoing:endpoints:version"}
 
 
-def test_the_secret_is_shown_at_creation_and_rotation_only(client, admin, endpoint, rdb):
-    creation = client.post(BASE, json={"url": URL, "channels": ["a"]}, headers=admin)
+def test_the_secret_is_shown_at_creation_and_rotation_only(client, admin_headers, endpoint, rdb):
+    creation = client.post(BASE, json={"url": URL, "channels": ["a"]}, headers=admin_headers)
     assert creation.headers["Cache-Control"] == "no-store"
-    rotated = client.post(f"{BASE}/{endpoint['id']}/rotate-secret", headers=admin)
+    rotated = client.post(f"{BASE}/{endpoint['id']}/rotate-secret", headers=admin_headers)
     assert rotated.status_code == 200 and rotated.headers["Cache-Control"] == "no-store"
     assert set(rotated.get_json()) == {"secret"} and rotated.get_json()["secret"] != endpoint["secret"]
     for path in (BASE, f"{BASE}/{endpoint['id']}", f"{BASE}/{endpoint['id']}/messages"):
-        text = client.get(path, headers=admin).get_data(as_text=True)
+        text = client.get(path, headers=admin_headers).get_data(as_text=True)
         assert endpoint["secret"] not in text and rotated.get_json()["secret"] not in text
 
 
@@ -149,11 +141,11 @@ BAD_BODIES = [
 ]
 
 
-def test_bad_bodies_are_a_json_4xx_and_change_nothing(client, admin, endpoint, rdb):
+def test_bad_bodies_are_a_json_4xx_and_change_nothing(client, admin_headers, endpoint, rdb):
     # One account and endpoint for every case, made once.
     before = outgoing_keys(rdb)
     for data, content_type, status in BAD_BODIES:
-        response = client.post(BASE, data=data, content_type=content_type, headers=admin)
+        response = client.post(BASE, data=data, content_type=content_type, headers=admin_headers)
         assert response.status_code == status, (data, response.get_json())
         assert set(response.get_json()["error"]) == {"code", "message"}
     assert outgoing_keys(rdb) == before
@@ -171,18 +163,18 @@ BAD_CHANGES = [
 ]
 
 
-def test_bad_changes_are_a_json_4xx_and_change_nothing(client, admin, endpoint, rdb):
+def test_bad_changes_are_a_json_4xx_and_change_nothing(client, admin_headers, endpoint, rdb):
     before = outgoing_keys(rdb)
     for data, status in BAD_CHANGES:
-        response = client.patch(f"{BASE}/{endpoint['id']}", data=data, content_type=JSON, headers=admin)
+        response = client.patch(f"{BASE}/{endpoint['id']}", data=data, content_type=JSON, headers=admin_headers)
         assert response.status_code == status, (data, response.get_json())
     for body in ({"url": None}, {"channels": None}, {"disabled": None}, {"disabled": "yes"}):
-        response = client.patch(f"{BASE}/{endpoint['id']}", json=body, headers=admin)
+        response = client.patch(f"{BASE}/{endpoint['id']}", json=body, headers=admin_headers)
         assert response.status_code == 400 and response.get_json()["error"]["code"] == "bad_request", body
     assert outgoing_keys(rdb) == before
 
 
-def test_unknown_or_malformed_ids_are_404(client, admin, endpoint):
+def test_unknown_or_malformed_ids_are_404(client, admin_headers, endpoint):
     calls = []
     for endpoint_id in (UNKNOWN_ID, "nope", "ep_" + "0" * 31 + "Z", endpoint["id"] + "0"):
         calls += [
@@ -197,7 +189,7 @@ def test_unknown_or_malformed_ids_are_404(client, admin, endpoint):
     for message_id in (UNKNOWN_MESSAGE, "msg_1", "x"):
         calls.append(("POST", f"{BASE}/{endpoint['id']}/messages/{message_id}/retry", None))
     for method, path, body in calls:
-        response = client.open(path, method=method, json=body, headers=admin)
+        response = client.open(path, method=method, json=body, headers=admin_headers)
         assert response.status_code == 404, (method, path, response.get_json())
         assert response.get_json()["error"]["code"] == "not_found"
 
@@ -214,21 +206,23 @@ BAD_REPLAYS = [
 ]
 
 
-def test_bad_replays_are_refused_and_change_nothing(client, admin, endpoint, rdb):
+def test_bad_replays_are_refused_and_change_nothing(client, admin_headers, endpoint, rdb):
     before = outgoing_keys(rdb)
     for body, status in BAD_REPLAYS:
-        response = client.post(f"{BASE}/{endpoint['id']}/replay", json=body, headers=admin)
+        response = client.post(f"{BASE}/{endpoint['id']}/replay", json=body, headers=admin_headers)
         assert response.status_code == status, (body, response.get_json())
     assert outgoing_keys(rdb) == before
 
 
-def test_a_disabled_endpoint_refuses_replays_and_retries_with_409(client, admin, endpoint):
-    client.patch(f"{BASE}/{endpoint['id']}", json={"disabled": True}, headers=admin)
-    response = client.post(f"{BASE}/{endpoint['id']}/replay", json={"since": "2026-01-01T00:00:00Z"}, headers=admin)
+def test_a_disabled_endpoint_refuses_replays_and_retries_with_409(client, admin_headers, endpoint):
+    client.patch(f"{BASE}/{endpoint['id']}", json={"disabled": True}, headers=admin_headers)
+    response = client.post(
+        f"{BASE}/{endpoint['id']}/replay", json={"since": "2026-01-01T00:00:00Z"}, headers=admin_headers
+    )
     assert response.status_code == 409 and response.get_json()["error"]["code"] == "conflict"
 
 
-def test_bad_message_queries_are_400(client, admin, endpoint):
+def test_bad_message_queries_are_400(client, admin_headers, endpoint):
     for query in ("status=sent", "limit=0", "limit=1001", "limit=ten"):
-        response = client.get(f"{BASE}/{endpoint['id']}/messages?{query}", headers=admin)
+        response = client.get(f"{BASE}/{endpoint['id']}/messages?{query}", headers=admin_headers)
         assert response.status_code == 400 and response.get_json()["error"]["code"] == "bad_request", query
