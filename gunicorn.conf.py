@@ -205,7 +205,7 @@ def post_worker_init(worker):
     mail.start_background_tasks(worker.wsgi)  # sends queued mail, retrying while the SMTP server is down
 
     # On a reload, parked SSE streams are carried over to the new workers instead (app/events/carry.py).
-    carry = CarryOver.from_environ(worker.wsgi)
+    carry = CarryOver.for_app(worker.wsgi)
     if carry is not None:
         carry.listen()
 
@@ -301,7 +301,7 @@ def on_starting(server):
     os.environ[CARRY_DIR_ENV] = server.carry_dir
 
 
-CARRY_DIR_ENV = "AUTH_RT_CARRY_DIR"  # app/events/carry.py reads it, and the generation file
+CARRY_DIR_ENV = "AUTH_RT_CARRY_DIR"  # the workers read it through app/settings.py (carry_dir)
 
 
 def short_temp_dir() -> str:

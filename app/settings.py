@@ -186,6 +186,7 @@ class Settings:
     oidc_issuer: str | None  # the OpenID provider's issuer: OIDC_ISSUER, else PUBLIC_BASE_URL
     oidc_id_token_alg: str
     prometheus_multiproc_dir: str | None
+    carry_dir: str | None  # gunicorn's private directory for carrying streams over on a reload
     metrics_allow_ips: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]
     metrics_token: Secret | None
     worker_metrics_port: int | None
@@ -296,6 +297,8 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         oidc_id_token_alg=reader.choice("OIDC_ID_TOKEN_ALG", "RS256", {"RS256", "ES256", "EdDSA"}),
         # Set by gunicorn.conf.py for its workers (and by `make run`'s var/.env for the CLI).
         prometheus_multiproc_dir=reader.text("PROMETHEUS_MULTIPROC_DIR", "") or None,
+        # Set by gunicorn.conf.py for its workers: where they hand open streams to the next generation on a reload.
+        carry_dir=reader.text("AUTH_RT_CARRY_DIR", "") or None,
         # Who may read /metrics: these client addresses, or whoever sends the token as a bearer.
         metrics_allow_ips=reader.networks("METRICS_ALLOW_IPS", "127.0.0.1,::1"),
         metrics_token=Secret(reader.text("METRICS_TOKEN", "")) or None,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from subprocess import PIPE
@@ -330,3 +331,21 @@ def test_cluster_mode_takes_comma_separated_seed_nodes(tmp_path):
     )
     assert settings.redis_mode == "cluster" and settings.redis_url == seeds
     assert load_settings({"APP_ENV": "test", "DATA_DIR": str(tmp_path)}).redis_mode == "standalone"
+
+
+def test_only_the_settings_module_reads_the_process_environment():
+    """Every setting comes through app/settings.py, so a deployment can see and check all of them in one place."""
+    readers = re.compile(r"\bos\.environ\b|\bos\.getenv\b|\bgetenv\(")
+    app_dir = ROOT / "app"
+    reading = [
+        str(path.relative_to(ROOT))
+        for path in sorted(app_dir.rglob("*.py"))
+        if path != app_dir / "settings.py" and readers.search(path.read_text())
+    ]
+    assert reading == []
+
+
+def test_the_carry_over_directory_is_a_setting(tmp_path):
+    env = {"APP_ENV": "development", "DATA_DIR": str(tmp_path)}
+    assert load_settings(env).carry_dir is None
+    assert load_settings({**env, "AUTH_RT_CARRY_DIR": str(tmp_path)}).carry_dir == str(tmp_path)

@@ -43,7 +43,6 @@ from .sse import farewell, sse_outlet
 
 log = logging.getLogger(__name__)
 
-DIRECTORY_ENV = "AUTH_RT_CARRY_DIR"
 GENERATION_FILE = "generation"
 STATE_VERSION = 1
 BATCH = 200  # streams per message: below the kernel's 253 descriptors per message
@@ -190,9 +189,9 @@ class CarryOver:
         self.path = socket_path(directory, generation, os.getpid())
 
     @classmethod
-    def from_environ(cls, app) -> CarryOver | None:
-        """None outside gunicorn with this project's configuration (no carry-over directory)."""
-        directory = os.environ.get(DIRECTORY_ENV)
+    def for_app(cls, app) -> CarryOver | None:
+        """None outside gunicorn with this project's configuration (no carry-over directory in the settings)."""
+        directory = app.config["SETTINGS"].carry_dir
         if not directory or not os.path.isdir(directory):
             return None
         return cls(app, directory, read_generation(directory))
