@@ -2,6 +2,7 @@
 
 Run: .venv/bin/python -m bench.profile [--streams 10000] [--transport sse|ws] [--events 20 | --rate 500]
      .venv/bin/python -m bench.profile --request /auth/me
+     .venv/bin/python -m bench.profile --publish   (one POST /events per event, with an API key, from 16 connections)
 
 It starts the service (two workers) with a statistical profiler in each worker: every 4 ms of the
 process's CPU time (ITIMER_PROF) it records the Python stack that was running. It opens the streams,
@@ -100,7 +101,7 @@ def start_in_workers() -> None:
         os.register_at_fork(after_in_child=lambda: kind(directory).start())
 
 
-def report(directory: Path, top: int = 30) -> str:
+def report(directory: Path, top: int = int(os.environ.get("BENCH_PROFILE_TOP", "30"))) -> str:
     own, within = collections.Counter(), collections.Counter()
     total = 0
     for path in directory.glob("worker-*.json"):
@@ -158,6 +159,7 @@ def main() -> None:
     parser.add_argument("--memory", action="store_true", help="what one open stream holds, by allocating line")
     parser.add_argument("--rate", type=int, help="instead of broadcasts: publish this many events/s for 4 s")
     parser.add_argument("--request", help="instead of broadcasts: wrk on this path (with a user's token) for 8 s")
+    parser.add_argument("--publish", action="store_true", help="instead: POST /events to 1,000 rooms for 8 s")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         hook = Path(tmp) / "hook"
@@ -178,6 +180,14 @@ def main() -> None:
             if args.request:
                 (out / "generation").write_text("requests")
                 print(json.dumps(wrk(f"{service.app.url}{args.request}", {"Authorization": f"Bearer {service.token}"})))
+                time.sleep(1.5)  # a last write of the samples
+                print(report(out))
+                return
+            if args.publish:
+                from bench.publish_cost import service_publishing
+
+                (out / "generation").write_text("publishing")
+                print(json.dumps(service_publishing(service)))
                 time.sleep(1.5)  # a last write of the samples
                 print(report(out))
                 return

@@ -34,7 +34,9 @@ import multiprocessing
 import os
 import re
 import statistics
+import subprocess
 import sys
+import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -63,6 +65,19 @@ def load() -> str:
         some = Path("/proc/pressure/cpu").read_text().split("\n")[0].split()
         text += f" (CPU pressure {float(some[2].split('=')[1]):.0f} %)"
     return text
+
+
+def connections_per_worker(worker_pids: list[int], port: int, exclude_streams: bool = False) -> list[int]:
+    """How many established connections to `port` each worker holds, most first (from `ss`). With
+    `exclude_streams`, only those from 127.0.0.1 (the publisher's; the readers come from 127.0.2.x)."""
+    output = subprocess.run(
+        ["ss", "-Htnp", "state", "established", f"( sport = :{port} )"], capture_output=True, text=True, check=True
+    ).stdout
+    lines = [
+        line for line in output.splitlines() if not exclude_streams or line.split()[3].startswith("127.0.0.1:")
+    ]  # the columns: Recv-Q, Send-Q, local address, peer address, process
+    text = "\n".join(lines)
+    return sorted((len(re.findall(rf"pid={pid},", text)) for pid in worker_pids), reverse=True)
 
 
 def cpu_seconds(pids: list[int]) -> float:
@@ -203,13 +218,14 @@ def _room_reader(specs, token, expected, ready, go, results, index) -> None:
     """Open `specs` (Target, room) streams, report, then read until every stream has `expected` events of
     its room or the deadline that `go` sends passes. Latencies are measured from the `sent` in each event."""
     raise_fd_limit()
-    pattern = re.compile(re.escape(token.encode()) + rb"\|(\d+)\|(\d+)\|([\d.]+);")
+    pattern = re.compile(re.escape(token.encode()) + rb"\|(\d+)\|(\d+)\|([\d.]+)\|([\d.]+);")
 
     async def main():
         streams, failures = await _open_all([t for t, _ in specs], _source(index))
         ready.put({"opened": sum(s is not None for s in streams), "failures": failures})
         deadline = await asyncio.get_running_loop().run_in_executor(None, go.get)
         latencies: list[float] = []
+        from_due: list[float] = []
         verdicts = []
         cpu_before = os.times()
 
@@ -232,6 +248,7 @@ def _room_reader(specs, token, expected, ready, go, results, index) -> None:
                         continue
                     n = int(match[2])
                     latencies.append(now - float(match[3]))
+                    from_due.append(now - float(match[4]))
                     if n in seen:
                         verdict["duplicates"] += 1
                     if n < last:
@@ -255,7 +272,16 @@ def _room_reader(specs, token, expected, ready, go, results, index) -> None:
         totals = {k: sum(v[k] for v, _ in verdicts) for k in ("duplicates", "out_of_order", "foreign", "closed")}
         complete = sum(1 for v, seen in verdicts if len(seen) == expected and not v["duplicates"])
         cpu = (cpu_after.user - cpu_before.user) + (cpu_after.system - cpu_before.system)
-        results.put({"latencies": latencies, "missing": missing, "complete": complete, "cpu": cpu, **totals})
+        results.put(
+            {
+                "latencies": latencies,
+                "from_due": from_due,
+                "missing": missing,
+                "complete": complete,
+                "cpu": cpu,
+                **totals,
+            }
+        )
 
     asyncio.run(main())
 
@@ -362,13 +388,16 @@ def _watcher(target: Target, own: str, users: list[str], joined, left, results, 
 # The publisher: asyncio, raw keep-alive connections, the send time written into each event
 
 
-async def publish_rooms(system: str, port: int, key: str | None, token: str, rooms: int, seconds: int) -> dict:
+async def publish_rooms(
+    system: str, port: int, key: str | None, token: str, rooms: int, seconds: int, batch: bool = False
+) -> dict:
     """Room r's event n falls due at start + n + r / rooms. Room r is published on connection r % connections
-    only, one request after the other, so each room's events are published in order. The service: on 4
-    connections, each sends what fell due for its rooms (at most 100) in one POST /events/batch, every 50 ms;
-    nchan: on 16 connections, one POST /pub/<id> per event. Returns the pace achieved and how late the sends
-    were (how far the publisher fell behind its schedule)."""
-    connections = 4 if system == "service" else 16
+    only, one request after the other, so each room's events are published in order. One POST /events (nchan:
+    POST /pub/<id>) per event on 16 connections; with `batch`, the service takes what fell due for a
+    connection's rooms (at most 100) in one POST /events/batch every 50 ms, on 4 connections. Returns the pace
+    achieved and how late the sends were (how far the publisher fell behind its schedule)."""
+    batching = batch and system == "service"
+    connections = 4 if batching else 16
     queues: list[asyncio.Queue] = [asyncio.Queue() for _ in range(connections)]
     lateness: list[float] = []
     first = time.time() + 0.2
@@ -377,17 +406,18 @@ async def publish_rooms(system: str, port: int, key: str | None, token: str, roo
     def request(items: list[tuple[int, int, float]]) -> bytes:
         sent = time.time()
         lateness.extend(sent - due for _, _, due in items)
+        data = [f"{token}|{r}|{n}|{sent:.6f}|{due:.6f};" for r, n, due in items]
         if system == "service":
             events = [
-                {"channel": f"rooms:r{r}", "event": "m", "data": f"{token}|{r}|{n}|{sent:.6f};"} for r, n, _ in items
+                {"channel": f"rooms:r{r}", "event": "m", "data": text}
+                for (r, _, _), text in zip(items, data, strict=True)
             ]
-            body = json.dumps({"events": events}).encode()
-            path = "/events/batch"
+            body = json.dumps({"events": events} if batching else events[0]).encode()
+            path = "/events/batch" if batching else "/events"
             extra = f"Authorization: Bearer {key}\r\nContent-Type: application/json\r\n"
         else:
-            r, n, _ = items[0]
-            body = f"{token}|{r}|{n}|{sent:.6f};".encode()
-            path = f"/pub/r{r}"
+            body = data[0].encode()
+            path = f"/pub/r{items[0][0]}"
             extra = ""
         return (
             f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: {len(body)}\r\n{extra}\r\n"
@@ -398,7 +428,7 @@ async def publish_rooms(system: str, port: int, key: str | None, token: str, roo
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         while True:
             items = [await queue.get()]
-            while system == "service" and len(items) < 100 and items[-1] is not None and not queue.empty():
+            while batching and len(items) < 100 and items[-1] is not None and not queue.empty():
                 items.append(queue.get_nowait())
             if items[-1] is None:
                 items.pop()
@@ -416,7 +446,7 @@ async def publish_rooms(system: str, port: int, key: str | None, token: str, roo
 
     senders = [asyncio.ensure_future(sender(queue)) for queue in queues]
     schedule = [(first + n + r / rooms, r, n) for n in range(seconds) for r in range(rooms)]
-    position, tick = 0, BATCH_INTERVAL if system == "service" else 0.005
+    position, tick = 0, BATCH_INTERVAL if batching else 0.005
     while position < len(schedule):
         now = time.time()
         due = []
@@ -457,8 +487,11 @@ def rooms_run(
     key: str | None,
     seconds: int,
     redis_client=None,
+    batch: bool = False,
+    worker_pids=None,
 ) -> dict:
-    """Open the streams, read the footprint, publish one event per room per second, collect."""
+    """Open the streams, read the footprint, publish one event per room per second, collect. Halfway through the
+    publishing, the machine's load and (given `worker_pids`) how the publisher's connections sit on the workers."""
     context = multiprocessing.get_context("fork")
     token = uuid.uuid4().hex[:12]
     specs = list(zip(targets, per_stream_rooms, strict=True))
@@ -488,13 +521,27 @@ def rooms_run(
     for go in gos:
         go.put(deadline)
     cpu_before = cpu_seconds(pids())
-    published = asyncio.run(publish_rooms(system_name, port, key, token, rooms, seconds))
+    during: dict = {}
+
+    def halfway():
+        time.sleep(seconds / 2)
+        during["load"] = load()
+        if worker_pids is not None:
+            during["publisher_connections_per_worker"] = connections_per_worker(
+                worker_pids(), port, exclude_streams=True
+            )
+
+    sampler = threading.Thread(target=halfway, daemon=True)
+    sampler.start()
+    published = asyncio.run(publish_rooms(system_name, port, key, token, rooms, seconds, batch))
+    sampler.join()
     collected = [results.get(timeout=seconds + 120) for _ in workers]
     cpu_after = cpu_seconds(pids())
     after = rss_bytes(pids())
     for worker in workers:
         worker.join(10)
     latencies = [x for c in collected for x in c["latencies"]]
+    from_due = [x for c in collected for x in c["from_due"]]
     result = {
         "system": system_name,
         "rooms": rooms,
@@ -506,12 +553,16 @@ def rooms_run(
         "rss_per_subscriber_kb": round((idle - baseline) / max(opened, 1) / 1024, 2),
         "rss_per_subscriber_after_traffic_kb": round((after - baseline) / max(opened, 1) / 1024, 2),
         "server_rss_mb": round(after / 2**20, 1),
-        "publish": published,
+        "publish": {**published, "one_request_per_event": not (batch and system_name == "service")},
+        "load_during": during.get("load"),
+        **({"publisher_connections_per_worker": during["publisher_connections_per_worker"]} if worker_pids else {}),
         "deliveries": len(latencies),
         "expected_deliveries": opened * seconds,
         "latency_p50_ms": round(statistics.median(latencies) * 1000, 1) if latencies else None,
         "latency_p99_ms": round(percentile(latencies, 0.99) * 1000, 1) if latencies else None,
         "latency_max_ms": round(max(latencies) * 1000, 1) if latencies else None,
+        "due_to_receive_p50_ms": round(statistics.median(from_due) * 1000, 1) if from_due else None,
+        "due_to_receive_p99_ms": round(percentile(from_due, 0.99) * 1000, 1) if from_due else None,
         "missing": sum(c["missing"] for c in collected) + (len(targets) - opened) * seconds,
         "duplicates": sum(c["duplicates"] for c in collected),
         "out_of_order": sum(c["out_of_order"] for c in collected),
@@ -531,7 +582,7 @@ def rooms_run(
     return result
 
 
-def part_rooms(redis_server, rooms: int, per_room: int, seconds: int) -> dict:
+def part_rooms(redis_server, rooms: int, per_room: int, seconds: int, batch: bool = False) -> dict:
     count = rooms * per_room
     per_stream_rooms = [n // per_room for n in range(count)]
     out = {"load_before": load()}
@@ -547,6 +598,8 @@ def part_rooms(redis_server, rooms: int, per_room: int, seconds: int) -> dict:
             key,
             seconds,
             redis_server.client(),
+            batch,
+            service.app.worker_pids,
         )
     out["load_between"] = load()
     with RoomsNchan() as nchan:
@@ -990,18 +1043,28 @@ def _lat(r: dict) -> str:
     return f"{r['latency_p50_ms']} / {r['latency_p99_ms']} / {r['latency_max_ms']} ms"
 
 
+def _due(r: dict) -> str:
+    if r.get("due_to_receive_p50_ms") is None:
+        return "-"
+    return f"{r['due_to_receive_p50_ms']} / {r['due_to_receive_p99_ms']} ms"
+
+
 def _rooms_rows(p: dict) -> list[str]:
     rows = []
     for name in ("service", "nchan"):
         r = p[name]
+        how = "one request per event" if r["publish"].get("one_request_per_event", name == "nchan") else "batches"
+        spread = r.get("publisher_connections_per_worker")
         rows.append(
-            f"| {p['started']}, `{p['command']}` | {name} | {r['opened']:,} of {r['streams']:,} "
+            f"| {p['started']}, `{p['command']}` | {name} | {how} | {r['opened']:,} of {r['streams']:,} "
             f"| {r['open_seconds']} s "
             f"| {r['rss_per_subscriber_kb']} / {r['rss_per_subscriber_after_traffic_kb']} KB "
-            f"| {r['publish']['achieved_rate']}/s, late p99 {r['publish']['send_late_p99_ms']:.0f} ms | {_lat(r)} "
+            f"| {r['publish']['achieved_rate']}/s, late p99 {r['publish']['send_late_p99_ms']:.0f} ms | {_due(r)} "
+            f"| {_lat(r)} | {' + '.join(map(str, spread)) if spread else '-'} "
             f"| {r['deliveries']:,} of {r['expected_deliveries']:,} "
             f"| {r['missing']} / {r['duplicates']} / {r['out_of_order']} / {r['foreign']} "
-            f"| {r['server_cpu_seconds']} s | {r['client_cpu_seconds']} s | {p['load_before']} / {p['load_after']} |"
+            f"| {r['server_cpu_seconds']} s | {r['client_cpu_seconds']} s "
+            f"| {p['load_before']} / {r.get('load_during') or '-'} / {p['load_after']} |"
         )
     return rows
 
@@ -1027,12 +1090,14 @@ def table(results: dict, heading: bool = True) -> str:
     if results.get("rooms"):
         lines += [
             "Many small rooms: 1,000 channels x 10 SSE subscribers (10,000 users), one event per channel per second "
-            "for 30 s; latency from the publish request's sending to the event's arrival:",
+            "for 30 s; latency from when the event fell due, and from its publish request's sending, to its arrival; "
+            "the publisher's connections on each worker halfway through:",
             "",
-            "| run | system | opened | open time | RSS per subscriber (idle / after traffic) | publish rate "
-            "| p50 / p99 / max | deliveries | missing / twice / out of order / other room | server CPU | client CPU "
-            "| load before / after |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|",
+            "| run | system | publishing | opened | open time | RSS per subscriber (idle / after traffic) "
+            "| publish rate | due to receive p50 / p99 | send to receive p50 / p99 / max "
+            "| publisher connections per worker | deliveries | missing / twice / out of order / other room "
+            "| server CPU | client CPU | load before / during / after |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for p in results["rooms"]:
             lines += _rooms_rows(p)
@@ -1131,7 +1196,7 @@ def run(parts: list[str], quick: bool = False, command: str = "", **options) -> 
     """Run `parts`, merge them into bench/results/rooms.json: rooms and storm runs are added to the last
     ones kept (so a repeated run stands beside the earlier one), the other parts replace theirs.
 
-    options: seconds (rooms), base (keep), storm_users, storm_window, join_leave (storm)."""
+    options: seconds and batch (rooms), base (keep), storm_users, storm_window, join_leave (storm)."""
     path = RESULTS / "rooms.json"
     results = json.loads(path.read_text()) if path.exists() and not quick else {}
     for listed in ("rooms", "storms"):  # a single run, as the first version wrote them
@@ -1144,7 +1209,8 @@ def run(parts: list[str], quick: bool = False, command: str = "", **options) -> 
             stamp = {"command": command, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
             if part == "rooms":
                 seconds = 5 if quick else options.get("seconds", 30)
-                done = part_rooms(redis_server, 100 if quick else 1000, 3 if quick else 10, seconds)
+                rooms, per_room = (100, 3) if quick else (1000, 10)
+                done = part_rooms(redis_server, rooms, per_room, seconds, options.get("batch", False))
                 results["rooms"] = (results.get("rooms") or [])[-KEEP_RUNS + 1 :] + [stamp | done]
             elif part == "storm":
                 users = 200 if quick else options.get("storm_users", 5000)
@@ -1174,6 +1240,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small counts, results not written")
     parser.add_argument("--parts", default="rooms,storm,subscriptions", help="of rooms,storm,subscriptions,keep,cpu")
     parser.add_argument("--seconds", type=int, default=30, help="publishing period of the rooms part")
+    parser.add_argument("--batch", action="store_true", help="rooms: the service publishes in batches every 50 ms")
     parser.add_argument("--storm-users", type=int, default=5000)
     parser.add_argument("--storm-window", type=float, default=10.0, help="seconds over which the users join")
     parser.add_argument("--no-join-leave", action="store_true", help="storm in a namespace with presence only")
@@ -1186,6 +1253,7 @@ def main() -> None:
         args.quick,
         command.strip(),
         seconds=args.seconds,
+        batch=args.batch,
         base=args.base,
         storm_users=args.storm_users,
         storm_window=args.storm_window,
