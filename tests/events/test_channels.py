@@ -16,12 +16,24 @@ import websocket
 from app.auth.users import create_user
 from app.events.cursor import decode_cursor
 from tests.events.clients import SSE, Api, open_connections, open_ws, ws_json
-from tests.servers import wait_until
+from tests.events.conftest import FAST
+from tests.servers import LiveServer, wait_until
 from tests.utils import DEFAULT_PASSWORD, random_email
 
 MODE_FREE = pytest.mark.not_on_cluster("request parsing, cursors and rules: the same code whatever the Redis")
 REVOKED_WITHIN = 1.0  # the promise: a revoked reader stops receiving the channel within a second
 MARGIN = 2.0  # what a loaded test machine adds to it
+
+
+@pytest.fixture(scope="module")
+def server(base_env, tmp_path_factory):
+    """Two workers, as in production, with every leave published at once: this module's presence tests count
+    joins and leaves per user, and the linger (tests/channels/test_presence_linger.py's) would only delay them."""
+    env = {**base_env, **FAST, "PRESENCE_LINGER_SECONDS": "0"}
+    live = LiveServer(env, workers=2, log_path=tmp_path_factory.mktemp("logs") / "gunicorn.log")
+    live.start()
+    yield live
+    live.stop()
 
 
 class Admin(Api):
@@ -97,7 +109,7 @@ def test_polling_and_long_polling_read_named_channels_beside_their_own(server, a
     assert body["events"][0]["channel"] == room and body["events"][0]["from"] == admin.user_id
     assert decode_cursor(body["cursor"], [room, user.channel, "broadcast"])[room] == in_room
 
-    waiting = user.wait(body["cursor"], channels=room, timeout=5)  # nothing new yet: a 204 after the wait
+    waiting = user.wait(body["cursor"], channels=room, timeout=1)  # nothing new yet: a 204 after the wait
     assert waiting.status_code == 204
     later = admin.publish_ok({"n": 3}, channel=room)
     assert [e["id"] for e in user.wait(body["cursor"], channels=room).json()["events"]] == [later]
@@ -349,14 +361,14 @@ def test_an_expired_grant_ends_the_channel_with_reason_expired(server, admin, me
     user = Api(server.url)
     room = f"{members_ns}:brief"
     granted_at = time.monotonic()
-    admin.grant(room, user.user_id, expires_in=3)
+    admin.grant(room, user.user_id, expires_in=2)
     close, next_item = revoked_reader("sse", server, user, room)
     try:
         published = admin.publish_ok({}, channel=room)
         assert next_item()["id"] == published  # the path delivers
         notice = next_item(timeout=10)
         assert (notice["kind"], notice["reason"]) == ("unsubscribed", "expired")
-        assert 2.5 <= time.monotonic() - granted_at < 3 + REVOKED_WITHIN + MARGIN
+        assert 1.5 <= time.monotonic() - granted_at < 2 + REVOKED_WITHIN + MARGIN
     finally:
         close()
 
