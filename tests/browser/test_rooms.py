@@ -26,8 +26,9 @@ RULES_OF_CHAT = ["--subscribe", "authenticated", "--publish", "subscribers", "--
 
 @pytest.fixture(scope="module")
 def stack(base_env, tmp_path_factory):
-    """gunicorn (2 workers) behind nginx, as the page's other tests have it (no OAuth provider needed)."""
-    running = Stack(base_env, tmp_path_factory.mktemp("rooms")).start()
+    """gunicorn (2 workers) behind nginx, as the page's other tests have it (no OAuth provider needed). Leaves
+    are published at once: what a room shows of one does not depend on the linger, which would only delay it."""
+    running = Stack(base_env, tmp_path_factory.mktemp("rooms"), PRESENCE_LINGER_SECONDS="0").start()
     yield running
     running.stop()
 
