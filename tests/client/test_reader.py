@@ -163,11 +163,11 @@ def test_close_ends_a_held_long_poll_at_once(server):
     assert time.monotonic() - started < 2 and collector.error is None
 
 
-@pytest.fixture
-def capped_server(base_env, tmp_path):
-    """One connection per user and a short history."""
+@pytest.fixture(scope="module")
+def capped_server(base_env, tmp_path_factory):
+    """One connection per user and a short history; shared by the tests that need them, each with its own user."""
     env = {**base_env, **FAST, "MAX_CONNECTIONS_PER_USER": "1", "EVENT_HISTORY_MAXLEN": "10"}
-    live = LiveServer(env, workers=1, log_path=tmp_path / "gunicorn.log")
+    live = LiveServer(env, workers=1, log_path=tmp_path_factory.mktemp("capped") / "gunicorn.log")
     live.start()
     yield live
     live.stop()
