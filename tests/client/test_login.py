@@ -369,7 +369,8 @@ def test_a_renewal_whose_answer_is_lost_forgets_the_session_and_never_presents_i
     server, redis_server, lossy_proxy, loss
 ):
     email = register(server)
-    with Client(lossy_proxy.url, timeout=5) as client:  # "silence" lasts until the client's read time-out
+    # "silence" lasts until the client's read time-out: short, yet ample for the login and the relayed refresh
+    with Client(lossy_proxy.url, timeout=2.5) as client:
         tokens = client.login(email, DEFAULT_PASSWORD)
         lossy_proxy.lose = loss  # the request reaches the service, which rotates the token; the answer is lost
         with pytest.raises(LoginRequired, match="log in") as lost:
