@@ -18,6 +18,43 @@ from tests.utils import bearer
 pytestmark = ON_BOTH
 
 
+class Early:
+    """Scenarios that wait out the retry schedule or a secret's overlap, set going together before the module's
+    first test, each on an endpoint and a channel of its own, so that their seconds of waiting overlap. Each
+    test goes on from where its scenario got to and makes every assertion itself; an error in a scenario's
+    start is raised in its own test."""
+
+    def __init__(self, service):
+        self.service = service
+        self.started: dict[str, tuple] = {}
+
+    def start(self, scenario, *args) -> None:
+        try:
+            self.started[scenario.__name__] = (scenario(self.service, *args), None)
+        except Exception as error:  # noqa: BLE001 - raised again in the scenario's own test
+            self.started[scenario.__name__] = (None, error)
+
+    def __getitem__(self, scenario):
+        value, error = self.started[scenario.__name__]
+        if error is not None:
+            raise error
+        return value
+
+
+@pytest.fixture(scope="module", autouse=True)
+def early(service, outgoing_redis) -> Early:
+    """The module's slow scenarios, started (those of tests that run against one redis-server only when the
+    Redis is one)."""
+    scenarios = Early(service)
+    scenarios.start(start_manual_retry)
+    scenarios.start(start_changed)
+    scenarios.start(start_deleted, outgoing_redis.client())
+    if outgoing_redis.mode == "standalone":
+        for scenario in (start_fails_twice, start_redirected, start_rotated):
+            scenarios.start(scenario)
+    return scenarios
+
+
 def test_a_published_event_arrives_signed_with_the_event_as_body(service):
     receiver, api = service.receiver, service.admin
     orders = channel()
@@ -77,24 +114,37 @@ def test_a_failing_endpoint_is_retried_on_the_schedule_then_failed(service):
     assert api.messages(endpoint["id"], "pending") == []
 
 
-@not_on_cluster("the retry path is the one test_a_failing_endpoint_is_retried... runs on the cluster")
-def test_a_message_that_fails_twice_is_delivered_by_its_third_attempt(service):
-    receiver, api = service.receiver, service.admin
+def start_fails_twice(service) -> tuple[str, dict]:
     orders = channel()
-    endpoint = api.create_endpoint(receiver.behave(f"/flaky/{orders}", fail_first=2, fail_status=503), [orders])
-    api.publish(orders)
+    endpoint = service.admin.create_endpoint(
+        service.receiver.behave(f"/flaky/{orders}", fail_first=2, fail_status=503), [orders]
+    )
+    service.admin.publish(orders)
+    return orders, endpoint
+
+
+@not_on_cluster("the retry path is the one test_a_failing_endpoint_is_retried... runs on the cluster")
+def test_a_message_that_fails_twice_is_delivered_by_its_third_attempt(service, early):
+    receiver, api = service.receiver, service.admin
+    orders, endpoint = early[start_fails_twice]
     delivered = api.message_with(endpoint["id"], lambda m: m["status"] == "delivered")
     assert [a["status_code"] for a in delivered["attempts"]] == [503, 503, 204]
     assert len({r.headers["webhook-id"] for r in receiver.at(f"/flaky/{orders}")}) == 1
 
 
-@not_on_cluster("the sender's rule, not the store's")
-def test_a_redirect_is_a_failure_and_is_not_followed(service):
-    receiver, api = service.receiver, service.admin
+def start_redirected(service) -> tuple[str, str, dict]:
     orders = channel()
-    target = receiver.behave(f"/target/{orders}")
-    endpoint = api.create_endpoint(receiver.behave(f"/moved/{orders}", status=307, location=target), [orders])
-    api.publish(orders)
+    target = service.receiver.behave(f"/target/{orders}")
+    moved = service.receiver.behave(f"/moved/{orders}", status=307, location=target)
+    endpoint = service.admin.create_endpoint(moved, [orders])
+    service.admin.publish(orders)
+    return orders, target, endpoint
+
+
+@not_on_cluster("the sender's rule, not the store's")
+def test_a_redirect_is_a_failure_and_is_not_followed(service, early):
+    receiver, api = service.receiver, service.admin
+    orders, target, endpoint = early[start_redirected]
     failed = api.message_with(endpoint["id"], lambda m: m["status"] == "failed")
     assert [a["status_code"] for a in failed["attempts"]] == [307, 307, 307]
     assert "redirect" in failed["attempts"][0]["error"]
@@ -106,12 +156,17 @@ def test_a_redirect_is_a_failure_and_is_not_followed(service):
     receiver.wait_for(f"/target/{orders}", 1)[0].verify(direct["secret"])
 
 
-def test_manual_retry_sends_a_failed_message_again_with_its_webhook_id(service):
-    receiver, api = service.receiver, service.admin
+def start_manual_retry(service) -> tuple[str, dict]:
     orders = channel()
     path = f"/retry/{orders}"
-    endpoint = api.create_endpoint(receiver.behave(path, status=500), [orders])
-    api.publish(orders)
+    endpoint = service.admin.create_endpoint(service.receiver.behave(path, status=500), [orders])
+    service.admin.publish(orders)
+    return path, endpoint
+
+
+def test_manual_retry_sends_a_failed_message_again_with_its_webhook_id(service, early):
+    receiver, api = service.receiver, service.admin
+    path, endpoint = early[start_manual_retry]
     failed = api.message_with(endpoint["id"], lambda m: m["status"] == "failed")
     receiver.behave(path, status=200)  # the receiver is fixed
     response = api.call("POST", f"/admin/webhook-endpoints/{endpoint['id']}/messages/{failed['id']}/retry")
@@ -123,7 +178,8 @@ def test_manual_retry_sends_a_failed_message_again_with_its_webhook_id(service):
     assert [a["status_code"] for a in delivered["attempts"]] == [500, 500, 500, 200]
 
 
-def test_a_change_applies_to_retries_already_scheduled(service):
+def start_changed(service) -> tuple[str, dict, str, requests.Response]:
+    """The endpoint's URL changed once its message's retry is scheduled (before it is due)."""
     receiver, api = service.receiver, service.admin
     orders = channel()
     endpoint = api.create_endpoint(receiver.behave(f"/old/{orders}", status=500), [orders])
@@ -131,23 +187,41 @@ def test_a_change_applies_to_retries_already_scheduled(service):
     api.message_with(endpoint["id"], lambda m: len(m["attempts"]) == 1)  # its retry is scheduled
     new_url = receiver.behave(f"/new/{orders}")
     changed = api.call("PATCH", f"/admin/webhook-endpoints/{endpoint['id']}", json={"url": new_url})
+    return orders, endpoint, new_url, changed
+
+
+def test_a_change_applies_to_retries_already_scheduled(service, early):
+    receiver = service.receiver
+    orders, endpoint, new_url, changed = early[start_changed]
     assert changed.status_code == 200 and changed.json()["url"] == new_url
     (moved,) = receiver.wait_for(f"/new/{orders}", 1)
     moved.verify(endpoint["secret"])
     assert len(receiver.at(f"/old/{orders}")) == 1
 
 
-def test_a_deleted_endpoint_gets_nothing_more_not_even_scheduled_retries(service, outgoing_redis):
+def start_deleted(service, retries) -> dict:
+    """The endpoint deleted once its message's retry is scheduled (before it is due)."""
     receiver, api = service.receiver, service.admin
     orders = channel()
     endpoint = api.create_endpoint(receiver.behave(f"/deleted/{orders}", status=500), [orders])
     api.publish(orders)
     message = api.message_with(endpoint["id"], lambda m: len(m["attempts"]) == 1)
-    retries = outgoing_redis.client()
     schedule = Keys.outgoing_retries(endpoint["id"])
-    assert retries.zscore(schedule, message["id"]) is not None  # scheduled...
-    assert api.call("DELETE", f"/admin/webhook-endpoints/{endpoint['id']}").status_code == 204
-    assert not retries.exists(schedule)  # ...and gone with its endpoint
+    scheduled = retries.zscore(schedule, message["id"]) is not None
+    deleted = api.call("DELETE", f"/admin/webhook-endpoints/{endpoint['id']}").status_code
+    return {
+        "orders": orders, "endpoint": endpoint, "message": message,
+        "scheduled": scheduled, "deleted": deleted, "left": retries.exists(schedule),
+    }  # fmt: skip
+
+
+def test_a_deleted_endpoint_gets_nothing_more_not_even_scheduled_retries(service, early):
+    receiver, api = service.receiver, service.admin
+    started = early[start_deleted]
+    orders, endpoint, message = started["orders"], started["endpoint"], started["message"]
+    assert started["scheduled"]  # scheduled...
+    assert started["deleted"] == 204
+    assert not started["left"]  # ...and gone with its endpoint
     # Nothing to await: the retry would have come due by then (and been released within half a second).
     due = datetime.fromisoformat(message["next_attempt_at"]).timestamp()
     wait_until(lambda: time.time() > due + 1.0, timeout=10, interval=0.1, message="the retry's due time")
@@ -159,20 +233,27 @@ def test_a_deleted_endpoint_gets_nothing_more_not_even_scheduled_retries(service
     assert api.call("GET", f"/admin/webhook-endpoints/{endpoint['id']}").status_code == 404
 
 
+def start_rotated(service) -> tuple[str, str, dict, requests.Response, float]:
+    """An endpoint's secret rotated, and an event published at once (within the overlap)."""
+    api = service.admin
+    orders = channel()
+    path = f"/rotated/{orders}"
+    endpoint = api.create_endpoint(service.receiver.behave(path), [orders])
+    rotated = api.call("POST", f"/admin/webhook-endpoints/{endpoint['id']}/rotate-secret")
+    rotated_at = time.monotonic()
+    api.publish(orders)
+    return orders, path, endpoint, rotated, rotated_at
+
+
 @not_on_cluster("signing, not the store")
-def test_rotated_secrets_both_sign_during_the_overlap_then_only_the_new_one(service):
+def test_rotated_secrets_both_sign_during_the_overlap_then_only_the_new_one(service, early):
     from standardwebhooks import WebhookVerificationError
 
     receiver, api = service.receiver, service.admin
-    orders = channel()
-    path = f"/rotated/{orders}"
-    endpoint = api.create_endpoint(receiver.behave(path), [orders])
-    rotated = api.call("POST", f"/admin/webhook-endpoints/{endpoint['id']}/rotate-secret")
+    orders, path, endpoint, rotated, rotated_at = early[start_rotated]
     assert rotated.status_code == 200 and rotated.headers["Cache-Control"] == "no-store"
     new_secret = rotated.json()["secret"]
     assert new_secret.startswith("whsec_") and new_secret != endpoint["secret"]
-    rotated_at = time.monotonic()
-    api.publish(orders)
     (during,) = receiver.wait_for(path, 1)
     assert len(during.headers["webhook-signature"].split(" ")) == 2
     during.verify(new_secret)
