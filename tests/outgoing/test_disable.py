@@ -16,12 +16,33 @@ def service(make_service):
     return make_service(WEBHOOK_OUT_DISABLE_AFTER_SECONDS="2")
 
 
-def test_an_endpoint_failing_for_the_whole_period_is_disabled_and_can_be_enabled_again(service):
-    receiver, api = service.receiver, service.admin
+@pytest.fixture(scope="module")
+def started(service) -> dict:
+    """Both tests' endpoints, each publishing its first event, set going together when the first test starts: their
+    seconds of retries overlap. Each test goes on from there on its own endpoint and channel."""
+    return {"failing": start_failing(service), "recovering": start_recovering(service)}
+
+
+def start_failing(service) -> tuple[str, str, dict]:
     orders = channel()
     path = f"/failing/{orders}"
-    endpoint = api.create_endpoint(receiver.behave(path, status=500), [orders])
-    api.publish(orders)
+    endpoint = service.admin.create_endpoint(service.receiver.behave(path, status=500), [orders])
+    service.admin.publish(orders)
+    return orders, path, endpoint
+
+
+def start_recovering(service) -> tuple[str, dict]:
+    orders = channel()
+    path = f"/recovering/{orders}"
+    # Requests 1 and 2 fail (at 0 and 1 s), 3 succeeds (at 3 s), 4 (the next message's first) fails.
+    endpoint = service.admin.create_endpoint(service.receiver.behave(path, fail_on=frozenset({1, 2, 4})), [orders])
+    service.admin.publish(orders)
+    return orders, endpoint
+
+
+def test_an_endpoint_failing_for_the_whole_period_is_disabled_and_can_be_enabled_again(service, started):
+    receiver, api = service.receiver, service.admin
+    orders, path, endpoint = started["failing"]
     # Attempts at 0, 1 and 3 s (schedule 1,2): the third fails 3 s after the first failure, past the 2 s.
     failed = api.message_with(endpoint["id"], lambda m: m["status"] == "failed")
     assert len(failed["attempts"]) == 3
@@ -40,13 +61,9 @@ def test_an_endpoint_failing_for_the_whole_period_is_disabled_and_can_be_enabled
     assert receiver.wait_for(path, 4)[3].verify(endpoint["secret"])["id"] == event_id
 
 
-def test_a_success_ends_the_failing_streak(service):
-    receiver, api = service.receiver, service.admin
-    orders = channel()
-    path = f"/recovering/{orders}"
-    # Requests 1 and 2 fail (at 0 and 1 s), 3 succeeds (at 3 s), 4 (the next message's first) fails.
-    endpoint = api.create_endpoint(receiver.behave(path, fail_on=frozenset({1, 2, 4})), [orders])
-    api.publish(orders)
+def test_a_success_ends_the_failing_streak(service, started):
+    api = service.admin
+    orders, endpoint = started["recovering"]
     first = api.message_with(endpoint["id"], lambda m: m["status"] == "delivered")
     second_event = api.publish(orders)
 
