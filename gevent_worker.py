@@ -11,6 +11,12 @@ connection serves every connection with a request in turn, and accepts new ones 
 Its responses also send their head with the first piece of their body in one write (HeadWithBody), and
 when it stops it closes the connections that wait for a request (`close_idle_connections`).
 
+The workers also share out the connections they serve (BalancedAccept). They accept from one listening
+socket, and whichever wakes first takes the next connection: a backend's 16 keep-alive connections, opened
+together, sat 15 on one worker and 1 on the other, so one core did all the publishing while the other idled.
+Each worker now counts the connections in its handlers in memory shared with its siblings, and one that holds
+more than the fewest of them (by more than one) leaves the next connection to the others for a moment.
+
 Referenced by name from gunicorn.conf.py (`worker_class`). It lives outside the `app` package because
 the arbiter imports the worker class, and importing `app` there would import the whole app early. The
 hub's fan-out takes its turns the same way (app/events/links.py, `next_turn`).
@@ -19,12 +25,23 @@ hub's fan-out takes its turns the same way (app/events/links.py, `next_turn`).
 from __future__ import annotations
 
 import contextlib
+import mmap
+import os
 import socket
+import struct
+import time
 import weakref
 
 import gevent
 import gunicorn.http.wsgi
+from gevent.server import StreamServer
+from gunicorn.workers import ggevent
 from gunicorn.workers.ggevent import GeventWorker
+
+SLOT = struct.Struct("qq")  # a worker's pid and the number of connections in its handlers
+SLOTS = 64
+# Made when the arbiter imports this module, so every worker it forks shares it.
+SHARED_COUNTS = mmap.mmap(-1, SLOT.size * SLOTS)
 
 
 class Gathered:
@@ -61,6 +78,91 @@ class HeadWithBody(gunicorn.http.wsgi.Response):
                 sock.sendall(b"".join(gathered.parts))
 
 
+class BalancedAccept:
+    """Whether this worker should leave the next connection to a sibling: it holds more connections in its
+    handlers than the fewest a live sibling holds, beyond a margin (one, or an eighth of that fewest). A sibling
+    that takes none for MAX_DEFERRALS pauses in a row (stuck, or too busy to look) is not waited for again for
+    IGNORE_SECONDS: a hung worker slows its siblings' accepting by at most a twentieth."""
+
+    PAUSE = 0.002  # seconds before this worker looks at the listening socket again
+    MAX_DEFERRALS = 25
+    IGNORE_SECONDS = 1.0
+
+    def __init__(self, age: int, memory=SHARED_COUNTS):
+        self.memory, self.pid = memory, os.getpid()
+        self.offset = (age % SLOTS) * SLOT.size
+        self.count = 0
+        self.deferrals = 0
+        self.waiting_again_at = 0.0
+
+    def join(self) -> None:
+        """This worker accepts connections from now on: its siblings count it (not while it loads the app)."""
+        self._write()
+
+    def _write(self) -> None:
+        SLOT.pack_into(self.memory, self.offset, self.pid, self.count)
+
+    def opened(self) -> None:
+        self.count += 1
+        self._write()
+
+    def closed(self) -> None:
+        self.count -= 1
+        self._write()
+
+    def leave(self) -> None:
+        """This worker stops: its siblings no longer wait for it."""
+        SLOT.pack_into(self.memory, self.offset, 0, 0)
+
+    def fewest_of_siblings(self) -> int | None:
+        fewest = None
+        for offset in range(0, SLOT.size * SLOTS, SLOT.size):
+            pid, count = SLOT.unpack_from(self.memory, offset)
+            if pid in (0, self.pid) or (fewest is not None and count >= fewest) or not _alive(pid):
+                continue
+            fewest = count
+        return fewest
+
+    def ahead(self) -> bool:
+        """Whether to leave the next connection to the siblings now (see the class's text)."""
+        if not self.deferrals and time.monotonic() < self.waiting_again_at:
+            return False
+        fewest = self.fewest_of_siblings()
+        if fewest is None or self.count <= fewest + max(1, fewest // 8):
+            self.deferrals = 0
+            return False
+        if self.deferrals >= self.MAX_DEFERRALS:
+            self.deferrals = 0
+            self.waiting_again_at = time.monotonic() + self.IGNORE_SECONDS
+            return False
+        self.deferrals += 1
+        return True
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class BalancedStreamServer(StreamServer):
+    """gevent's server, which pauses accepting while its worker is ahead of its siblings (BalancedAccept)."""
+
+    balance: BalancedAccept | None = None  # the worker's, set as it starts
+
+    def do_read(self):
+        if self.balance is not None and self.balance.ahead():
+            self.stop_accepting()
+            self._timer = self.loop.timer(BalancedAccept.PAUSE)  # stop_accepting stops it too
+            self._timer.start(self._start_accepting_if_started)
+            return None
+        return super().do_read()
+
+
 class FairGeventWorker(GeventWorker):
     """The gevent worker, with a turn of the event loop between two requests of one connection, whose responses
     send their head with their body (HeadWithBody)."""
@@ -69,12 +171,23 @@ class FairGeventWorker(GeventWorker):
         """In the worker only (the arbiter imports this class too): gunicorn's HTTP/1 responses are HeadWithBody."""
         gunicorn.http.wsgi.Response = HeadWithBody
         self.idle_connections = weakref.WeakSet()  # waiting for their first or next request
+        self.balance = BalancedStreamServer.balance = BalancedAccept(self.age)
+        ggevent.StreamServer = BalancedStreamServer
         super().init_process()
+
+    def run(self):
+        """Serve; from now on the siblings share connections with this worker."""
+        self.balance.join()
+        super().run()
 
     def handle(self, listener, client, addr):
         """Serve a connection; until its first request it is idle."""
         self.idle_connections.add(client)
-        super().handle(listener, client, addr)
+        self.balance.opened()
+        try:
+            super().handle(listener, client, addr)
+        finally:
+            self.balance.closed()
 
     def handle_request(self, listener_name, req, sock, addr):
         """Serve one request; if the connection stays open, let the loop run once before the next.
@@ -96,6 +209,7 @@ class FairGeventWorker(GeventWorker):
         """Stopping: close the keep-alive connections that wait for a request, as nginx does. Left open, each
         held the stop for the whole graceful time-out, and was then killed with a traceback in the log.
         A connection serving a request is closed by gunicorn when its response is done."""
+        self.balance.leave()
         for sock in list(self.idle_connections):
             # The OS socket's: gevent's own shutdown() fails the waiting read with "closed in another
             # greenlet", which gunicorn logs with a traceback. Its handler's read now returns the end.

@@ -3,6 +3,7 @@
 Run: .venv/bin/python -m bench.profile [--streams 10000] [--transport sse|ws] [--events 20 | --rate 500]
      .venv/bin/python -m bench.profile --request /auth/me
      .venv/bin/python -m bench.profile --publish   (one POST /events per event, with an API key, from 16 connections)
+     .venv/bin/python -m bench.profile --rooms [--streams 10000]   (rooms of 10 streams, one event a second each)
 
 It starts the service (two workers) with a statistical profiler in each worker: every 4 ms of the
 process's CPU time (ITIMER_PROF) it records the Python stack that was running. It opens the streams,
@@ -160,6 +161,7 @@ def main() -> None:
     parser.add_argument("--rate", type=int, help="instead of broadcasts: publish this many events/s for 4 s")
     parser.add_argument("--request", help="instead of broadcasts: wrk on this path (with a user's token) for 8 s")
     parser.add_argument("--publish", action="store_true", help="instead: POST /events to 1,000 rooms for 8 s")
+    parser.add_argument("--rooms", action="store_true", help="instead: bench.rooms' rooms part (the service) for 10 s")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         hook = Path(tmp) / "hook"
@@ -180,6 +182,18 @@ def main() -> None:
             if args.request:
                 (out / "generation").write_text("requests")
                 print(json.dumps(wrk(f"{service.app.url}{args.request}", {"Authorization": f"Bearer {service.token}"})))
+                time.sleep(1.5)  # a last write of the samples
+                print(report(out))
+                return
+            if args.rooms:
+                from bench.rooms import room_readers, rooms_run
+
+                rooms = [n // 10 for n in range(args.streams)]
+                key, targets = room_readers(service, [[f"rooms:r{room}"] for room in rooms])
+                rooms_run(
+                    "service", service, targets, rooms, service.server_pids, service.app.port, key, 10,
+                    when_open=lambda: (out / "generation").write_text("rooms"),  # not what opening them cost
+                )  # fmt: skip
                 time.sleep(1.5)  # a last write of the samples
                 print(report(out))
                 return

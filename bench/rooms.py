@@ -489,6 +489,7 @@ def rooms_run(
     redis_client=None,
     batch: bool = False,
     worker_pids=None,
+    when_open=None,
 ) -> dict:
     """Open the streams, read the footprint, publish one event per room per second, collect. Halfway through the
     publishing, the machine's load and (given `worker_pids`) how the publisher's connections sit on the workers."""
@@ -517,6 +518,8 @@ def rooms_run(
     time.sleep(1.0)
     idle = rss_bytes(pids())
     redis_idle = redis_reading(redis_client) if redis_client else None
+    if when_open is not None:
+        when_open()
     deadline = time.time() + seconds + 30  # the publishing period, then 30 s for stragglers
     for go in gos:
         go.put(deadline)

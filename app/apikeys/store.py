@@ -111,8 +111,29 @@ def create_key(name: str, scopes: list[str], channels: list[str]) -> tuple[str, 
 
 def verify_key(raw: str) -> ApiKey | None:
     """The key a caller presents, or None when it is unknown or deleted (one round trip)."""
+    return key_of(verify_key_answer(raw))
+
+
+def verify_key_answer(raw: str):
+    """The verification script's answer for a key (`key_of` reads it)."""
     verify = current_app.extensions["verify_api_key"]
-    found = verify(keys=[Keys.api_key(hash_key(raw))], args=[f"{time.time():.3f}", TOUCH_INTERVAL_SECONDS])
+    return verify(keys=[Keys.api_key(hash_key(raw))], args=verification_args())
+
+
+def verification_command(raw: str) -> tuple[str, tuple, dict]:
+    """`verify_key` as a command to send with others in one pipeline (`key_of` reads its answer); it fails
+    with NoScriptError before the script was loaded, which `verify_key` does."""
+    sha = current_app.extensions["verify_api_key"].sha
+    return "evalsha", (sha, 1, Keys.api_key(hash_key(raw)), *verification_args()), {}
+
+
+def verification_args() -> list:
+    """The script's ARGV: the time now, and how often last_used_at is written."""
+    return [f"{time.time():.3f}", TOUCH_INTERVAL_SECONDS]
+
+
+def key_of(found) -> ApiKey | None:
+    """The key the verification script found, or None."""
     if not found:
         return None
     key_id, name, scopes, channels, _ = found

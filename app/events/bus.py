@@ -25,7 +25,7 @@ from ..auth.sessions import checked_user, session_check, session_is_valid
 from ..errors import ApiError, bad_request, validation_failed
 from ..metrics import EVENTS_PUBLISHED
 from ..outgoing.feed import feed_events
-from ..redis import Keys, is_cluster, shared_pipelines
+from ..redis import Keys, is_cluster, shared_pipelines, shared_round_trips
 from .cursor import LAST_POSSIBLE_ID, is_after, parse_id
 
 CONTROL_CHANNEL = "control"
@@ -343,6 +343,8 @@ class Bus:
         self.cluster = is_cluster(client)
         self.replicated = durability == "replicated"
         self._publish = client.register_script(PUBLISH_LUA)
+        # Publications of concurrent requests share round trips; each is still its own atomic step.
+        self._publish_shared = shared_round_trips(client, self._publish)
         self._stream_positions = client.register_script(STREAM_POSITIONS_LUA)
         self._read = shared_pipelines(client)  # history reads of readers resuming together share round trips
         self.recent = RecentEvents()
@@ -390,7 +392,7 @@ class Bus:
         elif self.replicated:
             (ids,) = self._run_on_node(self.client, [events], ts, sender)
         else:
-            ids = list(self._publish(**self._script_call(events, ts, sender)))
+            ids = list(self._publish_shared(**self._script_call(events, ts, sender)))
         EVENTS_PUBLISHED.inc(len(ids))
         self._feed_outgoing([Event(i, c, e, d, ts, sender) for i, (c, e, d) in zip(ids, events, strict=True)])
         return ids

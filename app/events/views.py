@@ -155,6 +155,7 @@ CHANNEL_ERRORS = (404, 422)  # ?channels=: a namespace that does not exist; too 
     errors=(404, 429),  # 429: RATE_LIMIT_PUBLISH
     auth=PUBLISHERS,
 )
+@answers_what_the_opener_refused  # and what the quick publisher met while publishing (quick_publish.py)
 @user_or_api_key("events:publish")
 def publish():
     """Publish an event to a channel the caller may publish to."""

@@ -1,0 +1,159 @@
+"""Publishing one event with an API key without Flask's request machinery.
+
+Most backends publish one request per event. Each paid for Flask's request context, URL routing, before- and
+after-request hooks and response conversion, and for two round trips before the publication itself (the key,
+then the namespace): more than half of what a publication cost the worker. This WSGI middleware, in front of
+Flask, publishes the plain case itself: `POST /events` with `Authorization: Bearer <API key>` and a JSON body
+of known length that the view's model accepts, to a channel the key covers whose namespace exists. The key and
+the namespace are read in one round trip (shared with other requests' reads arriving meanwhile), then the event
+is published by the bus as the view publishes it, and answered as the view answers (the same status, body,
+headers, access line and metrics).
+
+Anything else, and every refusal, goes to Flask, which decides again from the start: every error has one
+answer. An error met while publishing (Redis unavailable, a replica that did not confirm) is handed to the view,
+which raises it again (`answers_what_the_opener_refused`), because publishing again could publish twice.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+
+from flask import Flask
+from redis.exceptions import NoScriptError
+from werkzeug.wsgi import get_host
+
+from ..apikeys.store import key_of, verification_command, verify_key_answer
+from ..auth.guards import API_KEY_PREFIX, cors_headers
+from ..channels.namespaces import RESERVED, split_channel
+from ..http import _validate, parse_json
+from ..logs import request_id_from, write_access_line
+from ..page import SECURITY_HEADERS
+from ..redis import Keys, is_cluster, shared_pipelines
+from .schemas import Publication
+from .views import REFUSED
+
+PATH = "/events"
+ENDPOINT = "events.publish"
+SCOPE = "events:publish"
+
+
+class QuickPublisher:
+    """WSGI middleware: publishes the events it can without Flask (see the module's text)."""
+
+    def __init__(self, app: Flask, wsgi_app):
+        self.app = app
+        self.wsgi_app = wsgi_app
+        self.limit = app.config["MAX_CONTENT_LENGTH"]
+        self._reads = None  # made with the first request: the Redis client is bound to the app after this
+
+    def __call__(self, environ, start_response):
+        """The publication's answer, made here; or Flask's, for anything else and every refusal."""
+        if environ.get("PATH_INFO") != PATH or environ.get("REQUEST_METHOD") != "POST":
+            return self.wsgi_app(environ, start_response)
+        key, body = self._api_key(environ), self._body(environ)
+        if key is None or body is None:
+            return self.wsgi_app(environ, start_response)
+        started = time.perf_counter()
+        with self.app.app_context():
+            answer = self._publish(environ, key, body)
+            cors = cors_headers(environ.get("HTTP_ORIGIN")) if answer is not None else []
+        if answer is None:
+            return self.wsgi_app(environ, start_response)
+        request_id = request_id_from(environ.get("HTTP_X_REQUEST_ID", ""))
+        content = answer.get_data()
+        start_response(
+            answer.status,
+            [
+                ("Content-Type", answer.content_type),
+                ("Content-Length", str(len(content))),
+                ("Cache-Control", "no-store"),
+                *SECURITY_HEADERS,
+                *cors,
+                ("Vary", "Origin"),
+                ("X-Request-ID", request_id),
+            ],
+        )
+        write_access_line(
+            "POST", PATH, ENDPOINT, answer.status_code, started, request_id, None,
+            environ.get("REMOTE_ADDR"), environ["wsgi.url_scheme"], get_host(environ),
+        )  # fmt: skip
+        return [content]
+
+    @staticmethod
+    def _api_key(environ) -> str | None:
+        """The API key of an `Authorization: Bearer` header; None for any other credential."""
+        scheme, _, value = environ.get("HTTP_AUTHORIZATION", "").partition(" ")
+        value = value.strip()
+        return value if scheme.lower() == "bearer" and value.startswith(API_KEY_PREFIX) else None
+
+    def _body(self, environ) -> bytes | None:
+        """A JSON body of a given length within the limit, read (and put back for Flask); None otherwise."""
+        mimetype = environ.get("CONTENT_TYPE", "").partition(";")[0].strip().lower()
+        length = environ.get("CONTENT_LENGTH", "")
+        if mimetype != "application/json" or not length.isdigit() or int(length) > self.limit:
+            return None
+        if environ.get("HTTP_TRANSFER_ENCODING"):
+            return None
+        body = environ["wsgi.input"].read(int(length))
+        environ["wsgi.input"] = io.BytesIO(body)  # Flask reads it again if the request goes there
+        return body if len(body) == int(length) else None
+
+    def _publish(self, environ, raw_key: str, body: bytes):
+        """The view's answer to a publication made here, or None for Flask to answer the request."""
+        try:
+            value = parse_json(body)
+            publication = _validate(Publication, value) if isinstance(value, dict) else None
+        except Exception:  # noqa: BLE001 - the view refuses it with its own words
+            return None
+        if publication is None:
+            return None
+        channel = publication.channel
+        split = split_channel(channel)
+        namespaced = split is not None and split[0] != "user"
+        if namespaced and split[0] in RESERVED:
+            return None
+        try:
+            answers = self._read(raw_key, split[0] if namespaced else None)
+        except Exception:  # noqa: BLE001 - Redis unavailable: the view waits for it and answers as it does
+            return None
+        if isinstance(answers[0], NoScriptError):  # not loaded yet, or Redis restarted: the direct call loads it
+            answers[0] = self._verify_directly(raw_key)
+        if any(isinstance(answer, Exception) for answer in answers):
+            return None  # an error the view meets too, and answers
+        key = key_of(answers[0])
+        if key is None or SCOPE not in key.scopes or not key.may_publish(channel):
+            return None
+        if namespaced and answers[1] is None:
+            return None  # 404
+        bus = self.app.extensions["event_bus"]
+        self.app.extensions["presence"].start_in_request()
+        try:
+            published = bus.publish(channel, publication.event, publication.data)
+        except Exception as error:  # noqa: BLE001 - the view raises it again, where its error handlers answer it
+            environ[REFUSED] = (None, error)
+            return None
+        answer = self.app.json.response({"id": published.id, "channel": published.channel})
+        answer.status_code = 201
+        return answer
+
+    @staticmethod
+    def _verify_directly(raw_key: str):
+        try:
+            return verify_key_answer(raw_key)
+        except Exception as error:  # noqa: BLE001 - answered by the view, which meets it too
+            return error
+
+    def _read(self, raw_key: str, namespace: str | None) -> list:
+        """The key's verification and (given a namespace) the namespace's stored rules: one round trip, shared
+        with other requests' reads arriving meanwhile; on a cluster, whose pipelines take no scripts, two."""
+        client = self.app.extensions["redis"]
+        if is_cluster(client):
+            answers = [verify_key_answer(raw_key)]
+            return answers + [client.hget(Keys.namespaces(), namespace)] if namespace is not None else answers
+        if self._reads is None:
+            self._reads = shared_pipelines(client)
+        commands = [verification_command(raw_key)]
+        if namespace is not None:
+            commands.append(("hget", (Keys.namespaces(), namespace), {}))
+        return self._reads(commands)
