@@ -13,12 +13,14 @@
   deliveries/s to 1,000 streams), on this tree and on another checkout (--base), with nchan's;
   cpu: the workers' CPU time per delivery alone, on both.
 
-Every event carries the time its publish request was written (`token|room|n|sent;`), so a latency is
-publish to receive whatever the publisher's pace; the service takes what falls due in each 50 ms in one
-POST /events/batch (as a backend that publishes 1,000 events/s would), nchan one request per event.
+Every event carries the time its publish request was written and the time it fell due
+(`token|room|n|sent|due;`), so a latency is publish to receive whatever the publisher's pace, and due to
+receive counts the publisher's queue too. Both systems take one request per event (the service
+POST /events with an API key, nchan POST /pub/<id>); with --batch the service takes what falls due in each
+50 ms in one POST /events/batch.
 
 Run: .venv/bin/python -m bench.rooms [--quick] [--parts rooms,storm,subscriptions,keep,cpu] [--seconds 30]
-     [--storm-users 5000] [--storm-window 10] [--no-join-leave] [--base /tmp/base] [--repeat N]
+     [--batch] [--storm-users 5000] [--storm-window 10] [--no-join-leave] [--base /tmp/base] [--repeat N]
 Writes bench/results/rooms.json (each run with its command, time and load average) and rooms.md.
 """
 
