@@ -27,11 +27,12 @@ from tests.webauthn_authenticator import Authenticator
 
 pytestmark = pytest.mark.not_on_cluster("the admin console: a UI test over endpoints proved on both modes elsewhere")
 
-# The receivers are on loopback, over plain HTTP; a failure is retried after 1 s, then 2 s, then it has failed.
+# The receivers are on loopback, over plain HTTP; a failure is retried after 1 s, and again after 1 s, then it has
+# failed (the console shows attempts and outcomes; the schedule itself is test_delivery's).
 WEBHOOKS = {
     "WEBHOOK_OUT_ALLOW_PRIVATE": "true",
     "WEBHOOK_OUT_ALLOW_HTTP": "true",
-    "WEBHOOK_OUT_RETRY_SCHEDULE": "1,2",
+    "WEBHOOK_OUT_RETRY_SCHEDULE": "1,1",
     "WEBHOOK_OUT_TIMEOUT_SECONDS": "2",
     "WEBHOOK_OUT_CONNECT_TIMEOUT_SECONDS": "1",
 }
@@ -743,9 +744,10 @@ def test_an_administrator_registers_applications_rotates_a_secret_and_deletes_on
 def test_the_audit_log_filters_by_subject_type_and_actor_and_pages_back(stack, base_env, new_context):
     admin_email, admin_id = make_user(base_env, "admin")
     email, user_id = make_user(base_env)
-    for _ in range(55):  # more than a page of the console's 50
-        wrong = {"email": email, "password": "not the password", "transport": "body"}
-        assert requests.post(f"{stack.url}/auth/login", json=wrong, timeout=10).status_code == 401
+    wrong = {"email": email, "password": "not the password", "transport": "body"}
+    with requests.Session() as http:  # one kept-alive connection for all of them
+        for _ in range(55):  # more than a page of the console's 50
+            assert http.post(f"{stack.url}/auth/login", json=wrong, timeout=10).status_code == 401
     token_of(stack, email)
 
     page = new_context().new_page()
