@@ -33,7 +33,9 @@ import time
 import weakref
 
 import gevent
+import gunicorn.http.message
 import gunicorn.http.wsgi
+import gunicorn.util
 from gevent.server import StreamServer
 from gunicorn.workers import ggevent
 from gunicorn.workers.ggevent import GeventWorker
@@ -163,6 +165,56 @@ class BalancedStreamServer(StreamServer):
         return super().do_read()
 
 
+class SettledConfig:
+    """gunicorn's configuration, each setting looked up once: gunicorn reads about twenty settings per request,
+    each through `Config.__getattr__` and the setting's `get()`, a fifth of a bare request's CPU in this worker.
+    Settings do not change in a running worker except through `set`, which passes on and forgets the value."""
+
+    def __init__(self, cfg):
+        self.__dict__["_cfg"] = cfg
+
+    def __getattr__(self, name):
+        value = getattr(self._cfg, name)
+        self.__dict__[name] = value
+        return value
+
+    def set(self, name, value) -> None:
+        self._cfg.set(name, value)
+        self.__dict__.pop(name, None)
+
+
+def http_date_of_this_second(http_date):
+    """gunicorn's `http_date` (the Date header), formatted once a second rather than for every response."""
+    last = [None, ""]
+
+    def cached(timestamp=None):
+        if timestamp is not None:
+            return http_date(timestamp)
+        now = int(time.time())
+        if last[0] != now:
+            last[:] = [now, http_date(now)]
+        return last[1]
+
+    return cached
+
+
+def remembered_allow_list_check(check, limit: int = 4096):
+    """gunicorn's check of a peer's address against FORWARDED_ALLOW_IPS (it parses the address for every
+    request), remembered per address and list."""
+    known: dict = {}
+
+    def remembered(ip_str, allow_list, networks):
+        key = (ip_str, tuple(allow_list))
+        found = known.get(key)
+        if found is None:
+            if len(known) >= limit:
+                known.clear()
+            found = known[key] = check(ip_str, allow_list, networks)
+        return found
+
+    return remembered
+
+
 class FairGeventWorker(GeventWorker):
     """The gevent worker, with a turn of the event loop between two requests of one connection, whose responses
     send their head with their body (HeadWithBody)."""
@@ -170,6 +222,9 @@ class FairGeventWorker(GeventWorker):
     def init_process(self):
         """In the worker only (the arbiter imports this class too): gunicorn's HTTP/1 responses are HeadWithBody."""
         gunicorn.http.wsgi.Response = HeadWithBody
+        self.cfg = SettledConfig(self.cfg)
+        gunicorn.util.http_date = http_date_of_this_second(gunicorn.util.http_date)
+        gunicorn.http.message._ip_in_allow_list = remembered_allow_list_check(gunicorn.http.message._ip_in_allow_list)
         self.idle_connections = weakref.WeakSet()  # waiting for their first or next request
         self.balance = BalancedStreamServer.balance = BalancedAccept(self.age)
         ggevent.StreamServer = BalancedStreamServer

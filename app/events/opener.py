@@ -4,13 +4,15 @@ After a deploy or a network blip every client reconnects at once: thousands of `
 each paid for Flask's request context, URL routing, before- and after-request hooks and response conversion,
 about a quarter of what opening a stream cost the worker. The opener, a WSGI middleware in front of Flask,
 opens the streams it can itself: a GET of /events/stream with a user's access token (or a client's, with scope
-`events`, for its user) and without named channels. It answers them as the view would (the same headers, access
-line and metrics) and streams the view's own body (`sse.stream_body`).
+`events`, for its user). It answers them as the view would (the same headers, access line and metrics) and
+streams the view's own body (`sse.stream_body`).
 
 A stream is opened on its token's claims: subscribed first, and its session checked, with the stored user
 read, in the opening's one round trip (`Follower`), not in a round trip of its own before. A session that
 ended, a stored role other than the token's, and every other case that is not plain are opened again the
-verified way, as every request is.
+verified way, as every request is. A stream of named channels (`?channels=`) is opened the verified way from
+the start: its session is checked before any channel's access is read, as the view does (a proxy namespace's
+backend is asked only about a user whose session is in force).
 
 Everything else goes to Flask. A refusal the opener meets on the way (a 401, a malformed cursor, 429) is
 handed to the view, which raises it again (`answers_what_the_opener_refused`): every error has one answer.
@@ -37,7 +39,7 @@ from ..logs import request_id_from, write_access_line
 from ..page import SECURITY_HEADERS
 from .schemas import StreamPosition
 from .sse import STREAM_CONTENT_TYPE, STREAM_HEADERS, stream_body
-from .views import REFUSED, follower_for_request
+from .views import REFUSED, follower_for_request, requested_channels
 
 PATH = "/events/stream"
 ENDPOINT = "events.stream"
@@ -79,12 +81,12 @@ class StreamOpener:
         if not query.isascii():
             return None  # Flask decodes the odd query (and refuses it)
         args = MultiDict(parse_qsl(query, keep_blank_values=True))
-        if "channels" in args:
-            return None  # named channels: the view checks each one's access and presence
         token, via = self._token(environ)
         if token is None or token.startswith(API_KEY_PREFIX):
             return None
         self.app.extensions["presence"].start_in_request()
+        if "channels" in args:  # the session verified first, as the view does, before any channel's access is read
+            return self._open_verified(environ, token, via, args)
         try:
             return self._open_on_claims(environ, token, via, args)
         except REDIS_UNAVAILABLE as error:  # the verified way would wait for Redis as long again: 503 now
@@ -132,10 +134,12 @@ class StreamOpener:
 
 def _follower(environ, args: MultiDict):
     """The caller's follower from the query, read with the view's model (a bad ?cursor= is refused also beside
-    a Last-Event-ID), and the Last-Event-ID a reconnecting browser sends."""
+    a Last-Event-ID), the Last-Event-ID a reconnecting browser sends, and the named channels, checked as the
+    view checks them."""
     asked = validated_args(StreamPosition, args)
     cursor = environ.get("HTTP_LAST_EVENT_ID") or asked.cursor or None
-    return follower_for_request(live=True, cursor=cursor, named={}, present=True)
+    named = requested_channels(asked.channels)
+    return follower_for_request(live=True, cursor=cursor, named=named, present=True)
 
 
 class ClosingCallbacks:

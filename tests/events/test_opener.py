@@ -8,9 +8,11 @@ import json
 import logging
 
 import pytest
+from werkzeug.test import Client
 
 from app.auth import sessions
 from app.auth.users import set_role
+from app.channels.namespaces import Namespace, put_namespace
 from app.events.bus import WEBHOOKS
 from app.events.hub import Subscription
 from app.events.opener import StreamOpener
@@ -38,6 +40,9 @@ class QuietHub:
     def unsubscribe(self, subscription: Subscription) -> None:
         self.unsubscribed.append(subscription)
 
+    def watch_expiry(self, subscription: Subscription, channel: str, expires_at: float | None) -> None:
+        """Grants here do not run out while a test reads them."""
+
 
 class FlaskCalls:
     """Counts the requests the opener hands to Flask."""
@@ -63,8 +68,13 @@ def served(make_app):
     return app, client, user, FlaskCalls(app)
 
 
+def view_of(flask: FlaskCalls) -> Client:
+    """A client of Flask's side alone: the view's own answers, to compare the opener's with."""
+    return Client(flask.inner)
+
+
 def opened(client, path: str, headers: dict):
-    response = client.get(path, headers=headers, buffered=False)
+    response = client.get(path, headers=headers, buffered=False, base_url="https://localhost")
     first = next(iter(response.response)) if response.status_code == 200 else None
     return response, first
 
@@ -75,8 +85,8 @@ def test_a_plain_stream_is_opened_without_flask_and_answered_as_the_view_answers
 
     by_opener, opening = opened(client, "/events/stream", headers)
     assert by_opener.status_code == 200 and flask.count == 0
-    by_view, view_opening = opened(client, "/events/stream?channels=", headers)  # a channel list: the view's
-    assert by_view.status_code == 200 and flask.count == 1
+    by_view, view_opening = opened(view_of(flask), "/events/stream", headers)
+    assert by_view.status_code == 200 and flask.count == 0
 
     assert dict(by_opener.headers) == dict(by_view.headers)
     assert by_opener.headers["Access-Control-Allow-Origin"] == FRIEND  # the comparison covers CORS too
@@ -246,3 +256,60 @@ def test_a_token_whose_admin_role_was_taken_since_opens_without_the_admin_channe
     assert on_claims.is_admin and hub.unsubscribed == [on_claims]  # the token's role: let go before any read
     assert not stored.is_admin and WEBHOOKS not in stored.channels
     response.close()
+
+
+def test_a_stream_of_named_channels_is_opened_without_flask_and_answered_as_the_view_answers(served, rdb):
+    app, client, user, flask = served
+    with app.app_context():
+        put_namespace(rdb, Namespace("rooms", "authenticated"))
+    headers = {**bearer(user["access_token"]), "Origin": FRIEND}
+    by_opener, opening = opened(client, "/events/stream?channels=rooms:a,rooms:b", headers)
+    assert by_opener.status_code == 200 and flask.count == 0
+    by_view, view_opening = opened(view_of(flask), "/events/stream?channels=rooms:a,rooms:b", headers)
+    assert {k: v for k, v in by_opener.headers.items() if k != "X-Request-ID"} == {
+        k: v for k, v in by_view.headers.items() if k != "X-Request-ID"
+    }
+    assert opening == view_opening
+    hub = app.extensions["event_hub"]
+    assert [{"rooms:a", "rooms:b"} <= set(s.channels) for s in hub.subscribed] == [True, True]
+    by_opener.close()
+    by_view.close()
+    assert hub.unsubscribed == hub.subscribed
+
+
+@pytest.mark.parametrize(
+    "channels, status, code",
+    [
+        ("nowhere:a", 404, "not_found"),
+        ("club:a", 403, "forbidden"),
+        ("rooms:a,,rooms:b", 400, "bad_request"),
+        ("rooms:Bad Name", 400, "bad_request"),
+        (",".join(f"rooms:c{n}" for n in range(101)), 422, "validation_failed"),
+    ],
+)
+def test_a_refused_channel_is_answered_by_the_view_and_holds_nothing(served, rdb, channels, status, code):
+    app, client, user, flask = served
+    with app.app_context():
+        put_namespace(rdb, Namespace("rooms", "authenticated"))
+        put_namespace(rdb, Namespace("club", "members"))
+    response = client.get(
+        f"/events/stream?channels={channels}", headers={**bearer(user["access_token"]), "Origin": FRIEND}
+    )
+    assert response.status_code == status and response.get_json()["error"]["code"] == code
+    assert flask.count == 1 and response.headers["Access-Control-Allow-Origin"] == FRIEND
+    view = view_of(flask).get(f"/events/stream?channels={channels}", headers=bearer(user["access_token"]))
+    assert view.status_code == status and view.get_json() == response.get_json()
+    assert rdb.zcard(Keys.connection_leases(user["user"]["id"])) == 0
+    assert app.extensions["event_hub"].subscribed == []
+
+
+def test_an_ended_session_asking_for_channels_is_told_its_session_ended_first(served, rdb):
+    """Not whether a namespace exists or the user may read it: the session is checked first, as by the view."""
+    app, client, user, flask = served
+    headers = bearer(user["access_token"])
+    assert client.post("/auth/logout", headers=headers).status_code in (200, 204)
+    flask.count = 0
+    for channels in ("nowhere:a", "club:a"):
+        response = client.get(f"/events/stream?channels={channels}", headers=headers)
+        assert response.status_code == 401 and flask.count == 1
+        flask.count = 0
