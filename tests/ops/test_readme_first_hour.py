@@ -70,7 +70,7 @@ def run(tmp_path_factory):
     started = MakeRun(tmp_path_factory.mktemp("first-hour"))
     assert not set(TYPED) & set(started.env)
     yield started
-    started.stop()
+    started.kill()  # its orderly stop takes seconds, and is tests/ops/test_run_script.py's to test
 
 
 def localize(text: str, run: MakeRun, **more: str) -> str:

@@ -3,6 +3,7 @@ real CLI and delivery process beside it, and the settings files all of them read
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -105,6 +106,16 @@ class MakeRun:
             except subprocess.TimeoutExpired:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait(10)
+
+    def kill(self) -> None:
+        """SIGKILL to the script and to every process it started (each runs in a session of its own), all at
+        once: for a module done with it, where how `make run` stops in order is not what is tested (it is here)."""
+        if self.process.poll() is not None:
+            return
+        for pid in [*descendants(self.process.pid), self.process.pid]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self.process.wait(10)
 
 
 @pytest.fixture(scope="module")
