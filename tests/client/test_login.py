@@ -203,21 +203,39 @@ def test_threads_calling_while_the_token_is_due_cause_exactly_one_refresh(server
         assert family_size(redis_server, tokens) == 2  # one rotation for all eight
 
 
-def test_a_token_refused_as_expired_is_renewed_once_for_every_thread(server, redis_server, monkeypatch):
-    """As when the client's clocks lag behind the service's: the client takes an expired access token for a
-    fresh one, until the service answers 401 token_expired."""
+@pytest.fixture(scope="module")
+def logged_in_early(server):
+    """A client logged in at the module's first test of the service, and the instant it did, for the test that
+    needs its access token expired at the service: by that test's turn most of the token's life has passed,
+    instead of being waited out there."""
     email = register(server)
     with Client(server.url) as client:
         tokens = client.login(email, DEFAULT_PASSWORD)
-        stopped = session.SessionTokens.now()
-        monkeypatch.setattr(session, "monotonic", lambda: stopped.monotonic)
-        monkeypatch.setattr(session, "wall_clock", lambda: stopped.wall)
-        wait_until(lambda: me_status(server, tokens.access_token) == 401, timeout=20, message="the token's end")
-        assert client.access_token() == tokens.access_token  # still fresh, as far as the client knows
-        users = in_threads(8, client.me)  # each refused once, then sent again with the one renewal's token
-        assert {user.id for user in users} == {tokens.user.id}
-        assert client.tokens.access_token != tokens.access_token
-        assert family_size(redis_server, tokens) == 2
+        yield client, tokens, session.SessionTokens.now()
+
+
+@pytest.fixture(autouse=True)
+def _log_in_early(request):
+    """Start `logged_in_early` with the first test that uses the service (the others need no service)."""
+    if "server" in request.fixturenames:
+        request.getfixturevalue("logged_in_early")
+
+
+def test_a_token_refused_as_expired_is_renewed_once_for_every_thread(
+    server, redis_server, monkeypatch, logged_in_early
+):
+    """As when the client's clocks lag behind the service's: the client takes an expired access token for a
+    fresh one, until the service answers 401 token_expired."""
+    client, tokens, stopped = logged_in_early
+    # The client's clocks stand still at the instant it logged in.
+    monkeypatch.setattr(session, "monotonic", lambda: stopped.monotonic)
+    monkeypatch.setattr(session, "wall_clock", lambda: stopped.wall)
+    wait_until(lambda: me_status(server, tokens.access_token) == 401, timeout=20, message="the token's end")
+    assert client.access_token() == tokens.access_token  # still fresh, as far as the client knows
+    users = in_threads(8, client.me)  # each refused once, then sent again with the one renewal's token
+    assert {user.id for user in users} == {tokens.user.id}
+    assert client.tokens.access_token != tokens.access_token
+    assert family_size(redis_server, tokens) == 2
 
 
 def test_logout_ends_this_session_and_logout_all_every_one(server):
