@@ -22,6 +22,7 @@ from tests.browser.conftest import ARTIFACTS, SCREENSHOTS_OF_EVERY_TEST, Stack
 from tests.browser.test_page import log_in
 from tests.issuers.issuer import AUDIENCE, Signer, claims, exchange_form
 from tests.outgoing.receivers import DeliveryProcess, Receiver
+from tests.servers import flush_redis
 from tests.utils import DEFAULT_PASSWORD, bearer, random_email
 from tests.webauthn_authenticator import Authenticator
 
@@ -39,8 +40,10 @@ WEBHOOKS = {
 
 
 @pytest.fixture(scope="module")
-def stack(base_env, tmp_path_factory):
-    """gunicorn behind nginx, and the delivery process that sends webhooks."""
+def stack(base_env, redis_server, tmp_path_factory):
+    """gunicorn behind nginx, and the delivery process that sends webhooks, on a Redis emptied of what earlier
+    modules of the test process left there (the applications test expects none registered before its own)."""
+    flush_redis(redis_server)
     directory = tmp_path_factory.mktemp("console")
     # One gunicorn worker: the console's pages and calls are one user's, and its endpoints are proven elsewhere.
     running = Stack(base_env, directory, workers=1, **WEBHOOKS).start()
