@@ -223,6 +223,11 @@ def init_app(app: Flask) -> None:
     @click.option("--publish", type=click.Choice(PUBLISH_RULES), default="server", show_default=True)
     @click.option("--presence", is_flag=True, help="Keep who reads its channels.")
     @click.option("--join-leave", is_flag=True, help="Publish presence.join and presence.leave (needs --presence).")
+    @click.option(
+        "--presence-diff",
+        is_flag=True,
+        help="Joins and leaves together, one presence.diff at a time (needs --join-leave).",
+    )
     @click.option("--proxy-url", help="With --subscribe proxy: the application's URL asked about each subscriber.")
     @click.option("--rotate-proxy-secret", is_flag=True, help="With --subscribe proxy: a new signing secret.")
     @click.option("--keep-existing", is_flag=True, help="Leave the namespace as it is if there is one (and say so).")
@@ -233,6 +238,7 @@ def init_app(app: Flask) -> None:
         publish: str,
         presence: bool,
         join_leave: bool,
+        presence_diff: bool,
         proxy_url: str | None,
         rotate_proxy_secret: bool,
         keep_existing: bool,
@@ -249,7 +255,14 @@ def init_app(app: Flask) -> None:
             click.echo(f"namespace {namespace} exists: kept as it is", err=True)
             return
         rules = Namespace(
-            namespace, subscribe, publish, presence, join_leave, proxy_url, rotate_secret=rotate_proxy_secret
+            namespace,
+            subscribe,
+            publish,
+            presence,
+            join_leave,
+            proxy_url,
+            rotate_secret=rotate_proxy_secret,
+            presence_diff=presence_diff,
         )
         click.echo(json.dumps(define(rules)))
 

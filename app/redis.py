@@ -264,6 +264,11 @@ class Keys:
         return f"presence:{{{channel}}}:lingering"
 
     @staticmethod
+    def presence_diff(channel: str) -> str:
+        """A channel's joins and leaves not sent yet (presence_diff namespaces): user id -> 'j' or 'l' (a hash)."""
+        return f"presence:{{{channel}}}:diff"
+
+    @staticmethod
     def presence_channels() -> str:
         """Channels with present connections, scored by their earliest lease end or due leave (ms), for the
         reaper."""

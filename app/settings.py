@@ -181,6 +181,7 @@ class Settings:
     ws_frame_rate: int
     presence_timeout: float
     presence_linger: float
+    presence_diff_seconds: float
     subscribe_proxy_timeout: float
     subscribe_proxy_grant_seconds: int
     oidc_issuer: str | None  # the OpenID provider's issuer: OIDC_ISSUER, else PUBLIC_BASE_URL
@@ -286,6 +287,8 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         presence_timeout=reader.number("PRESENCE_TIMEOUT_SECONDS", 60, minimum=0.5),
         # A user absent for less than this causes neither a leave nor a join (0: every change is published).
         presence_linger=reader.number("PRESENCE_LINGER_SECONDS", 2, minimum=0, maximum=3600),
+        # presence_diff namespaces: how often a channel's joins and leaves go out together, as one presence.diff.
+        presence_diff_seconds=reader.number("PRESENCE_DIFF_SECONDS", 0.5, minimum=0.05, maximum=60),
         # A namespace's subscribe proxy: how long the product's backend may take to answer, and how long the
         # grant of an `allow` without `expires_in` lasts.
         subscribe_proxy_timeout=reader.number("SUBSCRIBE_PROXY_TIMEOUT_SECONDS", 3, minimum=0.1, maximum=60),

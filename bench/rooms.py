@@ -20,7 +20,7 @@ POST /events with an API key, nchan POST /pub/<id>); with --batch the service ta
 50 ms in one POST /events/batch.
 
 Run: .venv/bin/python -m bench.rooms [--quick] [--parts rooms,storm,subscriptions,keep,cpu] [--seconds 30]
-     [--batch] [--storm-users 5000] [--storm-window 10] [--no-join-leave] [--base /tmp/base] [--repeat N]
+     [--batch] [--storm-users 5000] [--storm-window 10] [--no-join-leave] [--diff] [--base /tmp/base] [--repeat N]
 Writes bench/results/rooms.json (each run with its command, time and load average) and rooms.md.
 """
 
@@ -358,23 +358,20 @@ def _watcher(target: Target, own: str, users: list[str], joined, left, results, 
                 end = 0
                 for match in data_line.finditer(window):
                     end = match.end() - 1
-                    event = json.loads(match[1])
-                    kind = event["event"]
-                    user = (event.get("data") or {}).get("user_id") if isinstance(event.get("data"), dict) else None
-                    book = joins if kind == "presence.join" else leaves if kind == "presence.leave" else None
-                    if book is None:
-                        others["other"] += 1
-                    elif user == own:
-                        continue
-                    elif user not in wanted:
-                        others["join" if book is joins else "leave"] += 1
-                    else:
-                        book.setdefault(user, []).append(now)
-                        sequence.setdefault(user, []).append("j" if book is joins else "l")
-                        if book is joins and len(joins) == len(wanted):
-                            joined.set()
-                        if book is leaves and len(leaves) == len(wanted):
-                            left.set()
+                    for book, user in _presence_changes(json.loads(match[1]), joins, leaves):
+                        if book is None:
+                            others["other"] += 1
+                        elif user == own:
+                            continue
+                        elif user not in wanted:
+                            others["join" if book is joins else "leave"] += 1
+                        else:
+                            book.setdefault(user, []).append(now)
+                            sequence.setdefault(user, []).append("j" if book is joins else "l")
+                            if book is joins and len(joins) == len(wanted):
+                                joined.set()
+                            if book is leaves and len(leaves) == len(wanted):
+                                left.set()
                 window = window[end:]
 
         task = asyncio.ensure_future(read())
@@ -384,6 +381,17 @@ def _watcher(target: Target, own: str, users: list[str], joined, left, results, 
         results.put({"ready_at": ready_at, "joins": joins, "leaves": leaves, "others": others, "sequence": sequence})
 
     asyncio.run(main())
+
+
+def _presence_changes(event: dict, joins: dict, leaves: dict) -> list[tuple[dict | None, str | None]]:
+    """(the book it goes in, user id) for each join and leave an event says (a presence.diff says many);
+    (None, None) for any other event."""
+    kind, data = event["event"], event.get("data")
+    if kind == "presence.diff":
+        return [(leaves, m["user_id"]) for m in data["leaves"]] + [(joins, m["user_id"]) for m in data["joins"]]
+    if kind in ("presence.join", "presence.leave") and isinstance(data, dict):
+        return [(joins if kind == "presence.join" else leaves, data.get("user_id"))]
+    return [(None, None)]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -630,15 +638,20 @@ def twice(sequence: list[str], kind: str) -> int:
     return sum(1 for a, b in zip(sequence, sequence[1:], strict=False) if a == b == kind)
 
 
-def part_storm(redis_server, users_count: int, window: float, hold: float = 30.0, join_leave: bool = True) -> dict:
+def part_storm(
+    redis_server, users_count: int, window: float, hold: float = 30.0, join_leave: bool = True, diff: bool = False
+) -> dict:
     """`users_count` users open an SSE stream of one presence channel, evenly over `window` seconds; without
-    `join_leave` the namespace keeps presence but publishes no join or leave events (the count alone)."""
+    `join_leave` the namespace keeps presence but publishes no join or leave events (the count alone); with
+    `diff` (a presence_diff namespace) they go out together as presence.diff events."""
     context = multiprocessing.get_context("fork")
     channel = "lobby:storm"
     out = {"users": users_count, "window_seconds": window, "join_leave": join_leave, "load_before": load()}
+    out["presence_diff"] = diff
     with Service(redis_server) as service:
         key = manager_key(service.app.env)
-        put_namespace(service, key, "lobby", presence=True, join_leave=join_leave)
+        rules = {"presence_diff": True} if diff else {}
+        put_namespace(service, key, "lobby", presence=True, join_leave=join_leave, **rules)
         users = mint_users(service.app.env, users_count + 1)
         (watcher_id, watcher_token), stormers = users[0], users[1:]
         path = f"/events/stream?channels={channel}"
@@ -1078,7 +1091,7 @@ def _storm_rows(s: dict) -> list[str]:
     failures = sum(s["open_failures"].values())
     return [
         f"| {s['started']}, `{s['command']}` | {s['users']:,} in {s['window_seconds']} s, "
-        f"join_leave {s.get('join_leave', True)} "
+        f"join_leave {s.get('join_leave', True)}{', as diffs' if s.get('presence_diff') else ''} "
         f"| {s['opened']:,}, {failures} failed; last {s['last_open_s']} s; p50 / p99 {s['open_p50_ms']} / "
         f"{s['open_p99_ms']} ms | {s['count_right_s']} s | {s['joins_all_s']} s "
         f"| {s['joins_missing']} / {s['joins_duplicated']} / {s.get('rejoins', '-')} "
@@ -1201,7 +1214,7 @@ def run(parts: list[str], quick: bool = False, command: str = "", **options) -> 
     """Run `parts`, merge them into bench/results/rooms.json: rooms and storm runs are added to the last
     ones kept (so a repeated run stands beside the earlier one), the other parts replace theirs.
 
-    options: seconds and batch (rooms), base (keep), storm_users, storm_window, join_leave (storm)."""
+    options: seconds and batch (rooms), base (keep), storm_users, storm_window, join_leave, diff (storm)."""
     path = RESULTS / "rooms.json"
     results = json.loads(path.read_text()) if path.exists() and not quick else {}
     for listed in ("rooms", "storms"):  # a single run, as the first version wrote them
@@ -1220,7 +1233,14 @@ def run(parts: list[str], quick: bool = False, command: str = "", **options) -> 
             elif part == "storm":
                 users = 200 if quick else options.get("storm_users", 5000)
                 window = 2 if quick else options.get("storm_window", 10)
-                done = part_storm(redis_server, users, window, 5 if quick else 30, options.get("join_leave", True))
+                done = part_storm(
+                    redis_server,
+                    users,
+                    window,
+                    5 if quick else 30,
+                    options.get("join_leave", True),
+                    options.get("diff"),
+                )
                 results["storms"] = (results.get("storms") or [])[-KEEP_RUNS + 1 :] + [stamp | done]
             elif part == "subscriptions":
                 done = part_subscriptions(redis_server, 100 if quick else 2000, 10 if quick else 100)
@@ -1249,6 +1269,7 @@ def main() -> None:
     parser.add_argument("--storm-users", type=int, default=5000)
     parser.add_argument("--storm-window", type=float, default=10.0, help="seconds over which the users join")
     parser.add_argument("--no-join-leave", action="store_true", help="storm in a namespace with presence only")
+    parser.add_argument("--diff", action="store_true", help="storm in a presence_diff namespace")
     parser.add_argument("--base", type=Path, help="a checkout to run the keep part on beside this tree")
     parser.add_argument("--repeat", type=int, default=1, help="keep: runs of each tree, alternately")
     args = parser.parse_args()
@@ -1263,6 +1284,7 @@ def main() -> None:
         storm_users=args.storm_users,
         storm_window=args.storm_window,
         join_leave=not args.no_join_leave,
+        diff=args.diff,
         repeat=args.repeat,
     )
     print(table(results))

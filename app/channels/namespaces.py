@@ -43,6 +43,8 @@ class Namespace:
     # Never compared nor in a repr.
     proxy_secret: str | None = field(default=None, compare=False, repr=False)
     rotate_secret: bool = field(default=False, compare=False, repr=False)  # asked, not stored
+    # Joins and leaves go out together, as one `presence.diff` every PRESENCE_DIFF_SECONDS (needs join_leave).
+    presence_diff: bool = False
 
     @property
     def by_grant(self) -> bool:
@@ -61,7 +63,10 @@ class Namespace:
     def as_json(self) -> dict:
         """The name and rules, as audit entries record them: never the proxy's URL (it may hold a credential)
         nor its secret."""
-        return {"name": self.name, **{rule: getattr(self, rule) for rule in RULES}}
+        shown = {"name": self.name, **{rule: getattr(self, rule) for rule in RULES}}
+        if self.presence_diff:  # only where it is set: every other namespace's N stays as it was
+            shown["presence_diff"] = True
+        return shown
 
     def answer(self) -> dict:
         """`N`: the namespace as answers show it, a proxy namespace's URL included (its secret never)."""
@@ -97,6 +102,8 @@ def validate_namespace(namespace: Namespace) -> Namespace:
         raise validation_failed(f"subscribe must be one of {SUBSCRIBE_RULES}, publish one of {PUBLISH_RULES}.")
     if namespace.join_leave and not namespace.presence:
         raise validation_failed("join_leave needs presence.")
+    if namespace.presence_diff and not namespace.join_leave:
+        raise validation_failed("presence_diff needs join_leave.")
     if (namespace.subscribe == "proxy") != bool(namespace.proxy_url):
         raise validation_failed("proxy_url is needed with subscribe: proxy, and only then.")
     if namespace.rotate_secret and namespace.subscribe != "proxy":

@@ -18,6 +18,13 @@ step, which checks and publishes in one step. The keeper whose step made the use
 channel when it is due; the channel's index score (below) is its earliest lease end or due leave, so if
 that worker dies the reapers publish the leave instead. With the linger 0 the leave goes out at once.
 
+Diffs: in a namespace with presence_diff the steps do not publish each join and leave; they note it in
+`presence:{C}:diff` (a join and a leave of one user within one diff cancel out) and schedule the diff, a member
+NUL in the lingering set, PRESENCE_DIFF_SECONDS on. When it is due, a settling step (the keeper whose step
+scheduled it, or the reapers if that worker died) publishes them all as one event `presence.diff`. Such a
+channel's lingering users are listed with a 0x01 byte before their id, so the settling step knows where their
+leave goes.
+
 Leases: the keeper of each worker renews the leases of its entries together (one script per channel)
 every fifth of PRESENCE_TIMEOUT_SECONDS, for 0.6 of it. Entries whose lease ran out (their worker died)
 are dropped by the reapers: every worker runs one, every tenth of the timeout, on the channels that
@@ -77,10 +84,13 @@ CHANNEL_STEP_LUA = r"""
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 local linger = tonumber(ARGV[9])
-local indexed = #KEYS >= 7
-local feed = #KEYS >= 9 and redis.call('EXISTS', KEYS[8]) == 1
+local indexed = #KEYS >= 8
+local feed = #KEYS >= 10 and redis.call('EXISTS', KEYS[9]) == 1
+local diff_ms = tonumber(ARGV[11])
 local published = {}
 local lingered = 0
+local DIFF_DUE = '\0'  -- in the lingering set, scored by when the pending joins and leaves go out (never a user id)
+local BATCHED = '\1'  -- before a user id in the lingering set: the user of a presence_diff channel
 
 -- The raw text of a member of a JSON object (nil when absent): info reaches events as it was granted
 -- (decoding and encoding again would turn [] into {} and round long numbers).
@@ -142,30 +152,79 @@ local function granted_info(user)
   return info
 end
 
-local function publish(event, user)
-  local data = '{"user_id":' .. cjson.encode(user) .. ',"info":' .. granted_info(user) .. '}'
+local function emit(event, data)
   local id = redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[4], '*', 'event', event, 'data', data, 'ts', ARGV[5])
   redis.call('PEXPIRE', KEYS[5], ARGV[10])  -- as every publication: EVENT_HISTORY_TTL_SECONDS from now
   redis.call(ARGV[3], ARGV[2], cjson.encode({id = id, channel = ARGV[1], event = event, data = data, ts = ARGV[5]}))
   if feed then
-    redis.call('XADD', KEYS[9], '*', 'id', id, 'channel', ARGV[1], 'event', event, 'data', data, 'ts', ARGV[5])
+    redis.call('XADD', KEYS[10], '*', 'id', id, 'channel', ARGV[1], 'event', event, 'data', data, 'ts', ARGV[5])
   end
   published[#published + 1] = {id, event, data, ARGV[5]}
 end
 
+local function user_entry(user)
+  return '{"user_id":' .. cjson.encode(user) .. ',"info":' .. granted_info(user) .. '}'
+end
+
+-- A presence_diff channel's join or leave waits for the next diff; a join and a leave of one user within
+-- one diff cancel out (the user was, or still is, present for every reader of the diffs).
+local function pend(event, user)
+  local change = event == 'presence.join' and 'j' or 'l'
+  local held = redis.call('HGET', KEYS[7], user)
+  if held and held ~= change then
+    redis.call('HDEL', KEYS[7], user)
+  else
+    redis.call('HSET', KEYS[7], user, change)
+  end
+  if not redis.call('ZSCORE', KEYS[6], DIFF_DUE) then
+    redis.call('ZADD', KEYS[6], now + diff_ms, DIFF_DUE)
+    lingered = 1
+  end
+end
+
+local function publish(event, user, batched)
+  if batched then return pend(event, user) end
+  emit(event, user_entry(user))
+end
+
+-- The pending joins and leaves as one event, each list in user id order.
+local function send_diff()
+  redis.call('ZREM', KEYS[6], DIFF_DUE)
+  local pending = redis.call('HGETALL', KEYS[7])
+  if #pending == 0 then return end
+  redis.call('DEL', KEYS[7])
+  local users, change = {}, {}
+  for i = 1, #pending, 2 do
+    users[#users + 1] = pending[i]
+    change[pending[i]] = pending[i + 1]
+  end
+  table.sort(users)
+  local joins, leaves = {}, {}
+  for _, user in ipairs(users) do
+    local list = change[user] == 'j' and joins or leaves
+    list[#list + 1] = user_entry(user)
+  end
+  emit('presence.diff', '{"joins":[' .. table.concat(joins, ',') .. '],"leaves":[' .. table.concat(leaves, ',') .. ']}')
+end
+
 local function user_of(member) return string.match(member, '^(.*)|') end
-local function announces(member, user) return string.sub(member, #user + 2, #user + 2) == 'j' end
+local function kind_of(member, user) return string.sub(member, #user + 2, #user + 2) end
+local function announces(member, user) local kind = kind_of(member, user) return kind == 'j' or kind == 'd' end
+local function batches(member, user) return kind_of(member, user) == 'd' end
+local function lingering_name(user, batched) return batched and (BATCHED .. user) or user end
 
 -- A user present again: back within the linger, its pending leave is forgotten and no join is owed;
 -- later (not settled yet), the leave goes out first.
 local function arrive(member, user)
-  local due = redis.call('ZSCORE', KEYS[6], user)
+  local batched = batches(member, user)
+  local name = lingering_name(user, batched)
+  local due = redis.call('ZSCORE', KEYS[6], name)
   if due then
-    redis.call('ZREM', KEYS[6], user)
+    redis.call('ZREM', KEYS[6], name)
     if tonumber(due) > now then return end
-    publish('presence.leave', user)
+    publish('presence.leave', user, batched)
   end
-  if announces(member, user) then publish('presence.join', user) end
+  if announces(member, user) then publish('presence.join', user, batched) end
 end
 
 local function add(member)
@@ -184,24 +243,34 @@ local function drop(member)
     redis.call('HDEL', KEYS[2], user)
     redis.call('ZREM', KEYS[3], user)
     if announces(member, user) then
+      local batched = batches(member, user)
       if linger > 0 then
-        redis.call('ZADD', KEYS[6], now + linger, user)
+        redis.call('ZADD', KEYS[6], now + linger, lingering_name(user, batched))
         lingered = 1
       else
-        publish('presence.leave', user)
+        publish('presence.leave', user, batched)
       end
     end
   end
 end
 
--- The leaves that are due: each user still absent (as it always is: arriving takes it out) leaves now.
+-- The leaves that are due: each user still absent (as it always is: arriving takes it out) leaves now; and
+-- the pending joins and leaves of a presence_diff channel, when their diff is due, go out (after those leaves).
 local function settle()
   local due = redis.call('ZRANGEBYSCORE', KEYS[6], '-inf', now, 'LIMIT', 0, tonumber(ARGV[8]))
   if #due == 0 then return end
   redis.call('ZREM', KEYS[6], unpack(due))
-  for _, user in ipairs(due) do
-    if redis.call('HEXISTS', KEYS[2], user) == 0 then publish('presence.leave', user) end
+  local diff_due = false
+  for _, name in ipairs(due) do
+    if name == DIFF_DUE then
+      diff_due = true
+    else
+      local batched = string.sub(name, 1, 1) == BATCHED
+      local user = batched and string.sub(name, 2) or name
+      if redis.call('HEXISTS', KEYS[2], user) == 0 then publish('presence.leave', user, batched) end
+    end
   end
+  if diff_due then send_diff() end
 end
 
 local function reap()
@@ -221,26 +290,29 @@ local function finish(...)
   if due then redis.call('PEXPIRE', KEYS[6], math.max(due - now, 0) + tonumber(ARGV[7])) end
   local look = lease_end or due
   if lease_end and due then look = math.min(lease_end, due) end
+  if due and redis.call('EXISTS', KEYS[7]) == 1 then
+    redis.call('PEXPIRE', KEYS[7], math.max(due - now, 0) + tonumber(ARGV[7]))
+  end
   if indexed then
-    if look then redis.call('ZADD', KEYS[7], look, ARGV[1]) else redis.call('ZREM', KEYS[7], ARGV[1]) end
+    if look then redis.call('ZADD', KEYS[8], look, ARGV[1]) else redis.call('ZREM', KEYS[8], ARGV[1]) end
   end
   return {look or false, published, due and (due - now) or false, lingered, ...}
 end
 """
 
-ENTER_LUA = CHANNEL_STEP_LUA + "reap()\nadd(ARGV[11])\nreturn finish()\n"
-LEAVE_LUA = CHANNEL_STEP_LUA + "reap()\ndrop(ARGV[11])\nreturn finish()\n"
+ENTER_LUA = CHANNEL_STEP_LUA + "reap()\nadd(ARGV[12])\nreturn finish()\n"
+LEAVE_LUA = CHANNEL_STEP_LUA + "reap()\ndrop(ARGV[12])\nreturn finish()\n"
 # The reapers' step and the settling step: due leaves, then lapsed entries.
 REAP_LUA = CHANNEL_STEP_LUA + "settle()\nreap()\nreturn finish()\n"
-# ARGV[11]: how many users to list. Returns also the number of present users and, per listed user,
+# ARGV[12]: how many users to list. Returns also the number of present users and, per listed user,
 # {user id, connections, info as JSON text}.
 SNAPSHOT_LUA = (
     CHANNEL_STEP_LUA
     + """
 reap()
 local rows = {}
-if tonumber(ARGV[11]) > 0 then
-  for _, user in ipairs(redis.call('ZRANGE', KEYS[3], 0, tonumber(ARGV[11]) - 1)) do
+if tonumber(ARGV[12]) > 0 then
+  for _, user in ipairs(redis.call('ZRANGE', KEYS[3], 0, tonumber(ARGV[12]) - 1)) do
     rows[#rows + 1] = {user, redis.call('HGET', KEYS[2], user) or '0', granted_info(user)}
   end
 end
@@ -325,6 +397,7 @@ class PresenceKeeper:
         history_maxlen: int = 1000,
         history_ttl: int = DEFAULT_HISTORY_TTL,
         linger_seconds: float = 0.0,
+        diff_seconds: float = 0.5,
         redis_url: str = "",
     ):
         """`redis_url`: where `client` connects (REDIS_URL), for the log lines of an outage."""
@@ -332,6 +405,7 @@ class PresenceKeeper:
         self.timeout = timeout_seconds
         self.linger = linger_seconds
         self.linger_ms = round(linger_seconds * 1000)
+        self.diff_ms = max(1, round(diff_seconds * 1000))  # presence_diff channels: how often joins and leaves go out
         self.feed = feed  # feed(client, events): hands events to outgoing webhooks on a cluster
         self.history_maxlen = history_maxlen
         self.history_ttl_ms = history_ttl * 1000
@@ -363,12 +437,14 @@ class PresenceKeeper:
 
     # The interface of the transports and views.
 
-    def enter(self, channel: str, user_id: str, join_leave: bool) -> str:
+    def enter(self, channel: str, user_id: str, join_leave: bool, diff: bool = False) -> str:
         """Count one more connection of `user_id` in `channel`, with a lease this keeper renews while it is
-        held; the user's first publishes `presence.join` (when `join_leave`) in the same step. Returns the
-        entry id for `leave`. Raises Redis errors (the caller answers 503)."""
+        held; the user's first publishes `presence.join` (when `join_leave`) in the same step, or (`diff`: a
+        presence_diff namespace) puts it in the channel's next `presence.diff`. Returns the entry id for
+        `leave`. Raises Redis errors (the caller answers 503)."""
         self.start()
-        entry_id = ("j" if join_leave else "q") + uuid.uuid4().hex[:20]
+        kind = ("d" if diff else "j") if join_leave else "q"
+        entry_id = kind + uuid.uuid4().hex[:20]
         entry = _Entry(channel, f"{user_id}|{entry_id}")
         self._enter_step(entry)
         self.held[entry_id] = entry
@@ -564,6 +640,7 @@ class PresenceKeeper:
             Keys.channel_members(channel),
             Keys.stream(channel),
             Keys.presence_lingering(channel),
+            Keys.presence_diff(channel),
         ]
         if not self.cluster:  # one Redis: the index and the feed change in the same step
             keys += [Keys.presence_channels(), Keys.outgoing_endpoints(), Keys.outgoing_feed()]
@@ -582,6 +659,7 @@ class PresenceKeeper:
             REAP_BATCH,
             self.linger_ms,
             self.history_ttl_ms,
+            self.diff_ms,
         ]
 
     @staticmethod
@@ -694,6 +772,7 @@ def init_app(app: Flask) -> None:
         history_maxlen=settings.event_history_maxlen,
         history_ttl=settings.event_history_ttl,
         linger_seconds=settings.presence_linger,
+        diff_seconds=settings.presence_diff_seconds,
         redis_url=settings.redis_url,
     )
     app.extensions["presence"] = keeper

@@ -40,6 +40,11 @@ class NamespaceRules(Body):
     publish: Literal[PUBLISH_RULES]
     presence: bool = False
     join_leave: bool = Field(False, description="Needs presence (else 422).")
+    presence_diff: bool = Field(
+        False,
+        description="Needs join_leave (else 422): joins and leaves go out together, as one event `presence.diff` "
+        '`{"joins": [...], "leaves": [...]}` every PRESENCE_DIFF_SECONDS, instead of one event per user.',
+    )
     proxy_url: str | None = Field(
         None,
         max_length=URL_LIMIT,
@@ -81,6 +86,7 @@ class NamespaceAnswer(Answer):
     publish: Literal[PUBLISH_RULES]
     presence: bool
     join_leave: bool
+    presence_diff: bool | None = Field(None, description="Only in N of a namespace where it is true.")
     proxy_url: str | None = Field(None, description="Only in a `proxy` namespace's N.")
 
 

@@ -213,7 +213,9 @@ class Follower:
         if self.presence is not None and namespace is not None and namespace.presence:
             if self.present_in is None:
                 self.present_in = {}
-            self.present_in[channel] = self.presence.enter(channel, self.caller.user_id, namespace.join_leave)
+            self.present_in[channel] = self.presence.enter(
+                channel, self.caller.user_id, namespace.join_leave, namespace.presence_diff
+            )
 
     def _leave(self, channel: str) -> None:
         entry = self.present_in.pop(channel, None) if self.present_in else None

@@ -1026,7 +1026,7 @@ function showPeople(current) {
 }
 
 function showRoomEvent(event) {
-  if (event.event === "presence.join" || event.event === "presence.leave") return; // the people list says it
+  if (["presence.join", "presence.leave", "presence.diff"].includes(event.event)) return; // the people list says it
   const item = document.createElement("li");
   item.dataset.eventId = event.id;
   item.dataset.event = event.event;

@@ -26,8 +26,9 @@
  * Channels: beyond `user:<id>` and `broadcast`, a feed follows named channels (`<namespace>:<name>`) that
  * {@link EventFeed#subscribe} adds and {@link EventFeed#unsubscribe} removes while it runs: by frames on a
  * WebSocket, by reconnecting with `?channels=` and the cursor on the other transports. A channel whose
- * access ends is reported to `onUnsubscribed`; `presence.join` and `presence.leave` events to `onJoin` and
- * `onLeave`. {@link Client#presence} says who is in a channel now.
+ * access ends is reported to `onUnsubscribed`; `presence.join` and `presence.leave` events (and each entry of a
+ * presence_diff namespace's `presence.diff`) to `onJoin` and `onLeave`. {@link Client#presence} says who is in
+ * a channel now.
  *
  * Passkeys: {@link Client#registerPasskey}, {@link Client#loginWithPasskey} (also with the browser's
  * conditional mediation, passkeys offered in an input's autofill) and
@@ -1419,9 +1420,9 @@ function withRefreshLock(task) {
  * @property {string[]} [channels] named channels (`<namespace>:<name>`) to follow from the start, beside
  *   the user's own `user:<id>` and `broadcast`
  * @property {(channel: string, member: ChannelMember, event: ServiceEvent) => void} [onJoin] a user became
- *   present in a followed channel (its `presence.join` event)
+ *   present in a followed channel (its `presence.join` event, or its entry in a `presence.diff`)
  * @property {(channel: string, member: ChannelMember, event: ServiceEvent) => void} [onLeave] a user stopped
- *   being present (its `presence.leave` event)
+ *   being present (its `presence.leave` event, or its entry in a `presence.diff`)
  * @property {(channel: string, reason: UnsubscribeReason) => void} [onUnsubscribed] the service stopped
  *   sending a channel because the user's access to it ended; the feed no longer follows it, and the rest
  *   goes on
@@ -1625,6 +1626,11 @@ export class EventFeed {
     if (event.from !== undefined) return;
     if (event.event === "presence.join") this.onJoin(event.channel, event.data, event);
     else if (event.event === "presence.leave") this.onLeave(event.channel, event.data, event);
+    else if (event.event === "presence.diff") {
+      // A presence_diff namespace's joins and leaves, sent together: each user is in one of the two lists.
+      for (const member of event.data.leaves || []) this.onLeave(event.channel, member, event);
+      for (const member of event.data.joins || []) this.onJoin(event.channel, member, event);
+    }
   }
 
   /**

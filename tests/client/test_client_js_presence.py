@@ -1,0 +1,66 @@
+"""client.js hands presence changes to `onJoin` and `onLeave`: one per `presence.join` and `presence.leave`, and one
+per entry of a presence_diff namespace's `presence.diff` (its leaves, then its joins). Run by node, on the module
+the page and products load (app/static/client.js)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+
+import pytest
+
+from tests.servers import ROOT
+
+pytestmark = pytest.mark.not_on_cluster("client.js alone: no Redis")
+
+SCRIPT = """
+globalThis.addEventListener = () => {};  // what a page has and node lacks (client.js listens for pagehide)
+const { EventFeed } = await import("%s");
+const seen = [];
+const feed = new EventFeed({}, {
+  onEvent: (event) => seen.push(["event", event.event]),
+  onJoin: (channel, member) => seen.push(["join", channel, member.user_id, member.info]),
+  onLeave: (channel, member) => seen.push(["leave", channel, member.user_id]),
+});
+const events = %s;
+for (const event of events) feed.deliver(event, event.id + "-cursor");
+console.log(JSON.stringify({ seen, cursor: feed.cursor }));
+process.exit(0);  // client.js's BroadcastChannel would keep node running
+"""
+
+
+def test_each_join_and_leave_reaches_on_join_and_on_leave_also_inside_a_diff(tmp_path):
+    node = shutil.which("node")
+    assert node, "node is installed with the test packages (make test)"
+    module = tmp_path / "client.mjs"  # node reads an ES module by its extension
+    module.write_text((ROOT / "app/static/client.js").read_text())
+    events = [
+        {"id": "1", "channel": "lobby:a", "event": "presence.join", "data": {"user_id": "u1", "info": None}},
+        {
+            "id": "2",
+            "channel": "lobby:a",
+            "event": "presence.diff",
+            "data": {
+                "joins": [{"user_id": "u2", "info": {"name": "Bo"}}, {"user_id": "u3", "info": None}],
+                "leaves": [{"user_id": "u1", "info": None}],
+            },
+        },
+        {"id": "3", "channel": "lobby:a", "event": "presence.diff", "from": "u9", "data": {"joins": [], "leaves": []}},
+        {"id": "4", "channel": "lobby:a", "event": "message", "data": "hi"},
+    ]
+    script = tmp_path / "run.mjs"
+    script.write_text(SCRIPT % (module.as_uri(), json.dumps(events)))
+    done = subprocess.run([node, str(script)], capture_output=True, text=True, timeout=60, check=True)
+    result = json.loads(done.stdout)
+    assert result["seen"] == [
+        ["event", "presence.join"],
+        ["join", "lobby:a", "u1", None],
+        ["event", "presence.diff"],
+        ["leave", "lobby:a", "u1"],
+        ["join", "lobby:a", "u2", {"name": "Bo"}],
+        ["join", "lobby:a", "u3", None],
+        ["event", "presence.diff"],  # published by a user (a history from before the name was reserved): not presence
+        ["event", "message"],
+    ]
+    assert result["cursor"] == "4-cursor"
