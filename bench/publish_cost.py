@@ -1,6 +1,7 @@
 """What one publication costs a worker: one request per event, as most backends publish.
 
 Run: .venv/bin/python -m bench.publish_cost [--seconds 8] [--connections 16]
+     .venv/bin/python -m bench.publish_cost --base /tmp/base [--repeat 3]   (this tree beside another checkout)
 
 wrk sends `POST /events` with an API key to 1,000 channels of a namespace (`rooms:r<n>`), as fast as the
 server answers, on keep-alive connections; beside it, in the same run, a bare WSGI app on the same gunicorn
@@ -19,6 +20,7 @@ import re
 import subprocess
 import tempfile
 import time
+from pathlib import Path
 
 import requests
 
@@ -148,11 +150,36 @@ def nchan_publishing(seconds: int = 8, connections: int = 16) -> dict:
         return measure(url, script, pids, pids[1:], nchan.port, seconds, connections)
 
 
+def against_base(base: Path, repeat: int, seconds: int, connections: int) -> dict:
+    """The service on this tree and on the checkout `base`, alternately, `repeat` times each (a busy machine's
+    quiet and busy minutes then fall on both)."""
+    from bench.rooms import _started
+
+    runs: dict[str, list] = {"this tree": [], str(base): []}
+    with shared_redis() as redis_server:
+        for _ in range(repeat):
+            for name, root in (("this tree", None), (str(base), base)):
+                service = _started(redis_server, root)
+                try:
+                    runs[name].append(service_publishing(service, seconds, connections))
+                finally:
+                    service.__exit__(None, None, None)
+                print(name, json.dumps(runs[name][-1]), flush=True)
+    return runs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=int, default=8)
     parser.add_argument("--connections", type=int, default=16)
+    parser.add_argument("--base", type=Path, help="instead: the service on this tree and on this checkout")
+    parser.add_argument("--repeat", type=int, default=3, help="with --base: runs of each, alternately")
     args = parser.parse_args()
+    if args.base is not None:
+        before = load()
+        runs = against_base(args.base.resolve(), args.repeat, args.seconds, args.connections)
+        print(json.dumps({"load_before": before, "runs": runs, "load_after": load()}, indent=1))
+        return
     results = {"load_before": load()}
     with shared_redis() as redis_server, Service(redis_server) as service:
         results["service"] = service_publishing(service, args.seconds, args.connections)
