@@ -121,6 +121,9 @@ class Follower:
             self.pending: list[Delivery] = []
             if again is not None:
                 self._access_again(again.judge(opening.checked[len(checks) :]))
+            # Where this connection starts reading, before the history it is about to deliver: a client resuming
+            # from it misses nothing, also of the channels its cursor did not name (they start at the present).
+            self.start_cursor = self.cursor
             self.pending += [Delivery(reset_event(c), self.cursor) for c in opening.trimmed if c in self.after]
             self._catch_up(first=opening.first)
             for channel, access in self.access.items():

@@ -412,7 +412,8 @@ class Connection:
         OPEN_CONNECTIONS.labels("websocket").inc()
         try:
             self.socket.share_wakeups(self.follower.subscription.ready)
-            self.send(json.dumps({"type": "welcome", "cursor": self.follower.cursor, "user": self.caller.user}))
+            welcome = {"type": "welcome", "cursor": self.follower.cursor, "start": self.follower.start_cursor}
+            self.send(json.dumps({**welcome, "user": self.caller.user}))
             outlet = self.outlet()
             deliveries = self.follower.take_ready()
             self.next_ping = time.monotonic() + PING_INTERVAL

@@ -1857,8 +1857,11 @@ export class EventFeed {
       const { type, cursor, ...event } = frame;
       if (type === "welcome") {
         this.attempts = 0;
-        // Kept when there is one: the welcome's cursor stands after the history it is about to send.
-        this.cursor ??= cursor;
+        // Its `start` is where this connection began reading, before the history it is about to send: resuming
+        // from there misses nothing, also of a named channel the cursor we sent did not cover (it started at the
+        // present). Its `cursor` stands after that history: taken only when there is none yet.
+        if (frame.start) this.cursor = frame.start;
+        else this.cursor ??= cursor;
         this.welcomed = true;
         this.accepted();
         this.setState("live");

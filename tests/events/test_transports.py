@@ -9,6 +9,7 @@ import time
 import pytest
 import websocket
 
+from app.channels.namespaces import Namespace, put_namespace
 from app.events.sse import sse_frame
 from tests.events.clients import SSE, Api, open_connections, open_ws, parse_block, ws_close_code, ws_json
 from tests.servers import wait_until
@@ -275,3 +276,28 @@ def test_publish_rules_and_limits(server):
     assert user.publish({"a": 1}, event="bad name with spaces").status_code == 422
     response = user.http.post(f"{server.url}/events", json={"event": "x"}, headers=user.auth)
     assert response.status_code == 400
+
+
+def test_a_websocket_resumed_from_its_welcomes_start_misses_nothing_of_a_channel_its_cursor_did_not_name(server, rdb):
+    """The welcome's `start` is where the connection began reading: before the history it sends, and a named
+    channel the cursor did not cover at the present then. Its `cursor` stands after that history."""
+    put_namespace(rdb, Namespace("lounge", "authenticated", "subscribers"))
+    user, publisher = Api(server.url), Api(server.url)
+    room = f"lounge:r{time.monotonic_ns()}"
+    before = user.current_cursor()  # names the user's own channels, not the room
+    user.publish_ok({"n": "old"})  # history after that cursor
+    ws = open_ws(server.url, user.auth, cursor=before, params={"channels": room})
+    welcome = ws_json(ws)
+    ws.close()  # gone before reading anything: as a connection dropped at once
+    publisher.publish_ok({"n": "gap"}, channel=room)  # while it was away, in the room it had joined
+
+    def resumed(cursor: str) -> list:
+        again = open_ws(server.url, user.auth, cursor=cursor, params={"channels": room})
+        try:
+            assert ws_json(again)["type"] == "welcome"
+            return [ws_json(again)["data"]["n"] for _ in range(2 if cursor == welcome["start"] else 1)]
+        finally:
+            again.close()
+
+    assert resumed(welcome["start"]) == ["old", "gap"]
+    assert resumed(welcome["cursor"]) == ["gap"]  # after the history it was about to send

@@ -1,6 +1,7 @@
-"""client.js hands presence changes to `onJoin` and `onLeave`: one per `presence.join` and `presence.leave`, and one
-per entry of a presence_diff namespace's `presence.diff` (its leaves, then its joins). Run by node, on the module
-the page and products load (app/static/client.js)."""
+"""client.js's event feed, run by node on the module the page and products load (app/static/client.js): it hands
+presence changes to `onJoin` and `onLeave` (one per `presence.join` and `presence.leave`, and one per entry of a
+presence_diff namespace's `presence.diff`, its leaves then its joins), and resumes a WebSocket from its welcome's
+`start`."""
 
 from __future__ import annotations
 
@@ -64,3 +65,37 @@ def test_each_join_and_leave_reaches_on_join_and_on_leave_also_inside_a_diff(tmp
         ["event", "message"],
     ]
     assert result["cursor"] == "4-cursor"
+
+
+WELCOME_SCRIPT = """
+globalThis.addEventListener = () => {};
+const sockets = [];
+globalThis.WebSocket = class { constructor(url) { this.url = String(url); sockets.push(this); } send() {} close() {} };
+const { EventFeed } = await import("%s");
+const client = { url: (path) => new URL(path, "http://service.test") };
+const cursors = [];
+for (const [held, welcome] of %s) {
+  const feed = new EventFeed(client, { onEvent: () => {}, cursor: held });
+  feed.openWebSocket(feed.generation);
+  sockets.at(-1).onmessage({ data: JSON.stringify({ type: "welcome", user: {}, ...welcome }) });
+  cursors.push(feed.cursor);
+}
+console.log(JSON.stringify(cursors));
+process.exit(0);
+"""
+
+
+def test_a_websocket_feed_resumes_from_the_welcomes_start(tmp_path):
+    """The welcome's `start` (where the connection began reading, before its history) replaces the cursor the
+    feed held: it also covers a named channel that cursor did not name. Without one, the held cursor stays."""
+    module = tmp_path / "client.mjs"
+    module.write_text((ROOT / "app/static/client.js").read_text())
+    cases = [
+        ["held", {"cursor": "after-history", "start": "start"}],
+        ["held", {"cursor": "after-history"}],  # a server before `start`
+        [None, {"cursor": "after-history"}],
+    ]
+    script = tmp_path / "welcome.mjs"
+    script.write_text(WELCOME_SCRIPT % (module.as_uri(), json.dumps(cases)))
+    done = subprocess.run([shutil.which("node"), str(script)], capture_output=True, text=True, timeout=60, check=True)
+    assert json.loads(done.stdout) == ["start", "held", "after-history"]
