@@ -16,15 +16,16 @@ import argparse
 import contextlib
 import json
 import os
-import re
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 import requests
 
-from bench.rooms import cpu_seconds, load, manager_key, put_namespace
+from bench.rooms import connections_per_worker, cpu_seconds, load, manager_key, put_namespace
+from bench.run import wrk
 from bench.targets import Service, process_tree, shared_redis
 from tests.servers import ROOT, free_port, wait_until
 
@@ -40,34 +41,13 @@ end
 
 
 def wrk_post(url: str, lua: str, seconds: int, connections: int) -> dict:
+    """`bench.run.wrk` with the requests of a Lua script."""
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
         script.write(lua)
     try:
-        command = ["wrk", "-t2", f"-c{connections}", f"-d{seconds}s", "--latency", "-s", script.name, url]
-        output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+        return wrk(url, {}, seconds, connections, script=script.name)
     finally:
         os.unlink(script.name)
-    unit = {"us": 0.001, "ms": 1, "s": 1000}
-
-    def quantile(label: str) -> float:
-        found = re.search(rf"{label}%\s+([\d.]+)(\w+)", output)
-        return round(float(found.group(1)) * unit[found.group(2)], 3)
-
-    return {
-        "requests": int(re.search(r"(\d+) requests in", output).group(1)),
-        "requests_per_second": float(re.search(r"Requests/sec:\s+([\d.]+)", output).group(1)),
-        "p50_ms": quantile("50"),
-        "p99_ms": quantile("99"),
-        "non_2xx": int(m.group(1)) if (m := re.search(r"Non-2xx or 3xx responses: (\d+)", output)) else 0,
-    }
-
-
-def connections_per_worker(worker_pids: list[int], port: int) -> list[int]:
-    """How many established connections to `port` each worker holds (from `ss`)."""
-    output = subprocess.run(
-        ["ss", "-Htnp", "state", "established", f"( sport = :{port} )"], capture_output=True, text=True, check=True
-    ).stdout
-    return sorted((len(re.findall(rf"pid={pid},", output)) for pid in worker_pids), reverse=True)
 
 
 def measure(url: str, lua: str, pids: list[int], worker_pids: list[int], port: int, seconds: int, connections: int):
@@ -76,8 +56,6 @@ def measure(url: str, lua: str, pids: list[int], worker_pids: list[int], port: i
     def sample_spread():
         time.sleep(seconds / 2)
         spread.extend(connections_per_worker(worker_pids, port))
-
-    import threading
 
     sampler = threading.Thread(target=sample_spread)
     before = cpu_seconds(pids)

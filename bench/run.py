@@ -220,16 +220,19 @@ def per_transport(service: Service, count: int, through_nginx: bool) -> list[dic
     return rows
 
 
-def wrk(url: str, headers: dict, seconds: int = 8) -> dict:
-    command = ["wrk", "-t2", "-c64", f"-d{seconds}s", "--latency"]
+def wrk(url: str, headers: dict, seconds: int = 8, connections: int = 64, script: str | None = None) -> dict:
+    """`wrk -t2` on `url` (with a Lua `script`'s requests when given): its rate, latency and non-2xx answers."""
+    command = ["wrk", "-t2", f"-c{connections}", f"-d{seconds}s", "--latency"]
     for key, value in headers.items():
         command += ["-H", f"{key}: {value}"]
+    command += ["-s", script] if script else []
     output = subprocess.run(command + [url], capture_output=True, text=True, check=True).stdout
     rate = float(re.search(r"Requests/sec:\s+([\d.]+)", output).group(1))
     p50 = re.search(r"50%\s+([\d.]+)(\w+)", output)
     p99 = re.search(r"99%\s+([\d.]+)(\w+)", output)
     unit = {"us": 0.001, "ms": 1, "s": 1000}
     return {
+        "requests": int(re.search(r"(\d+) requests in", output).group(1)),
         "requests_per_second": rate,
         "p50_ms": round(float(p50.group(1)) * unit[p50.group(2)], 3),
         "p99_ms": round(float(p99.group(1)) * unit[p99.group(2)], 3),

@@ -121,9 +121,7 @@ class Follower:
             self.pending: list[Delivery] = []
             if again is not None:
                 self._access_again(again.judge(opening.checked[len(checks) :]))
-            # Where this connection starts reading, before the history it is about to deliver: a client resuming
-            # from it misses nothing, also of the channels its cursor did not name (they start at the present).
-            self.start_cursor = self.cursor
+            self._start = (self.write_cursor, dict(self.positions))  # where it starts reading (start_cursor)
             self.pending += [Delivery(reset_event(c), self.cursor) for c in opening.trimmed if c in self.after]
             self._catch_up(first=opening.first)
             for channel, access in self.access.items():
@@ -234,6 +232,13 @@ class Follower:
     def cursor(self) -> str:
         """The cursor just after everything delivered so far."""
         return self.write_cursor(self.positions)
+
+    @property
+    def start_cursor(self) -> str:
+        """Where this connection started reading, before the history it delivers: a client resuming from it misses
+        nothing, also of the channels its cursor did not name (they started at the present)."""
+        write, positions = self._start
+        return write(positions)
 
     def close(self) -> None:
         """Stop following: unsubscribe, leave presence and give the connection's lease back (idempotent)."""

@@ -81,7 +81,7 @@ class StreamOpener:
         if not query.isascii():
             return None  # Flask decodes the odd query (and refuses it)
         args = MultiDict(parse_qsl(query, keep_blank_values=True))
-        token, via = self._token(environ)
+        token, via = request_token(environ)
         if token is None or token.startswith(API_KEY_PREFIX):
             return None
         self.app.extensions["presence"].start_in_request()
@@ -121,15 +121,15 @@ class StreamOpener:
             environ[REFUSED] = (caller, error)
             return None
 
-    @staticmethod
-    def _token(environ) -> tuple[str | None, str]:
-        """The access token a request carries, and how: a bearer token first, else the access cookie."""
-        header = environ.get("HTTP_AUTHORIZATION")
-        if header is not None:
-            scheme, _, value = header.partition(" ")
-            return (value.strip() or None, "bearer") if scheme.lower() == "bearer" else (None, "bearer")
-        cookie = environ.get("HTTP_COOKIE")
-        return (parse_cookie(cookie).get(ACCESS_COOKIE) or None, "cookie") if cookie else (None, "cookie")
+
+def request_token(environ) -> tuple[str | None, str]:
+    """The access token (or API key) a request carries, and how: a bearer token first, else the access cookie."""
+    header = environ.get("HTTP_AUTHORIZATION")
+    if header is not None:
+        scheme, _, value = header.partition(" ")
+        return (value.strip() or None, "bearer") if scheme.lower() == "bearer" else (None, "bearer")
+    cookie = environ.get("HTTP_COOKIE")
+    return (parse_cookie(cookie).get(ACCESS_COOKIE) or None, "cookie") if cookie else (None, "cookie")
 
 
 def _follower(environ, args: MultiDict):

@@ -30,6 +30,7 @@ from ..http import _validate, parse_json
 from ..logs import request_id_from, write_access_line
 from ..page import SECURITY_HEADERS
 from ..redis import Keys, is_cluster, shared_pipelines
+from .opener import request_token
 from .schemas import Publication
 from .views import REFUSED
 
@@ -51,8 +52,10 @@ class QuickPublisher:
         """The publication's answer, made here; or Flask's, for anything else and every refusal."""
         if environ.get("PATH_INFO") != PATH or environ.get("REQUEST_METHOD") != "POST":
             return self.wsgi_app(environ, start_response)
-        key, body = self._api_key(environ), self._body(environ)
-        if key is None or body is None:
+        token, via = request_token(environ)
+        key = token if via == "bearer" and token and token.startswith(API_KEY_PREFIX) else None
+        body = self._body(environ) if key is not None else None  # read only what may be published here
+        if body is None:
             return self.wsgi_app(environ, start_response)
         started = time.perf_counter()
         with self.app.app_context():
@@ -79,13 +82,6 @@ class QuickPublisher:
             environ.get("REMOTE_ADDR"), environ["wsgi.url_scheme"], get_host(environ),
         )  # fmt: skip
         return [content]
-
-    @staticmethod
-    def _api_key(environ) -> str | None:
-        """The API key of an `Authorization: Bearer` header; None for any other credential."""
-        scheme, _, value = environ.get("HTTP_AUTHORIZATION", "").partition(" ")
-        value = value.strip()
-        return value if scheme.lower() == "bearer" and value.startswith(API_KEY_PREFIX) else None
 
     def _body(self, environ) -> bytes | None:
         """A JSON body of a given length within the limit, read (and put back for Flask); None otherwise."""
