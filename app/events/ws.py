@@ -543,7 +543,9 @@ class Connection:
             self.access_line()
 
     def answer_client(self) -> None:
-        """Every frame the client has sent so far (ConnectionClosed once it has left)."""
+        """Every frame the client has sent so far (ConnectionClosed once it has left). A frame's answer goes out
+        before the next frame is read, followed by what it queued (a subscribed channel's history): so a
+        `subscribed` cursor covers exactly what was sent before it, and a client may resume from it."""
         self.socket.take_in()
         while (message := self.ws.receive(timeout=0)) is not None:
             if self.frames.admit(time.monotonic()):
@@ -552,6 +554,11 @@ class Connection:
                 reply = too_many_frames(self.frames.rate)
             if reply is not None:
                 self.socket.writer.send(self.socket.text_frame(json.dumps(reply)))
+            if self.follower.pending:
+                queued = self.follower.take_ready()
+                for delivery in queued:
+                    self.send(event_message(delivery))
+                DELIVERED.inc(len(queued))
 
     def outlet(self) -> Outlet | None:
         """The hub's way to write this connection's events while its greenlet is parked (none over TLS)."""

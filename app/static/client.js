@@ -1697,6 +1697,9 @@ export class EventFeed {
     const index = this.framed.findIndex(answers);
     if (index < 0) return;
     const [request] = this.framed.splice(index, 1);
+    // It covers what was sent before it and the new channel from its start: kept, a reconnect before the
+    // channel's first event resumes it from there rather than at a later present.
+    if (frame.type === "subscribed" && frame.cursor) this.cursor = frame.cursor;
     if (frame.type !== "error") return request.resolve(frame);
     const status = CODE_STATUS[frame.code] ?? 400;
     if (request.op !== "publish") this.undo(request);

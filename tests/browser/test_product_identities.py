@@ -148,6 +148,7 @@ class Backend:
         }
         self.call("PUT", f"/admin/issuers/{ISSUER_NAME}", 200, json=issuer)
         rules = {"subscribe": "members", "publish": "server", "presence": True, "join_leave": True}
+        rules["presence_diff"] = True  # no per-user join event: a room joined by frame sends nothing at once
         self.call("PUT", f"/admin/namespaces/{self.namespace}", 200, json=rules)
 
     def admin(self) -> dict:

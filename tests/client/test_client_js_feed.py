@@ -99,3 +99,40 @@ def test_a_websocket_feed_resumes_from_the_welcomes_start(tmp_path):
     script.write_text(WELCOME_SCRIPT % (module.as_uri(), json.dumps(cases)))
     done = subprocess.run([shutil.which("node"), str(script)], capture_output=True, text=True, timeout=60, check=True)
     assert json.loads(done.stdout) == ["start", "held", "after-history"]
+
+
+SUBSCRIBED_SCRIPT = """
+globalThis.addEventListener = () => {};
+const sockets = [];
+globalThis.WebSocket = class { constructor(url) { this.url = String(url); sockets.push(this); } send() {} close() {} };
+const { EventFeed } = await import("%s");
+const client = { url: (path) => new URL(path, "http://service.test") };
+const feed = new EventFeed(client, { onEvent: () => {}, cursor: "held" });
+feed.openWebSocket(feed.generation);
+const socket = sockets.at(-1);
+const frame = (data) => socket.onmessage({ data: JSON.stringify(data) });
+frame({ type: "welcome", user: {}, cursor: "held", start: "held" });
+const cursors = [];
+const joined = feed.subscribe("lobby:a");
+frame({ type: "subscribed", channel: "lobby:a", cursor: "held+lobby:a" });
+await joined;
+cursors.push(feed.cursor);
+frame({ type: "event", id: "1", channel: "lobby:a", event: "m", data: 1, ts: 1, cursor: "after-1" });
+cursors.push(feed.cursor);
+const refused = feed.subscribe("lobby:b").catch(() => "refused");
+frame({ type: "error", code: "forbidden", message: "no", channel: "lobby:b" });
+cursors.push(await refused, feed.cursor);
+console.log(JSON.stringify(cursors));
+process.exit(0);
+"""
+
+
+def test_a_websocket_feed_keeps_the_cursor_of_its_subscribed_answer(tmp_path):
+    """A `subscribed` answer's cursor (what was sent before it, and the new channel from its start) replaces the
+    cursor held, so a reconnect before the channel's first event resumes it there; an error frame changes none."""
+    module = tmp_path / "client.mjs"
+    module.write_text((ROOT / "app/static/client.js").read_text())
+    script = tmp_path / "subscribed.mjs"
+    script.write_text(SUBSCRIBED_SCRIPT % module.as_uri())
+    done = subprocess.run([shutil.which("node"), str(script)], capture_output=True, text=True, timeout=60, check=True)
+    assert json.loads(done.stdout) == ["held+lobby:a", "after-1", "refused", "after-1"]

@@ -301,3 +301,29 @@ def test_a_websocket_resumed_from_its_welcomes_start_misses_nothing_of_a_channel
 
     assert resumed(welcome["start"]) == ["old", "gap"]
     assert resumed(welcome["cursor"]) == ["gap"]  # after the history it was about to send
+
+
+def test_each_subscribed_frame_is_followed_by_its_history_and_its_cursor_resumes_what_came_after_it(server, rdb):
+    """Two subscribe frames in one write: each answer goes out with the history it queued before the next frame
+    is read, so each `subscribed` cursor covers what was sent before it, and resuming from it yields the rest."""
+    put_namespace(rdb, Namespace("lounge", "authenticated", "subscribers"))
+    user, publisher = Api(server.url), Api(server.url)
+    rooms = [f"lounge:x{time.monotonic_ns()}", f"lounge:y{time.monotonic_ns()}"]
+    before = user.poll(channels=",".join(rooms)).headers["Event-Cursor"]  # names both rooms, before their history
+    for room in rooms:
+        publisher.publish_ok({"n": room}, channel=room)
+    ws = open_ws(server.url, user.auth)
+    assert ws_json(ws)["type"] == "welcome"
+    frames = [json.dumps({"type": "subscribe", "channel": room, "cursor": before}) for room in rooms]
+    ws.sock.sendall(b"".join(websocket.ABNF.create_frame(f, websocket.ABNF.OPCODE_TEXT).format() for f in frames))
+    wire = [ws_json(ws) for _ in range(4)]
+    ws.close()
+    assert [(f["type"], f["channel"]) for f in wire] == [
+        ("subscribed", rooms[0]), ("event", rooms[0]), ("subscribed", rooms[1]), ("event", rooms[1])
+    ]  # fmt: skip
+    for index, frame in enumerate(wire):
+        if frame["type"] == "subscribed":
+            followed = rooms[: rooms.index(frame["channel"]) + 1]
+            after = [f["data"]["n"] for f in wire[index:] if f["type"] == "event" and f["channel"] in followed]
+            resumed = user.poll(frame["cursor"], channels=",".join(followed)).json()["events"]
+            assert [event["data"]["n"] for event in resumed] == after
