@@ -18,6 +18,7 @@ from pathlib import Path
 
 from standardwebhooks import Webhook
 
+from app.outgoing.delivery import HEARTBEAT_TTL
 from app.redis import connect
 from tests.servers import ROOT, VENV_BIN, LiveServer, process_env, wait_until
 
@@ -172,6 +173,20 @@ class DeliveryProcess:
         """SIGKILL: no chance to finish or acknowledge anything."""
         self.process.send_signal(signal.SIGKILL)
         self.process.wait(10)
+
+    def heartbeat_lapses_now(self) -> None:
+        """After `kill`: its heartbeat, which would expire by itself within HEARTBEAT_TTL (5 s), is gone now, so
+        other processes take its entries over at their next look instead of five seconds later. The expiry
+        itself is checked first: a heartbeat without one would keep a dead process's entries for ever."""
+        assert self.process.poll() is not None, "a live process renews its heartbeat"
+        client = connect(self.env["REDIS_URL"], 4, self.env.get("REDIS_MODE", "standalone"))
+        try:
+            for key in client.scan_iter(match=f"outgoing:consumer:*-{self.process.pid}-*"):
+                left = client.pttl(key)  # -2: expired meanwhile; -1: no expiry at all
+                assert left == -2 or 0 < left <= HEARTBEAT_TTL * 1000, (key, left)
+                client.delete(key)
+        finally:
+            client.close()
 
     def stop(self) -> None:
         if self.process and self.process.poll() is None:

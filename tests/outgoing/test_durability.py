@@ -21,9 +21,9 @@ pytestmark = ON_BOTH
 @pytest.fixture(scope="module", autouse=True)
 def killed_in_flight(service) -> dict:
     """A message in flight when its delivery process is SIGKILLed, and a successor process started: set going
-    before the module's first test, as the successor takes the message over only once the dead process's
-    heartbeat has expired (5 s), which the next tests' time covers. Its test checks the takeover; an error here
-    is raised there. The successor is the module service's delivery process from then on."""
+    before the module's first test, as the successor takes the message over only after its next look for dead
+    processes' entries (a second apart), which the next tests' time covers. Its test checks the takeover; an
+    error here is raised there. The successor is the module service's delivery process from then on."""
     try:
         receiver, api = service.receiver, service.admin
         orders = channel()
@@ -32,6 +32,7 @@ def killed_in_flight(service) -> dict:
         event_id = api.publish(orders)
         (first,) = receiver.wait_for(path, 1)  # the attempt is in flight: the receiver holds it
         service.workers[0].kill()  # SIGKILL: the entry is never acknowledged
+        service.workers[0].heartbeat_lapses_now()  # as it would 5 s later
         receiver.behave(path)  # the receiver answers from now on
         successor = DeliveryProcess(service.env, service.workers[0].log_path.with_name("successor.log")).start()
         service.workers.append(successor)
@@ -62,7 +63,7 @@ def test_a_message_in_flight_when_its_delivery_process_is_killed_is_sent_again(s
         raise killed_in_flight["error"]
     path, endpoint, first = killed_in_flight["path"], killed_in_flight["endpoint"], killed_in_flight["first"]
     event_id = killed_in_flight["event_id"]
-    # The successor claims the dead process's entry once its heartbeat has expired (5 s).
+    # The successor claims the dead process's entry once its heartbeat has lapsed.
     second = receiver.wait_for(path, 2, timeout=20)[1]
     assert second.headers["webhook-id"] == first.headers["webhook-id"]
     assert second.verify(endpoint["secret"])["id"] == event_id
@@ -112,6 +113,7 @@ def test_two_delivery_processes_share_the_work_and_one_takes_over_from_the_other
     (pending,) = outgoing_redis.client().xpending_range(Keys.outgoing_queue(held["id"]), "deliver", "-", "+", 10)
     owner = next(w for w in live if f"-{w.process.pid}-" in pending["consumer"])
     owner.kill()
+    owner.heartbeat_lapses_now()  # as it would 5 s later
     receiver.behave(path)
     # The other, live process sees the owner's heartbeat lapse and claims its entry.
     second = receiver.wait_for(path, 2, timeout=20)[1]
