@@ -326,7 +326,12 @@ def test_a_receiver_that_fails_gets_the_logout_again_with_a_fresh_token(provider
         return len(ids) == 1 and redis_client.hget(Keys.outgoing_message(target, ids[0]), "status") == "delivered"
 
     wait_until(delivered, message="the message delivered")
-    time.sleep(1.5)  # and not sent a third time
+    # And not sent a third time: no retry scheduled, no delivery in flight, two attempts recorded. (A wait
+    # here could not see a third send: WEBHOOK_OUT_RETRY_SCHEDULE's next delay, 2 s, is past any short one.)
+    (message_id,) = redis_client.zrange(Keys.outgoing_messages(target), 0, -1)
+    assert redis_client.zscore(Keys.outgoing_retries(target), message_id) is None
+    assert redis_client.xpending(Keys.outgoing_queue(target), "deliver")["pending"] == 0
+    assert redis_client.llen(Keys.outgoing_attempts(target, message_id)) == 2
     assert len(provider.receiver.at(path)) == 2
 
 
