@@ -173,7 +173,14 @@ STREAM_HEADERS = [
     ("X-Accel-Buffering", "no"),
 ]
 STREAM_CONTENT_TYPE = "text/event-stream; charset=utf-8"
-OPENING_LINES = f"retry: {RETRY_MILLISECONDS}\n: stream open\n\n".encode()
+OPENING_LINES = f"retry: {RETRY_MILLISECONDS}\n: stream open\n".encode()
+
+
+def opening(follower: Follower) -> bytes:
+    """The stream's opening lines: the reconnection delay, and in comments (which no event source dispatches)
+    that it is open and where it began reading, before its history (a named channel its cursor did not name: at
+    the present). A client that resumes from `start` until the first event misses nothing on a reconnect."""
+    return OPENING_LINES + b": start " + follower.start_cursor.encode() + b"\n\n"
 
 
 def stream_body(follower: Follower, environ: dict, settings, parking: Parking) -> StreamBody:
@@ -201,7 +208,7 @@ def stream_body(follower: Follower, environ: dict, settings, parking: Parking) -
         try:
             # The opening lines and the history read with the opening go out in one write (with gunicorn's head).
             deliveries = follower.take_ready()
-            yield OPENING_LINES + messages(deliveries)
+            yield opening(follower) + messages(deliveries)
             if deliveries:
                 DELIVERED.inc(len(deliveries))
             # Only once the head is out may the hub write to the socket.

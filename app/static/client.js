@@ -1828,6 +1828,9 @@ export class EventFeed {
         for await (const message of sseMessages(response.body, signal)) {
           if (!this.live(generation)) return;
           if (message.retry !== undefined) retryMs = message.retry;
+          // Where this stream began reading, before its history: resuming from there misses nothing, also of a
+          // named channel the cursor we sent did not cover (it started at the present).
+          if (message.start) this.cursor = message.start;
           if (message.data === undefined) continue;
           // Every event comes with an `id:` line (its cursor), whatever its name; the service's own notices
           // (`session_ended`, `unsubscribed`) come without one. Told apart by that, never by the name.
@@ -1985,9 +1988,10 @@ export class EventFeed {
  * The messages of a text/event-stream body, parsed as the HTML standard's EventSource does.
  * @param {ReadableStream<Uint8Array>} body
  * @param {AbortSignal} [signal]
- * @returns {AsyncGenerator<{event: string, data?: string, id?: string, hasId: boolean, retry?: number}>}
- *   `data` is absent on a message that only sets `retry`; `id` is the last event ID (kept from earlier
- *   messages, as EventSource keeps it), `hasId` whether this message had an `id:` line of its own
+ * @returns {AsyncGenerator<{event: string, data?: string, id?: string, hasId: boolean, retry?: number, start?: string}>}
+ *   `data` is absent on a message that only sets `retry` or has the service's `: start <cursor>` comment
+ *   (`start`: where the stream began reading); `id` is the last event ID (kept from earlier messages, as
+ *   EventSource keeps it), `hasId` whether this message had an `id:` line of its own
  */
 export async function* sseMessages(body, signal) {
   const reader = body.pipeThrough(new TextDecoderStream()).getReader();
@@ -1999,6 +2003,7 @@ export async function* sseMessages(body, signal) {
   let id;
   let hasId = false;
   let retry;
+  let start;
   try {
     for (;;) {
       const { value, done } = await reader.read();
@@ -2009,15 +2014,18 @@ export async function* sseMessages(body, signal) {
       buffer = lines.pop();
       for (const line of lines) {
         if (line === "") {
-          if (data.length || retry !== undefined) {
-            yield { event: event || "message", data: data.length ? data.join("\n") : undefined, id, hasId, retry };
+          if (data.length || retry !== undefined || start !== undefined) {
+            const message = { event: event || "message", data: data.length ? data.join("\n") : undefined, id, hasId };
+            yield { ...message, retry, start };
           }
           event = "";
           data = [];
           hasId = false;
           retry = undefined;
+          start = undefined;
           continue;
         }
+        if (line.startsWith(": start ")) start = line.slice(8); // the opening's comment: where it began reading
         if (line.startsWith(":")) continue; // a comment: the heartbeat
         const colon = line.indexOf(":");
         const field = colon < 0 ? line : line.slice(0, colon);

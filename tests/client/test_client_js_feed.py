@@ -136,3 +136,41 @@ def test_a_websocket_feed_keeps_the_cursor_of_its_subscribed_answer(tmp_path):
     script.write_text(SUBSCRIBED_SCRIPT % module.as_uri())
     done = subprocess.run([shutil.which("node"), str(script)], capture_output=True, text=True, timeout=60, check=True)
     assert json.loads(done.stdout) == ["held+lobby:a", "after-1", "refused", "after-1"]
+
+
+SSE_START_SCRIPT = """
+globalThis.addEventListener = () => {};
+const { EventFeed } = await import("%s");
+const asked = [];
+const streams = %s;
+const client = {
+  url: (path) => new URL(path, "http://service.test"),
+  request: async (path) => {
+    asked.push(path);
+    const text = streams.shift();
+    if (text === undefined) return new Promise(() => {});  // no third connection answers
+    const body = new ReadableStream({ start: (c) => { c.enqueue(new TextEncoder().encode(text)); c.close(); } });
+    return new Response(body, { status: 200, headers: { "Content-Type": "text/event-stream" } });
+  },
+};
+const feed = new EventFeed(client, { onEvent: () => {}, cursor: "held", channels: ["lobby:a"] });
+feed.start("sse");
+while (asked.length < 3) await new Promise((resolve) => setTimeout(resolve, 10));
+console.log(JSON.stringify(asked.map((path) => new URL(path, "http://x").searchParams.get("cursor"))));
+process.exit(0);
+"""
+
+
+def test_an_sse_feed_resumes_from_the_streams_opening_start(tmp_path):
+    """The opening's `: start <cursor>` (where the stream began reading, before its history) replaces the cursor
+    the feed held, until an event's `id:` moves it on; a stream without one leaves the held cursor."""
+    module = tmp_path / "client.mjs"
+    module.write_text((ROOT / "app/static/client.js").read_text())
+    streams = [
+        "retry: 1\n: stream open\n: start from-start\n\n",  # ends at once: the feed reconnects
+        "retry: 1\n: stream open\n: start second\n\nid: after-1\nevent: m\ndata: {}\n\n",
+    ]
+    script = tmp_path / "sse.mjs"
+    script.write_text(SSE_START_SCRIPT % (module.as_uri(), json.dumps(streams)))
+    done = subprocess.run([shutil.which("node"), str(script)], capture_output=True, text=True, timeout=60, check=True)
+    assert json.loads(done.stdout) == ["held", "from-start", "after-1"]

@@ -37,6 +37,34 @@ def test_sse_response_headers_and_opening(server):
         stream.close()
 
 
+def test_an_sse_stream_resumed_from_its_opening_start_misses_nothing_of_a_channel_its_cursor_did_not_name(server, rdb):
+    """The opening's `: start <cursor>` comment is where the stream began reading: before the history it sends, and
+    a named channel the cursor did not cover at the present then. The history's last `id:` stands after it."""
+    put_namespace(rdb, Namespace("lounge", "authenticated", "subscribers"))
+    user, publisher = Api(server.url), Api(server.url)
+    room = f"lounge:r{time.monotonic_ns()}"
+    before = user.current_cursor()  # names the user's own channels, not the room
+    user.publish_ok({"n": "old"})  # history after that cursor
+    stream = SSE(server.url, user.auth, cursor=before, params={"channels": room})
+    opening = stream.next(skip_comments=False)
+    last_id = stream.next_event()["id"]
+    stream.close()  # gone after its history: as a connection dropped at once
+    [start] = [comment.removeprefix("start ") for comment in opening["comment"] if comment.startswith("start ")]
+    publisher.publish_ok({"n": "gap"}, channel=room)  # while it was away, in the room it had joined
+
+    def resumed(cursor: str) -> list:
+        again = SSE(server.url, user.auth, cursor=cursor, params={"channels": room})
+        try:
+            return [again.next_event()["data"]["data"]["n"] for _ in range(2 if cursor == start else 1)]
+        finally:
+            again.close()
+
+    assert resumed(start) == ["old", "gap"]
+    assert resumed(last_id) == ["gap"]  # after the history it sent
+    # What a client that kept its own cursor until the first event would lose: the room starts at the present.
+    assert [e["data"]["n"] for e in user.poll(before, channels=room).json()["events"]] == ["old"]
+
+
 def test_sse_event_frame_is_id_event_data_then_blank_line(server):
     user = Api(server.url)
     stream = SSE(server.url, user.auth)
