@@ -4,6 +4,7 @@ Run: .venv/bin/python -m bench.profile [--streams 10000] [--transport sse|ws] [-
      .venv/bin/python -m bench.profile --request /auth/me
      .venv/bin/python -m bench.profile --publish   (one POST /events per event, with an API key, from 16 connections)
      .venv/bin/python -m bench.profile --rooms [--streams 10000]   (rooms of 10 streams, one event a second each)
+     .venv/bin/python -m bench.profile --opening [--streams 10000]   (opening those rooms' streams)
 
 It starts the service (two workers) with a statistical profiler in each worker: every 4 ms of the
 process's CPU time (ITIMER_PROF) it records the Python stack that was running. It opens the streams,
@@ -162,6 +163,7 @@ def main() -> None:
     parser.add_argument("--request", help="instead of broadcasts: wrk on this path (with a user's token) for 8 s")
     parser.add_argument("--publish", action="store_true", help="instead: POST /events to 1,000 rooms for 8 s")
     parser.add_argument("--rooms", action="store_true", help="instead: bench.rooms' rooms part (the service) for 10 s")
+    parser.add_argument("--opening", action="store_true", help="instead: what opening the rooms part's streams costs")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         hook = Path(tmp) / "hook"
@@ -185,11 +187,21 @@ def main() -> None:
                 time.sleep(1.5)  # a last write of the samples
                 print(report(out))
                 return
-            if args.rooms:
+            if args.rooms or args.opening:
                 from bench.rooms import room_readers, rooms_run
 
                 rooms = [n // 10 for n in range(args.streams)]
                 key, targets = room_readers(service, [[f"rooms:r{room}"] for room in rooms])
+                if args.opening:
+                    (out / "generation").write_text("opening")  # not what making the users cost
+
+                    def opened() -> None:
+                        time.sleep(1.5)  # a last write of the samples
+                        print(report(out), flush=True)
+
+                    rooms_run("service", service, targets, rooms, service.server_pids, service.app.port, key, 1,
+                              when_open=opened)  # fmt: skip
+                    return
                 rooms_run(
                     "service", service, targets, rooms, service.server_pids, service.app.port, key, 10,
                     when_open=lambda: (out / "generation").write_text("rooms"),  # not what opening them cost
