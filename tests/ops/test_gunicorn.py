@@ -12,11 +12,12 @@ import runpy
 import signal
 import socket
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
-from tests.events.clients import Api
+from tests.events.clients import SSE, Api
 from tests.servers import ROOT, VENV_BIN, LiveServer, RedisServer, process_env, wait_until
 
 pytestmark = pytest.mark.not_on_cluster("tests gunicorn's process model and logs, and starts its own redis-server")
@@ -95,6 +96,39 @@ def test_a_stop_closes_keep_alive_connections_waiting_for_a_request_at_once(base
         assert idle.recv(65536) == b""
     finally:
         server.stop()
+
+
+def test_a_quick_shutdown_ends_every_worker_at_once_without_a_traceback(base_env, rdb, tmp_path):
+    """SIGQUIT to the arbiter alone (gunicorn's quick shutdown; the tests' servers are stopped otherwise): each
+    worker, holding a stream and an idle keep-alive connection, exits by itself at once, with status 0 and no
+    traceback in the log (worker_int stops its main loop before gunicorn's own handler would, in the
+    interpreter's shutdown)."""
+    log_path = tmp_path / "gunicorn.log"
+    server = LiveServer({**base_env, "LOG_LEVEL": "info"}, workers=2, log_path=log_path)
+    server.start()
+    try:
+        user = Api(server.url)
+        stream = SSE(server.url, user.auth)
+        stream.next(skip_comments=False)
+        idle = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+        idle.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        assert idle.recv(65536).startswith(b"HTTP/1.1 200")
+        workers = server.worker_pids()
+        assert len(workers) == 2
+        started = time.monotonic()
+        server.signal(signal.SIGQUIT)
+        assert server.process.wait(20) == 0
+        assert time.monotonic() - started < 8  # not the 10 s graceful time-out, nor a kill after it
+        assert idle.recv(65536) == b""
+        assert stream.closed.wait(5)
+    finally:
+        server.stop()
+    log = log_path.read_text()
+    assert "Traceback" not in log, log
+    for pid in workers:  # each exited by itself, none killed by the arbiter
+        assert f"Worker (pid:{pid}) was sent" not in log, log
+        assert f"Worker (pid:{pid}) exited with code" not in log, log
+    assert "Shutting down: Master" in log
 
 
 @pytest.mark.parametrize("cpus, expected", [("0", 1), (None, len(os.sched_getaffinity(0)))])
