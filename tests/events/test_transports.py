@@ -20,6 +20,17 @@ E_FIELDS = {"id", "channel", "event", "data", "ts", "from"}  # `from`: published
 # Server-sent events
 
 
+@pytest.fixture
+def room_after_history(server, rdb) -> tuple:
+    """A user, a publisher, a fresh room of an open namespace, and the user's cursor from before an event of its
+    own: it names the user's channels, not the room."""
+    put_namespace(rdb, Namespace("lounge", "authenticated", "subscribers"))
+    user, publisher = Api(server.url), Api(server.url)
+    before = user.current_cursor()
+    user.publish_ok({"n": "old"})  # history after that cursor
+    return user, publisher, f"lounge:r{time.monotonic_ns()}", before
+
+
 def test_sse_response_headers_and_opening(server):
     user = Api(server.url)
     stream = SSE(server.url, {**user.auth, "Accept-Encoding": "gzip, br"})
@@ -37,14 +48,12 @@ def test_sse_response_headers_and_opening(server):
         stream.close()
 
 
-def test_an_sse_stream_resumed_from_its_opening_start_misses_nothing_of_a_channel_its_cursor_did_not_name(server, rdb):
+def test_an_sse_stream_resumed_from_its_opening_start_misses_nothing_of_a_channel_its_cursor_did_not_name(
+    server, room_after_history
+):
     """The opening's `: start <cursor>` comment is where the stream began reading: before the history it sends, and
     a named channel the cursor did not cover at the present then. The history's last `id:` stands after it."""
-    put_namespace(rdb, Namespace("lounge", "authenticated", "subscribers"))
-    user, publisher = Api(server.url), Api(server.url)
-    room = f"lounge:r{time.monotonic_ns()}"
-    before = user.current_cursor()  # names the user's own channels, not the room
-    user.publish_ok({"n": "old"})  # history after that cursor
+    user, publisher, room, before = room_after_history
     stream = SSE(server.url, user.auth, cursor=before, params={"channels": room})
     opening = stream.next(skip_comments=False)
     last_id = stream.next_event()["id"]
@@ -306,14 +315,12 @@ def test_publish_rules_and_limits(server):
     assert response.status_code == 400
 
 
-def test_a_websocket_resumed_from_its_welcomes_start_misses_nothing_of_a_channel_its_cursor_did_not_name(server, rdb):
+def test_a_websocket_resumed_from_its_welcomes_start_misses_nothing_of_a_channel_its_cursor_did_not_name(
+    server, room_after_history
+):
     """The welcome's `start` is where the connection began reading: before the history it sends, and a named
     channel the cursor did not cover at the present then. Its `cursor` stands after that history."""
-    put_namespace(rdb, Namespace("lounge", "authenticated", "subscribers"))
-    user, publisher = Api(server.url), Api(server.url)
-    room = f"lounge:r{time.monotonic_ns()}"
-    before = user.current_cursor()  # names the user's own channels, not the room
-    user.publish_ok({"n": "old"})  # history after that cursor
+    user, publisher, room, before = room_after_history
     ws = open_ws(server.url, user.auth, cursor=before, params={"channels": room})
     welcome = ws_json(ws)
     ws.close()  # gone before reading anything: as a connection dropped at once
