@@ -390,8 +390,10 @@ class NginxServer:
         wait_until(accepting, message="nginx")
 
     def stop(self) -> None:
+        """nginx's fast shutdown (SIGTERM): its graceful one (SIGQUIT) waited for every open stream through it,
+        a page's or a client's still reading, for as long as it stayed open (10 s here, then a kill)."""
         if self.process and self.process.poll() is None:
-            self.process.send_signal(signal.SIGQUIT)
+            self.process.send_signal(signal.SIGTERM)
             try:
                 self.process.wait(10)
             except subprocess.TimeoutExpired:
