@@ -26,7 +26,7 @@ from ..errors import ApiError, bad_request, validation_failed
 from ..metrics import EVENTS_PUBLISHED
 from ..outgoing.feed import feed_events
 from ..redis import Keys, is_cluster, shared_pipelines, shared_round_trips
-from .cursor import LAST_POSSIBLE_ID, is_after, parse_id
+from .cursor import LAST_POSSIBLE_ID, is_after, packed_position, parse_id
 
 CONTROL_CHANNEL = "control"
 BROADCAST = "broadcast"
@@ -120,6 +120,13 @@ class Event:
     _sse_tail: bytes | None = field(default=None, repr=False, compare=False)
     order: tuple[int, int] = field(init=False, repr=False, compare=False)  # the id as numbers, for comparing
     _message_parts: tuple[bytes, bytes] | None = field(default=None, repr=False, compare=False)
+    _packed: bytes | None = field(default=None, repr=False, compare=False)
+
+    def packed(self) -> bytes:
+        """The id as a compact cursor holds it, packed once for all of the event's readers."""
+        if self._packed is None:
+            self._packed = packed_position(self.id)
+        return self._packed
 
     def message_parts(self) -> tuple[bytes, bytes]:
         """The WebSocket event message, `as_json(cursor, type="event")`, cut where the cursor goes: each

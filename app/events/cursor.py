@@ -66,8 +66,11 @@ class CursorWriter:
 
     def __call__(self, positions: dict[str, str]) -> str:
         """The cursor for `positions`: a stream id (which JSON needs no escape for) for each channel."""
-        raw = (self.template % tuple(map(positions.__getitem__, self.channels))).encode()
-        return binascii.b2a_base64(raw, newline=False).translate(URL_SAFE).rstrip(b"=").decode()
+        return _base64((self.template % tuple(map(positions.__getitem__, self.channels))).encode())
+
+    def moved(self, positions: dict[str, str], _channel: str, _position: str, _packed: bytes) -> str:
+        """The cursor for `positions` after a live event (as CompactCursorWriter.moved)."""
+        return self(positions)
 
 
 def channel_hash(channel: str) -> bytes:
@@ -104,26 +107,36 @@ def packed_position(stream_id: str) -> bytes:
 
 class CompactCursorWriter:
     """The compact cursor of a reader of named channels. A live reader's cursor is made again for every
-    event it receives, and only that event's channel has moved: each channel's packed part is kept."""
+    event it receives, and only that event's channel has moved: the raw cursor's pieces are kept, and a live
+    event replaces its channel's packed position (packed once per event, for all its readers)."""
 
-    __slots__ = ("channels", "hashes", "parts")
+    __slots__ = ("channels", "index", "pieces", "at")
 
     def __init__(self, channels: list[str]):
         self.channels = sorted(set(channels))
-        self.hashes = [channel_hash(channel) for channel in self.channels]
-        self.parts: dict[str, tuple[str, bytes]] = {}
+        self.index = {channel: 2 + 2 * n for n, channel in enumerate(self.channels)}  # its position's piece
+        self.pieces = [COMPACT_VERSION]
+        for channel in self.channels:
+            self.pieces += (channel_hash(channel), b"")
+        self.at: dict[str, str] = {}  # the position each channel's piece holds
 
     def __call__(self, positions: dict[str, str]) -> str:
         """The compact cursor for `positions` (a stream id for each channel)."""
-        pieces = [COMPACT_VERSION]
-        for channel, hashed in zip(self.channels, self.hashes, strict=True):
+        pieces, at = self.pieces, self.at
+        for channel, index in self.index.items():
             position = positions[channel]
-            kept = self.parts.get(channel)
-            if kept is None or kept[0] != position:
-                kept = self.parts[channel] = (position, packed_position(position))
-            pieces += (hashed, kept[1])
-        raw = b"".join(pieces)
-        return binascii.b2a_base64(raw, newline=False).translate(URL_SAFE).rstrip(b"=").decode()
+            if at.get(channel) != position:
+                pieces[index], at[channel] = packed_position(position), position
+        return _base64(b"".join(pieces))
+
+    def moved(self, positions: dict[str, str], channel: str, position: str, packed: bytes) -> str:
+        """The cursor for `positions` after a live event moved `channel` to `position` (packed as `packed`)."""
+        self.pieces[self.index[channel]], self.at[channel] = packed, position
+        return self(positions)
+
+
+def _base64(raw: bytes) -> str:
+    return binascii.b2a_base64(raw, newline=False).translate(URL_SAFE).rstrip(b"=").decode()
 
 
 def cursor_writer(channels: list[str], compact: bool):

@@ -317,7 +317,7 @@ class Follower:
         if after is None or event.order <= after:
             return None
         self.after[event.channel], self.positions[event.channel] = event.order, event.id
-        return self.write_cursor(self.positions)
+        return self.write_cursor.moved(self.positions, event.channel, event.id, event.packed())
 
     def _accept(self, event: Event) -> None:
         cursor = self.advance(event)

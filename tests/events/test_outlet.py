@@ -20,7 +20,7 @@ from wsproto import ConnectionType, WSConnection
 from wsproto.events import AcceptConnection, TextMessage
 
 from app.events.bus import Event, channels_for
-from app.events.cursor import CursorWriter, decode_cursor, encode_cursor
+from app.events.cursor import CompactCursorWriter, CursorWriter, decode_cursor, encode_cursor, packed_position
 from app.events.follow import StreamEnded
 from app.events.hub import FAN_OUT_SLICE, RESYNC, Hub, Subscription
 from app.events.outlet import FellBehind, Outlet, plain_socket, send_within
@@ -190,6 +190,33 @@ def test_a_readers_cursor_writer_makes_the_same_cursor_as_encode_cursor(user, ad
     cursor = CursorWriter(channels)(positions)
     assert cursor == encode_cursor(positions)
     assert decode_cursor(cursor, channels) == positions
+
+
+ROOM_READER = ["user:u1", "broadcast", "lounge:a", "lounge:b"]
+
+
+@bounded
+@given(
+    steps=st.lists(
+        st.tuples(st.booleans(), st.sampled_from(ROOM_READER), st.lists(stream_ids, min_size=4, max_size=4)),
+        min_size=1,
+        max_size=12,
+    )
+)
+def test_a_compact_cursor_writer_moved_by_live_events_writes_what_a_fresh_one_does(steps):
+    """A live event moves one channel (its id packed once, for all its readers); between them the writer also
+    writes other positions (where a connection started). Each cursor is a fresh writer's for the same positions."""
+    writer, positions = CompactCursorWriter(ROOM_READER), dict.fromkeys(ROOM_READER, "0-0")
+    for live, channel, ids in steps:
+        written = positions
+        if live:
+            positions[channel] = ids[0]
+            cursor = writer.moved(positions, channel, ids[0], packed_position(ids[0]))
+        else:
+            written = dict(zip(ROOM_READER, ids, strict=True))
+            cursor = writer(written)
+        assert cursor == CompactCursorWriter(ROOM_READER)(written)
+        assert decode_cursor(cursor, ROOM_READER) == written
 
 
 @pytest.mark.parametrize("chunked", [True, False])
