@@ -34,6 +34,13 @@ CONNECTION_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutE
 # A link is also replaced on an error reply: a MOVED answer to SSUBSCRIBE means the slot moved before
 # the topology caught up, and the replacement asks for the topology again.
 LINK_ERRORS = (*CONNECTION_ERRORS, redis.exceptions.ResponseError)
+
+
+class NotPrimary(redis.exceptions.ResponseError):
+    """The node the slot map names is a replica now (a primary that failed over, back as a replica): the link is
+    replaced as after a MOVED answer, and the replacement asks for the slot map again."""
+
+
 _real_poll = gevent.monkey.get_original("select", "poll")
 
 
@@ -70,6 +77,9 @@ class OneServer:
         """The client of one pub/sub connection to `node`."""
         return connect_pubsub(node)
 
+    def check_node(self, connection) -> None:
+        """Nothing to check: the one server carries every channel."""
+
 
 class Cluster:
     """A Redis Cluster: a channel lives on the primary of its hash slot, taken with SSUBSCRIBE there.
@@ -99,6 +109,24 @@ class Cluster:
     def connect(self, node: str) -> redis.Redis:
         """The client of one pub/sub connection to `node`."""
         return connect_pubsub(node)
+
+    @staticmethod
+    def check_node(connection) -> None:
+        """NotPrimary unless the node of this connection (not subscribed yet) is a primary.
+
+        A replica confirms SSUBSCRIBE for its primary's slots, but one that has just joined (a primary back after
+        its failover, still named by a slot map from before) does not pass on what the primary publishes until
+        the primary counts it in its shard: readers resynchronised there would then take a later event live and
+        step over the ones published in between. Where ROLE is not permitted, the node is taken as named."""
+        try:
+            connection.send_command("ROLE")
+            role = connection.read_response()[0]
+        except redis.exceptions.NoPermissionError:
+            return
+        role = role.decode() if isinstance(role, bytes) else role
+        if role != "master":
+            log.warning("event hub: a node the slot map names is a %s now; asking for the map again", role)
+            raise NotPrimary(f"the node is a {role} now")
 
 
 def node_url(seed: str, host: str, port: int) -> str:
@@ -241,6 +269,7 @@ class Link:
             try:
                 pubsub = self.hub.topology.connect(self.node).pubsub()
                 pubsub.connection = pubsub.connection_pool.get_connection()  # connect outside the hub's lock
+                self.hub.topology.check_node(pubsub.connection)  # channels are never carried on a replica
                 self._attach(pubsub)
                 while self.pubsub is pubsub:
                     self.idle_since = time.monotonic()
