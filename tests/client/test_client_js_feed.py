@@ -1,7 +1,7 @@
 """client.js's event feed, run by node on the module the page and products load (app/static/client.js): it hands
 presence changes to `onJoin` and `onLeave` (one per `presence.join` and `presence.leave`, and one per entry of a
-presence_diff namespace's `presence.diff`, its leaves then its joins), and resumes a WebSocket from its welcome's
-`start`."""
+presence_diff namespace's `presence.diff`, its leaves then its joins), and resumes from where each connection or
+subscription started: a WebSocket welcome's `start`, a `subscribed` answer's cursor, an SSE opening's `: start`."""
 
 from __future__ import annotations
 
@@ -14,6 +14,25 @@ import pytest
 from tests.servers import ROOT
 
 pytestmark = pytest.mark.not_on_cluster("client.js alone: no Redis")
+
+FAKE_WEBSOCKET = """
+globalThis.addEventListener = () => {};
+const sockets = [];
+globalThis.WebSocket = class { constructor(url) { this.url = String(url); sockets.push(this); } send() {} close() {} };
+"""
+
+
+def run_with_client_js(tmp_path, script: str, *values):
+    """What node prints (JSON) running `script` with client.js's module URI and `values` put in its `%s`s."""
+    node = shutil.which("node")
+    assert node, "node is installed with the test packages (make test)"
+    module = tmp_path / "client.mjs"  # node reads an ES module by its extension
+    module.write_text((ROOT / "app/static/client.js").read_text())
+    path = tmp_path / "run.mjs"
+    path.write_text(script % (module.as_uri(), *values))
+    done = subprocess.run([node, str(path)], capture_output=True, text=True, timeout=60, check=True)
+    return json.loads(done.stdout)
+
 
 SCRIPT = """
 globalThis.addEventListener = () => {};  // what a page has and node lacks (client.js listens for pagehide)
@@ -32,10 +51,6 @@ process.exit(0);  // client.js's BroadcastChannel would keep node running
 
 
 def test_each_join_and_leave_reaches_on_join_and_on_leave_also_inside_a_diff(tmp_path):
-    node = shutil.which("node")
-    assert node, "node is installed with the test packages (make test)"
-    module = tmp_path / "client.mjs"  # node reads an ES module by its extension
-    module.write_text((ROOT / "app/static/client.js").read_text())
     events = [
         {"id": "1", "channel": "lobby:a", "event": "presence.join", "data": {"user_id": "u1", "info": None}},
         {
@@ -50,10 +65,7 @@ def test_each_join_and_leave_reaches_on_join_and_on_leave_also_inside_a_diff(tmp
         {"id": "3", "channel": "lobby:a", "event": "presence.diff", "from": "u9", "data": {"joins": [], "leaves": []}},
         {"id": "4", "channel": "lobby:a", "event": "message", "data": "hi"},
     ]
-    script = tmp_path / "run.mjs"
-    script.write_text(SCRIPT % (module.as_uri(), json.dumps(events)))
-    done = subprocess.run([node, str(script)], capture_output=True, text=True, timeout=60, check=True)
-    result = json.loads(done.stdout)
+    result = run_with_client_js(tmp_path, SCRIPT, json.dumps(events))
     assert result["seen"] == [
         ["event", "presence.join"],
         ["join", "lobby:a", "u1", None],
@@ -67,10 +79,9 @@ def test_each_join_and_leave_reaches_on_join_and_on_leave_also_inside_a_diff(tmp
     assert result["cursor"] == "4-cursor"
 
 
-WELCOME_SCRIPT = """
-globalThis.addEventListener = () => {};
-const sockets = [];
-globalThis.WebSocket = class { constructor(url) { this.url = String(url); sockets.push(this); } send() {} close() {} };
+WELCOME_SCRIPT = (
+    FAKE_WEBSOCKET
+    + """
 const { EventFeed } = await import("%s");
 const client = { url: (path) => new URL(path, "http://service.test") };
 const cursors = [];
@@ -83,28 +94,23 @@ for (const [held, welcome] of %s) {
 console.log(JSON.stringify(cursors));
 process.exit(0);
 """
+)
 
 
 def test_a_websocket_feed_resumes_from_the_welcomes_start(tmp_path):
     """The welcome's `start` (where the connection began reading, before its history) replaces the cursor the
     feed held: it also covers a named channel that cursor did not name. Without one, the held cursor stays."""
-    module = tmp_path / "client.mjs"
-    module.write_text((ROOT / "app/static/client.js").read_text())
     cases = [
         ["held", {"cursor": "after-history", "start": "start"}],
         ["held", {"cursor": "after-history"}],  # a server before `start`
         [None, {"cursor": "after-history"}],
     ]
-    script = tmp_path / "welcome.mjs"
-    script.write_text(WELCOME_SCRIPT % (module.as_uri(), json.dumps(cases)))
-    done = subprocess.run([shutil.which("node"), str(script)], capture_output=True, text=True, timeout=60, check=True)
-    assert json.loads(done.stdout) == ["start", "held", "after-history"]
+    assert run_with_client_js(tmp_path, WELCOME_SCRIPT, json.dumps(cases)) == ["start", "held", "after-history"]
 
 
-SUBSCRIBED_SCRIPT = """
-globalThis.addEventListener = () => {};
-const sockets = [];
-globalThis.WebSocket = class { constructor(url) { this.url = String(url); sockets.push(this); } send() {} close() {} };
+SUBSCRIBED_SCRIPT = (
+    FAKE_WEBSOCKET
+    + """
 const { EventFeed } = await import("%s");
 const client = { url: (path) => new URL(path, "http://service.test") };
 const feed = new EventFeed(client, { onEvent: () => {}, cursor: "held" });
@@ -125,17 +131,13 @@ cursors.push(await refused, feed.cursor);
 console.log(JSON.stringify(cursors));
 process.exit(0);
 """
+)
 
 
 def test_a_websocket_feed_keeps_the_cursor_of_its_subscribed_answer(tmp_path):
     """A `subscribed` answer's cursor (what was sent before it, and the new channel from its start) replaces the
     cursor held, so a reconnect before the channel's first event resumes it there; an error frame changes none."""
-    module = tmp_path / "client.mjs"
-    module.write_text((ROOT / "app/static/client.js").read_text())
-    script = tmp_path / "subscribed.mjs"
-    script.write_text(SUBSCRIBED_SCRIPT % module.as_uri())
-    done = subprocess.run([shutil.which("node"), str(script)], capture_output=True, text=True, timeout=60, check=True)
-    assert json.loads(done.stdout) == ["held+lobby:a", "after-1", "refused", "after-1"]
+    assert run_with_client_js(tmp_path, SUBSCRIBED_SCRIPT) == ["held+lobby:a", "after-1", "refused", "after-1"]
 
 
 SSE_START_SCRIPT = """
@@ -164,13 +166,8 @@ process.exit(0);
 def test_an_sse_feed_resumes_from_the_streams_opening_start(tmp_path):
     """The opening's `: start <cursor>` (where the stream began reading, before its history) replaces the cursor
     the feed held, until an event's `id:` moves it on; a stream without one leaves the held cursor."""
-    module = tmp_path / "client.mjs"
-    module.write_text((ROOT / "app/static/client.js").read_text())
     streams = [
         "retry: 1\n: stream open\n: start from-start\n\n",  # ends at once: the feed reconnects
         "retry: 1\n: stream open\n: start second\n\nid: after-1\nevent: m\ndata: {}\n\n",
     ]
-    script = tmp_path / "sse.mjs"
-    script.write_text(SSE_START_SCRIPT % (module.as_uri(), json.dumps(streams)))
-    done = subprocess.run([shutil.which("node"), str(script)], capture_output=True, text=True, timeout=60, check=True)
-    assert json.loads(done.stdout) == ["held", "from-start", "after-1"]
+    assert run_with_client_js(tmp_path, SSE_START_SCRIPT, json.dumps(streams)) == ["held", "from-start", "after-1"]
