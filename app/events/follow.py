@@ -144,6 +144,7 @@ class Follower:
             return self.cursor
         if self.subscription is not None:
             self.hub.add_channel(self.subscription, channel)
+        queued = len(self.pending)
         try:
             resumed = {}
             if cursor and channel in named_in(cursor, [channel]):
@@ -169,6 +170,7 @@ class Follower:
                 self._hold_access(channel, self.access[channel])
         except BaseException:
             self.remove_channel(channel)
+            del self.pending[queued:]  # the channel's history read so far: not sent for a channel not read
             raise
         return started
 

@@ -95,6 +95,7 @@ class Cluster:
         self.client = client
         self.url = url
         self.seed = next(seed.strip() for seed in url.split(",") if seed.strip())
+        self.replicas: set[tuple[str, int]] = set()  # nodes found to be replicas, until found primaries again
 
     def node_of(self, name: str) -> str:
         """The primary (its URL) serving the hash slot of the Redis channel `name`, as last known."""
@@ -110,23 +111,28 @@ class Cluster:
         """The client of one pub/sub connection to `node`."""
         return connect_pubsub(node)
 
-    @staticmethod
-    def check_node(connection) -> None:
-        """NotPrimary unless the node of this connection (not subscribed yet) is a primary.
+    def check_node(self, connection) -> None:
+        """NotPrimary when the node of this connection (not subscribed yet) is a replica.
 
         A replica confirms SSUBSCRIBE for its primary's slots, but one that has just joined (a primary back after
         its failover, still named by a slot map from before) does not pass on what the primary publishes until
         the primary counts it in its shard: readers resynchronised there would then take a later event live and
-        step over the ones published in between. Where ROLE is not permitted, the node is taken as named."""
+        step over the ones published in between. Where ROLE is refused (an ACL without it, a renamed command),
+        the node is taken as the map names it."""
         try:
             connection.send_command("ROLE")
             role = connection.read_response()[0]
-        except redis.exceptions.NoPermissionError:
+        except redis.exceptions.ResponseError:
             return
         role = role.decode() if isinstance(role, bytes) else role
-        if role != "master":
-            log.warning("event hub: a node the slot map names is a %s now; asking for the map again", role)
-            raise NotPrimary(f"the node is a {role} now")
+        address = (connection.host, connection.port)
+        if role not in ("slave", "replica"):
+            self.replicas.discard(address)
+            return
+        if address not in self.replicas:  # said once while the map keeps naming it
+            self.replicas.add(address)
+            log.warning("event hub: a node the slot map names is a replica now; asking for the map again")
+        raise NotPrimary("the node is a replica now")
 
 
 def node_url(seed: str, host: str, port: int) -> str:

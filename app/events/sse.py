@@ -173,14 +173,14 @@ STREAM_HEADERS = [
     ("X-Accel-Buffering", "no"),
 ]
 STREAM_CONTENT_TYPE = "text/event-stream; charset=utf-8"
-OPENING_LINES = f"retry: {RETRY_MILLISECONDS}\n: stream open\n".encode()
+OPENING_LINES = f"retry: {RETRY_MILLISECONDS}\n: stream open".encode()
 
 
 def opening(follower: Follower) -> bytes:
-    """The stream's opening lines: the reconnection delay, and in comments (which no event source dispatches)
-    that it is open and where it began reading, before its history (a named channel its cursor did not name: at
-    the present). A client that resumes from `start` until the first event misses nothing on a reconnect."""
-    return OPENING_LINES + b": start " + follower.start_cursor.encode() + b"\n\n"
+    """The stream's opening: the reconnection delay and a comment (which no event source dispatches) saying that it
+    is open and where it began reading, before its history (a named channel its cursor did not name: at the
+    present). A client that resumes from `start` until the first event misses nothing on a reconnect."""
+    return OPENING_LINES + b", start " + follower.start_cursor.encode() + b"\n\n"
 
 
 def stream_body(follower: Follower, environ: dict, settings, parking: Parking) -> StreamBody:

@@ -1468,7 +1468,8 @@ export class EventFeed {
     this.onJoin = onJoin;
     this.onLeave = onLeave;
     this.onUnsubscribed = onUnsubscribed;
-    /** @type {string | null} the position after the last event delivered; resumes from here */
+    /** @type {string | null} where the feed resumes: after the last event delivered, or where its connection
+     * (or a channel's subscription) started if none came since */
     this.cursor = cursor;
     /** @type {Transport | null} */
     this.transport = null;
@@ -1989,9 +1990,9 @@ export class EventFeed {
  * @param {ReadableStream<Uint8Array>} body
  * @param {AbortSignal} [signal]
  * @returns {AsyncGenerator<{event: string, data?: string, id?: string, hasId: boolean, retry?: number, start?: string}>}
- *   `data` is absent on a message that only sets `retry` or has the service's `: start <cursor>` comment
- *   (`start`: where the stream began reading); `id` is the last event ID (kept from earlier messages, as
- *   EventSource keeps it), `hasId` whether this message had an `id:` line of its own
+ *   `data` is absent on a message that only sets `retry`; `start` is from the service's opening comment
+ *   (`: stream open, start <cursor>`: where the stream began reading); `id` is the last event ID (kept from
+ *   earlier messages, as EventSource keeps it), `hasId` whether this message had an `id:` line of its own
  */
 export async function* sseMessages(body, signal) {
   const reader = body.pipeThrough(new TextDecoderStream()).getReader();
@@ -2025,7 +2026,8 @@ export async function* sseMessages(body, signal) {
           start = undefined;
           continue;
         }
-        if (line.startsWith(": start ")) start = line.slice(8); // the opening's comment: where it began reading
+        const opened = /^: stream open, start (\S+)$/.exec(line); // the opening's comment: where it began reading
+        if (opened) start = opened[1];
         if (line.startsWith(":")) continue; // a comment: the heartbeat
         const colon = line.indexOf(":");
         const field = colon < 0 ? line : line.slice(0, colon);

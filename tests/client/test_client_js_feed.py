@@ -1,7 +1,7 @@
 """client.js's event feed, run by node on the module the page and products load (app/static/client.js): it hands
 presence changes to `onJoin` and `onLeave` (one per `presence.join` and `presence.leave`, and one per entry of a
 presence_diff namespace's `presence.diff`, its leaves then its joins), and resumes from where each connection or
-subscription started: a WebSocket welcome's `start`, a `subscribed` answer's cursor, an SSE opening's `: start`."""
+subscription started: a WebSocket welcome's `start`, a `subscribed` answer's cursor, an SSE opening's `start`."""
 
 from __future__ import annotations
 
@@ -164,10 +164,10 @@ process.exit(0);
 
 
 def test_an_sse_feed_resumes_from_the_streams_opening_start(tmp_path):
-    """The opening's `: start <cursor>` (where the stream began reading, before its history) replaces the cursor
+    """The opening's `start <cursor>` (where the stream began reading, before its history) replaces the cursor
     the feed held, until an event's `id:` moves it on; a stream without one leaves the held cursor."""
     streams = [
-        "retry: 1\n: stream open\n: start from-start\n\n",  # ends at once: the feed reconnects
-        "retry: 1\n: stream open\n: start second\n\nid: after-1\nevent: m\ndata: {}\n\n",
+        "retry: 1\n: stream open, start from-start\n\n",  # ends at once: the feed reconnects
+        "retry: 1\n: stream open, start second\n\nid: after-1\nevent: m\ndata: {}\n\n",
     ]
     assert run_with_client_js(tmp_path, SSE_START_SCRIPT, json.dumps(streams)) == ["held", "from-start", "after-1"]

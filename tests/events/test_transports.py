@@ -51,14 +51,16 @@ def test_sse_response_headers_and_opening(server):
 def test_an_sse_stream_resumed_from_its_opening_start_misses_nothing_of_a_channel_its_cursor_did_not_name(
     server, room_after_history
 ):
-    """The opening's `: start <cursor>` comment is where the stream began reading: before the history it sends, and
+    """The opening comment's `start <cursor>` is where the stream began reading: before the history it sends, and
     a named channel the cursor did not cover at the present then. The history's last `id:` stands after it."""
     user, publisher, room, before = room_after_history
     stream = SSE(server.url, user.auth, cursor=before, params={"channels": room})
     opening = stream.next(skip_comments=False)
     last_id = stream.next_event()["id"]
     stream.close()  # gone after its history: as a connection dropped at once
-    [start] = [comment.removeprefix("start ") for comment in opening["comment"] if comment.startswith("start ")]
+    [comment] = opening["comment"]  # a retry: line and one comment, which says where the stream started
+    assert "retry" in opening and comment.startswith("stream open, start ")
+    start = comment.removeprefix("stream open, start ")
     publisher.publish_ok({"n": "gap"}, channel=room)  # while it was away, in the room it had joined
 
     def resumed(cursor: str) -> list:
