@@ -10,6 +10,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import signal
 import socket
 import tempfile
@@ -158,8 +159,9 @@ def test_a_stream_not_at_rest_at_its_turn_is_carried_over_once_its_client_has_re
     later = user.publish_ok({"n": 150})  # written by a new worker, or by nobody
     assert slow.read_events(151)[-1]["data"]["id"] == later
     assert not slow.eof and slow.text.count(": stream open") == 1  # one connection: never reopened
-    handed = "carry-over: 1 of 1 streams handed to 2 new workers"
-    wait_until(lambda: handed in log(), message="the old worker's line on the handover")  # its log may come last
+    # Its log may come last; on a loaded machine only one new worker may listen by the handover's deadline.
+    handed = re.compile(r"carry-over: 1 of 1 streams handed to [12] new workers")
+    wait_until(lambda: handed.search(log()), message="the old worker's line on the handover")
     slow.close()
 
 
