@@ -433,9 +433,7 @@ class Connection:
 
     def turn(self, deliveries: list[Delivery]) -> None:
         """Send deliveries, answer what the client sent, ping it when due (StreamEnded if it went silent)."""
-        for delivery in deliveries:
-            self.send(event_message(delivery))
-        DELIVERED.inc(len(deliveries))
+        self.deliver(deliveries)
         self.answer_client()
         if self.socket.reads_itself and time.monotonic() >= self.next_ping:
             if not self.socket.ping():
@@ -555,10 +553,13 @@ class Connection:
             if reply is not None:
                 self.socket.writer.send(self.socket.text_frame(json.dumps(reply)))
             if self.follower.pending:
-                queued = self.follower.take_ready()
-                for delivery in queued:
-                    self.send(event_message(delivery))
-                DELIVERED.inc(len(queued))
+                self.deliver(self.follower.take_ready())
+
+    def deliver(self, deliveries: list[Delivery]) -> None:
+        """Send each delivery's frame, in order."""
+        for delivery in deliveries:
+            self.send(event_message(delivery))
+        DELIVERED.inc(len(deliveries))
 
     def outlet(self) -> Outlet | None:
         """The hub's way to write this connection's events while its greenlet is parked (none over TLS)."""

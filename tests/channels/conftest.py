@@ -8,6 +8,7 @@ from app.apikeys.store import create_key
 from app.auth.users import create_user
 from app.channels import grants
 from app.channels.namespaces import Namespace, put_namespace
+from app.channels.presence import PresenceKeeper
 from tests.utils import DEFAULT_PASSWORD, bearer, random_email
 
 
@@ -107,3 +108,18 @@ def clock(monkeypatch):
     monkeypatch.setattr(grants, "time", fake)
     monkeypatch.setattr(access, "time", fake)
     return fake
+
+
+@pytest.fixture
+def keepers(rdb):
+    """Make keepers (each as one worker's) on the session's Redis; their greenlets stop after the test."""
+    made = []
+
+    def make(timeout: float = 60, client=None, linger: float = 0.0, **options) -> PresenceKeeper:
+        keeper = PresenceKeeper(client or rdb, timeout, linger_seconds=linger, **options)
+        made.append(keeper)
+        return keeper
+
+    yield make
+    for keeper in made:
+        keeper.stop()

@@ -38,21 +38,6 @@ TS_PATTERN = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
 SHORT_TIMEOUT = 3.0
 
 
-@pytest.fixture
-def keepers(rdb):
-    """Make keepers (each as one worker's) on the session's Redis; their greenlets stop after the test."""
-    made = []
-
-    def make(timeout: float = 60, client=None, linger: float = 0.0, **options) -> PresenceKeeper:
-        keeper = PresenceKeeper(client or rdb, timeout, linger_seconds=linger, **options)
-        made.append(keeper)
-        return keeper
-
-    yield make
-    for keeper in made:
-        keeper.stop()
-
-
 def pump(predicate, timeout: float = 10.0, message: str = "condition"):
     """wait_until, giving this process's greenlets (the keepers' renewers and reapers) their turns."""
     return wait_until(lambda: gevent.sleep(0.01) or predicate(), timeout=timeout, message=message)

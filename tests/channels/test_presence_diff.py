@@ -9,29 +9,11 @@ from __future__ import annotations
 import json
 import time
 
-import pytest
-
-from app.channels.namespaces import Namespace, put_namespace
-from app.channels.presence import PresenceKeeper
 from app.redis import Keys
 from tests.channels.test_presence import CHANNEL, history, pump
 
 DIFF = 0.3
 DIFF_EVENT = "presence.diff"
-
-
-@pytest.fixture
-def keepers(rdb):
-    made = []
-
-    def make(linger: float = 0.0, diff: float = DIFF, timeout: float = 60) -> PresenceKeeper:
-        keeper = PresenceKeeper(rdb, timeout, linger_seconds=linger, diff_seconds=diff)
-        made.append(keeper)
-        return keeper
-
-    yield make
-    for keeper in made:
-        keeper.stop()
 
 
 def diffs(rdb, channel: str = CHANNEL) -> list[tuple[list[str], list[str]]]:
@@ -45,7 +27,7 @@ def diffs(rdb, channel: str = CHANNEL) -> list[tuple[list[str], list[str]]]:
 
 
 def test_joins_within_one_interval_go_out_as_one_diff_after_it(keepers, rdb):
-    keeper = keepers()
+    keeper = keepers(diff_seconds=DIFF)
     rdb.hset(Keys.channel_members(CHANNEL), "bob", json.dumps({"info": {"seat": 2}, "expires_at": None}))
     started = time.monotonic()
     for user in ("carl", "ann", "bob"):
@@ -60,7 +42,7 @@ def test_joins_within_one_interval_go_out_as_one_diff_after_it(keepers, rdb):
 
 
 def test_a_join_and_a_leave_of_one_user_within_one_diff_cancel_out_and_later_ones_go_in_the_next(keepers, rdb):
-    keeper = keepers()
+    keeper = keepers(diff_seconds=DIFF)
     ann = keeper.enter(CHANNEL, "ann", True, diff=True)
     keeper.leave(keeper.enter(CHANNEL, "bob", True, diff=True))  # in and out before the diff: neither
     pump(lambda: diffs(rdb), message="the first diff")
@@ -70,7 +52,7 @@ def test_a_join_and_a_leave_of_one_user_within_one_diff_cancel_out_and_later_one
 
 
 def test_a_lingering_leave_goes_in_a_diff_and_a_user_back_within_the_linger_in_none(keepers, rdb):
-    keeper, other = keepers(linger=0.5), keepers(linger=0.5)
+    keeper, other = keepers(linger=0.5, diff_seconds=DIFF), keepers(linger=0.5, diff_seconds=DIFF)
     ann = keeper.enter(CHANNEL, "ann", True, diff=True)
     bob = keeper.enter(CHANNEL, "bob", True, diff=True)
     pump(lambda: diffs(rdb), message="the joins")
@@ -82,21 +64,21 @@ def test_a_lingering_leave_goes_in_a_diff_and_a_user_back_within_the_linger_in_n
 
 
 def test_a_diff_pending_when_its_worker_dies_goes_out_from_the_reapers(keepers, rdb):
-    keeper = keepers()
+    keeper = keepers(diff_seconds=DIFF)
     keeper.enter(CHANNEL, "ann", True, diff=True)
     keeper.stop()  # its settler is gone: it never sends the diff it scheduled
-    reaper = keepers()
+    reaper = keepers(diff_seconds=DIFF)
     pump(lambda: reaper.reap() >= 0 and diffs(rdb), timeout=15, message="the reapers' diff")
     assert diffs(rdb) == [(["ann"], [])]
 
 
 def test_a_channel_without_diffs_publishes_each_change_as_before(keepers, rdb):
-    keeper = keepers()
+    keeper = keepers(diff_seconds=DIFF)
     keeper.leave(keeper.enter(CHANNEL, "ann", True))
     assert [event for _, event, _, _ in history(rdb)] == ["presence.join", "presence.leave"]
 
 
-def test_presence_diff_needs_join_leave_and_shows_in_n_only_where_set(client, admin_headers, rdb):
+def test_presence_diff_needs_join_leave_and_shows_in_n_only_where_set(client, admin_headers, namespace):
     refused = client.put(
         "/admin/namespaces/lobby",
         json={"subscribe": "authenticated", "publish": "server", "presence": True, "presence_diff": True},
@@ -109,8 +91,7 @@ def test_presence_diff_needs_join_leave_and_shows_in_n_only_where_set(client, ad
     assert "presence_diff" not in plain
     made = client.put("/admin/namespaces/lobby", json={**rules, "presence_diff": True}, headers=admin_headers)
     assert made.status_code == 200 and made.get_json()["presence_diff"] is True
-    with client.application.app_context():
-        put_namespace(rdb, Namespace("other", "authenticated", presence=True, join_leave=True, presence_diff=True))
+    namespace("other", subscribe="authenticated", presence=True, join_leave=True, presence_diff=True)
     listed = {n["name"]: n for n in client.get("/admin/namespaces", headers=admin_headers).get_json()["namespaces"]}
     assert listed["lobby"]["presence_diff"] is True and listed["other"]["presence_diff"] is True
     assert "presence_diff" not in listed["plain"]

@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import redis
@@ -18,9 +17,7 @@ from app.events.bus import CONTROL_CHANNEL, Bus, wake_channel
 from app.redis import Keys, connect
 from tests.events.clients import SSE, Api
 from tests.events.conftest import start_on_cluster
-from tests.servers import LiveServer, RedisClusterServer, wait_until
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.servers import ROOT, LiveServer, RedisClusterServer, wait_until
 
 
 @pytest.fixture(scope="module")

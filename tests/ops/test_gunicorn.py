@@ -70,12 +70,7 @@ def test_the_temporary_metrics_and_carry_over_directories_are_removed_on_exit(ba
         Api(server.url)  # some traffic, so the summed metrics are not empty
 
         # Where the workers take streams on a reload: /tmp, as this TMPDIR is too long for a Unix socket's path.
-        def carry_dirs():
-            pattern = "/tmp/auth-rt-carry-*/*-{}.sock"  # noqa: S108
-            sockets = [Path(path) for pid in server.worker_pids() for path in glob.glob(pattern.format(pid))]
-            return {path.parent for path in sockets} if len(sockets) == 2 else None
-
-        carry_dir = wait_until(carry_dirs, message="both workers' carry-over sockets")
+        carry_dir = {path.parent for path in wait_until(lambda: booted(server), message="both workers booted")}
         assert len(carry_dir) == 1
     finally:
         server.stop()
@@ -83,13 +78,26 @@ def test_the_temporary_metrics_and_carry_over_directories_are_removed_on_exit(ba
     assert not any(directory.exists() for directory in carry_dir)
 
 
+def booted(server: LiveServer, workers: int = 2) -> list[Path] | None:
+    """The carry-over sockets of the server's workers once each has one (made when a worker has booted)."""
+    pattern = "/tmp/auth-rt-carry-*/*-{}.sock"  # noqa: S108
+    sockets = [Path(path) for pid in server.worker_pids() for path in glob.glob(pattern.format(pid))]
+    return sockets if len(sockets) == workers else None
+
+
+def idle_keep_alive(server: LiveServer) -> socket.socket:
+    """A connection whose one request was answered and kept alive: waiting for its next request."""
+    idle = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+    idle.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
+    assert idle.recv(65536).startswith(b"HTTP/1.1 200")
+    return idle
+
+
 def test_a_stop_closes_keep_alive_connections_waiting_for_a_request_at_once(base_env, tmp_path):
     server = LiveServer({**base_env, "GRACEFUL_TIMEOUT": "60"}, workers=1, log_path=tmp_path / "gunicorn.log")
     server.start()
     try:
-        idle = socket.create_connection(("127.0.0.1", server.port), timeout=30)
-        idle.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
-        assert idle.recv(65536).startswith(b"HTTP/1.1 200")  # answered, and kept alive for the next request
+        idle = idle_keep_alive(server)
         server.signal(signal.SIGTERM)
         # Left open, the idle connection held the worker for all of its 60 s graceful time-out.
         server.process.wait(20)
@@ -99,10 +107,10 @@ def test_a_stop_closes_keep_alive_connections_waiting_for_a_request_at_once(base
 
 
 def test_a_quick_shutdown_ends_every_worker_at_once_without_a_traceback(base_env, rdb, tmp_path):
-    """SIGQUIT to the arbiter alone (gunicorn's quick shutdown; the tests' servers are stopped otherwise): each
-    worker, holding a stream and an idle keep-alive connection, exits by itself at once, with status 0 and no
-    traceback in the log (worker_int stops its main loop before gunicorn's own handler would, in the
-    interpreter's shutdown)."""
+    """SIGQUIT to the arbiter alone (gunicorn's quick shutdown; the tests' servers are stopped otherwise): both
+    booted workers, holding a stream and an idle keep-alive connection between them, exit by themselves at once,
+    with status 0 and no traceback in the log (worker_int stops its main loop before gunicorn's own handler
+    would, in the interpreter's shutdown)."""
     log_path = tmp_path / "gunicorn.log"
     server = LiveServer({**base_env, "LOG_LEVEL": "info"}, workers=2, log_path=log_path)
     server.start()
@@ -110,11 +118,9 @@ def test_a_quick_shutdown_ends_every_worker_at_once_without_a_traceback(base_env
         user = Api(server.url)
         stream = SSE(server.url, user.auth)
         stream.next(skip_comments=False)
-        idle = socket.create_connection(("127.0.0.1", server.port), timeout=30)
-        idle.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
-        assert idle.recv(65536).startswith(b"HTTP/1.1 200")
+        idle = idle_keep_alive(server)
+        wait_until(lambda: booted(server), message="both workers booted")  # a booting worker ignores the quit
         workers = server.worker_pids()
-        assert len(workers) == 2
         started = time.monotonic()
         server.signal(signal.SIGQUIT)
         assert server.process.wait(20) == 0

@@ -19,7 +19,7 @@ from pathlib import Path
 from standardwebhooks import Webhook
 
 from app.outgoing.delivery import HEARTBEAT_TTL
-from app.redis import connect
+from app.redis import Keys, connect
 from tests.servers import ROOT, VENV_BIN, LiveServer, process_env, wait_until
 
 
@@ -159,15 +159,22 @@ class DeliveryProcess:
             self.process = subprocess.Popen(
                 [str(VENV_BIN / "python"), "worker.py"], cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT
             )
-        client = connect(self.env["REDIS_URL"], 4, self.env.get("REDIS_MODE", "standalone"))
+        client = self._redis()
 
         def running():
             assert self.process.poll() is None, f"worker.py exited; see {self.log_path}"
-            return any(client.scan_iter(match=f"outgoing:consumer:*-{self.process.pid}-*"))
+            return any(self._heartbeats(client))
 
         wait_until(running, timeout=20, message="the delivery process")
         client.close()
         return self
+
+    def _redis(self):
+        return connect(self.env["REDIS_URL"], 4, self.env.get("REDIS_MODE", "standalone"))
+
+    def _heartbeats(self, client):
+        """This process's heartbeat keys (its consumer names hold its pid)."""
+        return client.scan_iter(match=Keys.outgoing_consumer(f"*-{self.process.pid}-*"))
 
     def kill(self) -> None:
         """SIGKILL: no chance to finish or acknowledge anything."""
@@ -179,9 +186,9 @@ class DeliveryProcess:
         other processes take its entries over at their next look instead of five seconds later. The expiry
         itself is checked first: a heartbeat without one would keep a dead process's entries for ever."""
         assert self.process.poll() is not None, "a live process renews its heartbeat"
-        client = connect(self.env["REDIS_URL"], 4, self.env.get("REDIS_MODE", "standalone"))
+        client = self._redis()
         try:
-            for key in client.scan_iter(match=f"outgoing:consumer:*-{self.process.pid}-*"):
+            for key in self._heartbeats(client):  # none when it expired already
                 left = client.pttl(key)  # -2: expired meanwhile; -1: no expiry at all
                 assert left == -2 or 0 < left <= HEARTBEAT_TTL * 1000, (key, left)
                 client.delete(key)
