@@ -23,13 +23,41 @@ REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 access_log = logging.getLogger("access")
 
 
+class AccessLineHandler(logging.StreamHandler):
+    """The access log's own handler: each record's message on its line of stdout."""
+
+    def __init__(self):
+        super().__init__(sys.stdout)
+        self.setFormatter(logging.Formatter("%(message)s"))
+
+
 def _configure_access_log() -> None:
     if not access_log.handlers:
-        handler = logging.StreamHandler(sys.stdout)
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        access_log.addHandler(handler)
+        access_log.addHandler(AccessLineHandler())
         access_log.setLevel(logging.INFO)
         access_log.propagate = False
+
+
+def _write_line(line: str) -> None:
+    """`line` written as `access_log.info` writes it, without a log record while the only handler is the service's
+    own: making the record, its handler's lock and formatter were a third of an access line's cost. Lines are
+    written from the workers' hub thread only, so no lock is missed. Any other handler attached (a test's
+    capture, an operator's configuration) gets records as before."""
+    handlers = access_log.handlers
+    if len(handlers) == 1 and type(handlers[0]) is AccessLineHandler and access_log.isEnabledFor(logging.INFO):
+        stream = handlers[0].stream
+        stream.write(line + "\n")
+        stream.flush()
+    else:
+        access_log.info(line)
+
+
+def _utc_second(last=[None, ""]) -> str:  # noqa: B006 - the cache of the second last formatted
+    """The current second as the lines' `ts`, formatted once a second."""
+    now = int(time.time())
+    if last[0] != now:
+        last[:] = [now, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))]
+    return last[1]
 
 
 def request_id_from(incoming: str) -> str:
@@ -41,10 +69,10 @@ def write_access_line(method, path, endpoint, status, started, request_id, user_
     """A request's line, and its time in the request-duration metric (`started`: its perf_counter at start)."""
     duration = time.perf_counter() - started
     REQUEST_SECONDS.labels(method, endpoint or "unmatched", str(status)).observe(duration)
-    access_log.info(
+    _write_line(
         json.dumps(
             {
-                "ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "ts": _utc_second(),
                 "level": "info",
                 "logger": "access",
                 "msg": "request",

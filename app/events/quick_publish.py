@@ -21,6 +21,7 @@ import time
 
 from flask import Flask
 from redis.exceptions import NoScriptError
+from werkzeug.http import HTTP_STATUS_CODES
 from werkzeug.wsgi import get_host
 
 from ..apikeys.store import key_of, verification_command, verify_key_answer
@@ -34,9 +35,18 @@ from .opener import request_token
 from .schemas import Publication
 from .views import REFUSED
 
+CREATED = f"201 {HTTP_STATUS_CODES[201].upper()}"  # as Werkzeug's response says it
 PATH = "/events"
 ENDPOINT = "events.publish"
 SCOPE = "events:publish"
+
+
+def json_body(app: Flask, value) -> bytes:
+    """`value` as the body of `app.json.response(value)`, without making the response."""
+    json = app.json
+    if (json.compact is None and app.debug) or json.compact is False:
+        return f"{json.dumps(value, indent=2)}\n".encode()
+    return f"{json.dumps(value, separators=(',', ':'))}\n".encode()
 
 
 class QuickPublisher:
@@ -59,16 +69,15 @@ class QuickPublisher:
             return self.wsgi_app(environ, start_response)
         started = time.perf_counter()
         with self.app.app_context():
-            answer = self._publish(environ, key, body)
-            cors = cors_headers(environ.get("HTTP_ORIGIN")) if answer is not None else []
-        if answer is None:
+            content = self._publish(environ, key, body)
+            cors = cors_headers(environ.get("HTTP_ORIGIN")) if content is not None else []
+        if content is None:
             return self.wsgi_app(environ, start_response)
         request_id = request_id_from(environ.get("HTTP_X_REQUEST_ID", ""))
-        content = answer.get_data()
         start_response(
-            answer.status,
+            CREATED,
             [
-                ("Content-Type", answer.content_type),
+                ("Content-Type", self.app.json.mimetype),
                 ("Content-Length", str(len(content))),
                 ("Cache-Control", "no-store"),
                 *SECURITY_HEADERS,
@@ -78,7 +87,7 @@ class QuickPublisher:
             ],
         )
         write_access_line(
-            "POST", PATH, ENDPOINT, answer.status_code, started, request_id, None,
+            "POST", PATH, ENDPOINT, 201, started, request_id, None,
             environ.get("REMOTE_ADDR"), environ["wsgi.url_scheme"], get_host(environ),
         )  # fmt: skip
         return [content]
@@ -95,8 +104,8 @@ class QuickPublisher:
         environ["wsgi.input"] = io.BytesIO(body)  # Flask reads it again if the request goes there
         return body if len(body) == int(length) else None
 
-    def _publish(self, environ, raw_key: str, body: bytes):
-        """The view's answer to a publication made here, or None for Flask to answer the request."""
+    def _publish(self, environ, raw_key: str, body: bytes) -> bytes | None:
+        """The body of the view's 201 to a publication made here, or None for Flask to answer the request."""
         try:
             value = parse_json(body)
             publication = _validate(Publication, value) if isinstance(value, dict) else None
@@ -129,9 +138,7 @@ class QuickPublisher:
         except Exception as error:  # noqa: BLE001 - the view raises it again, where its error handlers answer it
             environ[REFUSED] = (None, error)
             return None
-        answer = self.app.json.response({"id": published.id, "channel": published.channel})
-        answer.status_code = 201
-        return answer
+        return json_body(self.app, {"id": published.id, "channel": published.channel})
 
     @staticmethod
     def _verify_directly(raw_key: str):

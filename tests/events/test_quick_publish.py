@@ -86,6 +86,19 @@ def test_a_publication_with_an_api_key_is_answered_without_flask_as_the_view_ans
     assert json.loads(stored[0][1]["data"]) == {"total": 3}
 
 
+@pytest.mark.parametrize("compact", [None, False])
+def test_the_body_is_the_views_byte_for_byte_in_either_json_format(publishing, app, compact):
+    whole, flask_side, counter, keys = publishing
+    app.json.compact = compact  # False: indented, as in debug mode
+    body = {"channel": "orders:o2", "event": "paid"}
+    quick, view = post(whole, keys["orders"], body), post(flask_side, keys["orders"], body)
+    assert counter.calls == 0  # the quick one not through Flask
+    assert quick.get_data().replace(quick.get_json()["id"].encode(), b"") == view.get_data().replace(
+        view.get_json()["id"].encode(), b""
+    )
+    assert (b"\n  " in quick.get_data()) is (compact is False)
+
+
 def test_channels_outside_namespaces_and_an_origin_are_published_there_too(publishing):
     whole, flask_side, counter, keys = publishing
     for channel in ("broadcast", "user:u1"):
