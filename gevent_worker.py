@@ -40,6 +40,8 @@ from gevent.server import StreamServer
 from gunicorn.workers import ggevent
 from gunicorn.workers.ggevent import GeventWorker
 
+from quick_http import QuickRequests
+
 SLOT = struct.Struct("qq")  # a worker's pid and the number of connections in its handlers
 SLOTS = 64
 # Made when the arbiter imports this module, so every worker it forks shares it.
@@ -217,7 +219,10 @@ def remembered_allow_list_check(check, limit: int = 4096):
 
 class FairGeventWorker(GeventWorker):
     """The gevent worker, with a turn of the event loop between two requests of one connection, whose responses
-    send their head with their body (HeadWithBody)."""
+    send their head with their body (HeadWithBody), and which reads the requests its app answers at once itself
+    (quick_http.py)."""
+
+    quick: QuickRequests | None = None  # set as it starts serving, when the app has quick routes
 
     def init_process(self):
         """In the worker only (the arbiter imports this class too): gunicorn's HTTP/1 responses are HeadWithBody."""
@@ -232,6 +237,7 @@ class FairGeventWorker(GeventWorker):
 
     def run(self):
         """Serve; from now on the siblings share connections with this worker."""
+        self.quick = QuickRequests.for_worker(self)
         self.balance.join()
         super().run()
 
@@ -252,13 +258,27 @@ class FairGeventWorker(GeventWorker):
         """
         self.idle_connections.discard(sock)
         super().handle_request(listener_name, req, sock, addr)
+        self.take_turn()
+        self.idle_connections.add(sock)
+        if self.quick is not None:
+            self.quick.serve(req, sock, addr, listener_name)  # the requests that follow, if quick (quick_http.py)
+
+    @staticmethod
+    def take_turn() -> None:
+        """Let every other ready connection, and new ones, come first."""
         # A 0 s timer rather than gevent.sleep(0): sleep(0) resumes from the loop's callbacks, which
         # run before it polls for I/O, so a greenlet that always sleeps 0 still keeps sockets waiting.
         # The timer fires after the next poll: other ready connections and new ones come first.
         hub = gevent.get_hub()
         with hub.loop.timer(0) as turn:
             hub.wait(turn)
-        self.idle_connections.add(sock)
+
+    def count_request(self) -> None:
+        """A request served outside gunicorn's handler, counted as gunicorn counts its own (max_requests)."""
+        self.nr += 1
+        if self.nr >= self.max_requests and self.alive:
+            self.log.info("Autorestarting worker after current request.")
+            self.alive = False
 
     def close_idle_connections(self) -> None:
         """Stopping: close the keep-alive connections that wait for a request, as nginx does. Left open, each

@@ -36,6 +36,7 @@ from .channels import views as channel_views
 from .events import views as event_views
 from .events.handover import KeepsServerResponse
 from .events.opener import StreamOpener
+from .events.quick_publish import ROUTES as QUICK_ROUTES
 from .events.quick_publish import QuickPublisher
 from .issuers import views as issuer_views
 from .oauth_server import views as oauth_server_views
@@ -80,6 +81,7 @@ def create_app(environ: Mapping[str, str] | None = None) -> Flask:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app.wsgi_app = StreamOpener(app, app.wsgi_app)  # opens most event streams without Flask (opener.py)
     app.wsgi_app = QuickPublisher(app, app.wsgi_app)  # publishes with API keys without Flask (quick_publish.py)
+    app.quick_routes = QUICK_ROUTES  # the worker reads these requests itself (quick_http.py)
     if settings.proxy_hops:
         app.wsgi_app = TrustedProxyFix(app.wsgi_app, settings.proxy_hops, settings.forwarded_allow_ips)
     app.wsgi_app = KeepsServerResponse(app.wsgi_app)  # a stream may hand its connection over (handover.py)

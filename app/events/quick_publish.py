@@ -18,11 +18,14 @@ from __future__ import annotations
 
 import io
 import time
+import weakref
 
 from flask import Flask
 from redis.exceptions import NoScriptError
 from werkzeug.http import HTTP_STATUS_CODES
 from werkzeug.wsgi import get_host
+
+from quick_http import QUICK_ONLY
 
 from ..apikeys.store import key_of, verification_command, verify_key_answer
 from ..auth.guards import API_KEY_PREFIX, cors_headers
@@ -35,6 +38,7 @@ from .opener import request_token
 from .schemas import Publication
 from .views import REFUSED
 
+ROUTES = ((b"POST", b"/events"),)  # what the worker may ask for a quick answer (quick_http.py)
 CREATED = f"201 {HTTP_STATUS_CODES[201].upper()}"  # as Werkzeug's response says it
 PATH = "/events"
 ENDPOINT = "events.publish"
@@ -57,22 +61,29 @@ class QuickPublisher:
         self.wsgi_app = wsgi_app
         self.limit = app.config["MAX_CONTENT_LENGTH"]
         self._reads = None  # made with the first request: the Redis client is bound to the app after this
+        self.failed_on = weakref.WeakKeyDictionary()  # a connection's socket: what its quick publication met
 
     def __call__(self, environ, start_response):
-        """The publication's answer, made here; or Flask's, for anything else and every refusal."""
+        """The publication's answer, made here; or Flask's, for anything else and every refusal. Asked by the worker
+        for a quick answer only (`QUICK_ONLY`, quick_http.py), None instead of Flask's."""
+        if self.failed_on:
+            error = self.failed_on.pop(environ.get("gunicorn.socket"), None)
+            if error is not None:  # this request, given back by the worker after its publication failed
+                environ[REFUSED] = (None, error)
+                return self.wsgi_app(environ, start_response)
         if environ.get("PATH_INFO") != PATH or environ.get("REQUEST_METHOD") != "POST":
-            return self.wsgi_app(environ, start_response)
+            return self._elsewhere(environ, start_response)
         token, via = request_token(environ)
         key = token if via == "bearer" and token and token.startswith(API_KEY_PREFIX) else None
         body = self._body(environ) if key is not None else None  # read only what may be published here
         if body is None:
-            return self.wsgi_app(environ, start_response)
+            return self._elsewhere(environ, start_response)
         started = time.perf_counter()
         with self.app.app_context():
             content = self._publish(environ, key, body)
             cors = cors_headers(environ.get("HTTP_ORIGIN")) if content is not None else []
         if content is None:
-            return self.wsgi_app(environ, start_response)
+            return self._elsewhere(environ, start_response)
         request_id = request_id_from(environ.get("HTTP_X_REQUEST_ID", ""))
         start_response(
             CREATED,
@@ -91,6 +102,10 @@ class QuickPublisher:
             environ.get("REMOTE_ADDR"), environ["wsgi.url_scheme"], get_host(environ),
         )  # fmt: skip
         return [content]
+
+    def _elsewhere(self, environ, start_response):
+        """Flask's answer; none for the worker's quick-only question (it gives the request to gunicorn)."""
+        return None if QUICK_ONLY in environ else self.wsgi_app(environ, start_response)
 
     def _body(self, environ) -> bytes | None:
         """A JSON body of a given length within the limit, read (and put back for Flask); None otherwise."""
@@ -136,7 +151,10 @@ class QuickPublisher:
         try:
             published = bus.publish(channel, publication.event, publication.data)
         except Exception as error:  # noqa: BLE001 - the view raises it again, where its error handlers answer it
-            environ[REFUSED] = (None, error)
+            if QUICK_ONLY in environ:  # the worker gives the request to gunicorn, whose environ the view reads
+                self.failed_on[environ["gunicorn.socket"]] = error
+            else:
+                environ[REFUSED] = (None, error)
             return None
         return json_body(self.app, {"id": published.id, "channel": published.channel})
 

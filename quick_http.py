@@ -1,0 +1,250 @@
+"""Requests the app answers at once, read by the worker itself rather than by gunicorn's parser.
+
+gunicorn parses a request's head and builds its WSGI environ in Python: about 100 us of a worker's CPU for a
+small POST, a seventh of a whole publication (bench/README.md), against 4 us with llhttp (httptools, uvicorn's
+parser). A backend publishing one `POST /events` per event sends nothing else on its keep-alive connection.
+So after each request gunicorn served on a connection that stays open, the worker reads the next one itself
+(`QuickRequests.serve`): llhttp parses its head, and when it is one of the app's quick routes (`quick_routes`,
+method and path), HTTP/1.1 with a body of known length and nothing unusual, the app is called with
+`environ[QUICK_ONLY]`: it answers at once, or returns None. Whatever it does not answer that way, and whatever
+this reading is unsure of (a duplicate header, `Expect`, `Transfer-Encoding`, a header gunicorn would drop or
+refuse, a head or body beyond the limits, a stopping worker), goes back to gunicorn byte for byte, which parses
+it from its start as if nothing had looked at it. The first request of a connection is always gunicorn's.
+
+The answer is written as gunicorn writes it: status line, Server, Date, Connection, the app's headers, body.
+"""
+
+from __future__ import annotations
+
+import io
+
+import gevent
+import gunicorn.http.message
+import gunicorn.util
+import httptools
+from gunicorn import SERVER
+from gunicorn.http.message import RFC9110_5_5_INVALID_AND_DANGEROUS, TOKEN_RE
+from gunicorn.http.wsgi import HEADER_VALUE_RE, base_environ
+
+QUICK_ONLY = "quick_http.only"  # environ key: answer at once, or return None and leave the request alone
+HEAD_LIMIT = 8190  # gunicorn's own limits are this or above: a longer head is gunicorn's to serve or refuse
+BODY_LIMIT = 65536
+RECEIVE = 65536
+KEEP_ALIVE = "keep-alive"
+REFUSED_HEADERS = frozenset({"TRANSFER-ENCODING", "EXPECT", "UPGRADE", "TE", "TRAILER", "HTTP2-SETTINGS"})
+
+
+class Head:
+    """What llhttp reports of one request's head."""
+
+    __slots__ = ("url", "headers")
+
+    def __init__(self):
+        self.url = b""
+        self.headers: list[tuple[bytes, bytes]] = []
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name, value))
+
+
+class QuickRequests:
+    """A worker's reading of the requests its app answers at once (see the module's text)."""
+
+    def __init__(self, worker, routes):
+        self.worker = worker
+        self.routes = frozenset(routes)  # (method, path) as bytes
+        cfg = worker.cfg
+        self.cfg = cfg
+        self.base = base_environ(cfg) | {"wsgi.multithread": True, "SCRIPT_NAME": "", QUICK_ONLY: True}
+        self.max_fields = cfg.limit_request_fields
+
+    @classmethod
+    def for_worker(cls, worker) -> QuickRequests | None:
+        """The worker's, if its app has quick routes and nothing in gunicorn's settings changes how a request is
+        read (the PROXY protocol, a SCRIPT_NAME, TLS)."""
+        import os
+
+        routes = getattr(worker.wsgi, "quick_routes", None)
+        cfg = worker.cfg
+        if not routes or cfg.proxy_protocol != "off" or cfg.is_ssl or os.environ.get("SCRIPT_NAME"):
+            return None
+        return cls(worker, routes)
+
+    def serve(self, req, sock, addr, server) -> None:
+        """After gunicorn served `req` on `sock` (which stays open): answer the quick requests that follow, and
+        give back to gunicorn's reader what was read of the first one that is not."""
+        if req.body is not None:
+            while req.body.read(8192):  # what gunicorn's reader would discard before the next request
+                pass
+        buffer = req.unreader.take_buffered()
+        try:
+            while self.worker.alive:
+                buffer, request = self._read(sock, addr, buffer)
+                if request is None:
+                    return
+                environ, end = request
+                environ.update(
+                    {
+                        "gunicorn.socket": sock,
+                        "REMOTE_ADDR": addr[0],
+                        "REMOTE_PORT": str(addr[1]),
+                        "SERVER_NAME": server[0],
+                        "SERVER_PORT": str(server[1]),
+                    }
+                )
+                self.worker.idle_connections.discard(sock)
+                answer = self._answer(environ)
+                if answer is None:
+                    return
+                buffer = buffer[end:]
+                sock.sendall(answer)
+                self.worker.count_request()
+                self.worker.take_turn()
+                self.worker.idle_connections.add(sock)
+        finally:
+            if buffer:
+                req.unreader.unread(buffer)
+
+    def _read(self, sock, addr, buffer: bytes):
+        """(all read so far, (the next request's environ, where it ends in that) or None for gunicorn's to
+        read). Waiting for a request ends the connection after the keep-alive time, as gunicorn's wait does."""
+        with gevent.Timeout(self.cfg.keepalive, False):
+            while (head_end := buffer.find(b"\r\n\r\n")) < 0:
+                if len(buffer) > HEAD_LIMIT:
+                    return buffer, None
+                data = sock.recv(RECEIVE)
+                if not data:
+                    return buffer, None
+                buffer += data
+            parsed = self._parse(buffer[: head_end + 4], addr)
+            if parsed is None:
+                return buffer, None
+            environ, length = parsed
+            end = head_end + 4 + length
+            while len(buffer) < end:
+                data = sock.recv(RECEIVE)
+                if not data:
+                    return buffer, None
+                buffer += data
+            environ["wsgi.input"] = io.BytesIO(buffer[head_end + 4 : end])
+            return buffer, (environ, end)
+        if buffer:
+            return buffer, None
+        raise StopIteration("keep-alive time-out")  # gunicorn's keep-alive loop ends the connection
+
+    def _parse(self, head: bytes, addr):
+        """(the environ of the request whose head this is, its body's length), or None if it is not quick."""
+        found = Head()
+        parser = httptools.HttpRequestParser(found)
+        try:
+            parser.feed_data(head)
+        except httptools.HttpParserError:  # also an upgrade
+            return None
+        method = parser.get_method()
+        if (method, found.url) not in self.routes or parser.get_http_version() != "1.1":
+            return None
+        if len(found.headers) > self.max_fields:
+            return None
+        environ = self.base.copy()
+        seen: set[str] = set()
+        length = None
+        for raw_name, raw_value in found.headers:
+            name, value = raw_name.decode("latin-1"), raw_value.decode("latin-1")
+            upper = name.upper()
+            if (
+                upper in seen
+                or upper in REFUSED_HEADERS
+                or "_" in name
+                or not TOKEN_RE.fullmatch(name)
+                or RFC9110_5_5_INVALID_AND_DANGEROUS.search(value)
+            ):
+                return None
+            seen.add(upper)
+            value = value.strip(" \t")
+            if upper == "CONTENT-LENGTH":
+                if not (value.isascii() and value.isdigit()):
+                    return None
+                length = int(value)
+                environ["CONTENT_LENGTH"] = value
+            elif upper == "CONTENT-TYPE":
+                environ["CONTENT_TYPE"] = value
+            else:
+                if upper == "CONNECTION" and value.lower() != KEEP_ALIVE:
+                    return None
+                environ["HTTP_" + upper.replace("-", "_")] = value
+        if length is None or length > BODY_LIMIT:
+            return None
+        scheme = self._scheme(environ, seen, addr)
+        if scheme is None:
+            return None
+        path = found.url.decode("latin-1")
+        environ.update(
+            {
+                "REQUEST_METHOD": method.decode("latin-1"),
+                "PATH_INFO": path,
+                "RAW_URI": path,
+                "QUERY_STRING": "",
+                "SERVER_PROTOCOL": "HTTP/1.1",
+                "wsgi.url_scheme": scheme,
+            }
+        )
+        return environ, length
+
+    def _scheme(self, environ, names: set[str], addr) -> str | None:
+        """The scheme gunicorn gives the request: https where a trusted peer's secure-scheme header says so;
+        None where two of them disagree (gunicorn refuses that)."""
+        secure = self.cfg.secure_scheme_headers
+        present = [name for name in names if name in secure]
+        if not present or not self._trusted(addr):
+            return "http"
+        schemes = {"https" if environ["HTTP_" + name.replace("-", "_")] == secure[name] else "http" for name in present}
+        return schemes.pop() if len(schemes) == 1 else None
+
+    def _trusted(self, peer) -> bool:
+        """Whether gunicorn lets this peer set forwarding and scheme headers (FORWARDED_ALLOW_IPS)."""
+        cfg = self.cfg
+        allowed = gunicorn.http.message._ip_in_allow_list  # the worker's remembered check
+        return not isinstance(peer, tuple) or allowed(peer[0], cfg.forwarded_allow_ips, cfg.forwarded_allow_networks())
+
+    def _answer(self, environ) -> bytes | None:
+        """The app's answer, as gunicorn writes it; None if the app leaves the request to gunicorn."""
+        started: list = []
+
+        def start_response(status, headers, exc_info=None):
+            started[:] = [status, headers]
+            return _no_write
+
+        result = self.worker.wsgi(environ, start_response)
+        if result is None:
+            return None
+        try:
+            body = b"".join(result)
+        finally:
+            if hasattr(result, "close"):
+                result.close()
+        status, headers = started
+        lines = [f"HTTP/1.1 {status}\r\nServer: {SERVER}\r\nDate: {gunicorn.util.http_date()}\r\n"]
+        lines.append("Connection: keep-alive\r\n")
+        has_length = False
+        for name, value in headers:
+            if not TOKEN_RE.fullmatch(name) or not HEADER_VALUE_RE.fullmatch(value):
+                raise ValueError(f"invalid response header {name!r}")  # gunicorn refuses it too (name only)
+            if name.lower() == "content-length":
+                has_length = True
+            elif gunicorn.util.is_hoppish(name):
+                continue
+            lines.append(f"{name}: {value.strip(STRIPPED)}\r\n")
+        if not has_length:
+            lines.append(f"Content-Length: {len(body)}\r\n")
+        lines.append("\r\n")
+        return "".join(lines).encode("latin-1") + body
+
+
+STRIPPED = " \t"
+
+
+def _no_write(_data):
+    raise RuntimeError("a quick answer is returned, not written")
