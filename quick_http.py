@@ -111,29 +111,38 @@ class QuickRequests:
     def _read(self, sock, addr, buffer: bytes):
         """(all read so far, (the next request's environ, where it ends in that) or None for gunicorn's to
         read). Waiting for a request ends the connection after the keep-alive time, as gunicorn's wait does."""
-        with gevent.Timeout(self.cfg.keepalive, False):
-            while (head_end := buffer.find(b"\r\n\r\n")) < 0:
-                if len(buffer) > HEAD_LIMIT:
-                    return buffer, None
-                data = sock.recv(RECEIVE)
-                if not data:
-                    return buffer, None
-                buffer += data
-            parsed = self._parse(buffer[: head_end + 4], addr)
-            if parsed is None:
+        while (head_end := buffer.find(b"\r\n\r\n")) < 0:
+            if len(buffer) > HEAD_LIMIT:
                 return buffer, None
-            environ, length = parsed
-            end = head_end + 4 + length
-            while len(buffer) < end:
-                data = sock.recv(RECEIVE)
-                if not data:
-                    return buffer, None
-                buffer += data
-            environ["wsgi.input"] = io.BytesIO(buffer[head_end + 4 : end])
-            return buffer, (environ, end)
-        if buffer:
+            data = self._receive(sock)
+            if data is None and not buffer:
+                raise StopIteration("keep-alive time-out")  # gunicorn's keep-alive loop ends the connection
+            if not data:
+                return buffer, None
+            buffer += data
+        parsed = self._parse(buffer[: head_end + 4], addr)
+        if parsed is None:
             return buffer, None
-        raise StopIteration("keep-alive time-out")  # gunicorn's keep-alive loop ends the connection
+        environ, length = parsed
+        end = head_end + 4 + length
+        while len(buffer) < end:
+            data = self._receive(sock)
+            if not data:
+                return buffer, None
+            buffer += data
+        environ["wsgi.input"] = io.BytesIO(buffer[head_end + 4 : end])
+        return buffer, (environ, end)
+
+    def _receive(self, sock) -> bytes | None:
+        """What `sock` has for us (b"" at its end), waiting at most the keep-alive time: None if nothing came. A
+        busy backend's next request is usually there already, and then no timer is made."""
+        try:
+            return sock._sock.recv(RECEIVE)  # the OS socket's, which does not wait (gevent's are non-blocking)
+        except BlockingIOError:
+            pass
+        with gevent.Timeout(self.cfg.keepalive, False):
+            return sock.recv(RECEIVE)
+        return None
 
     def _parse(self, head: bytes, addr):
         """(the environ of the request whose head this is, its body's length), or None if it is not quick."""

@@ -17,6 +17,7 @@ import uuid
 
 from flask import Flask, g, request
 
+from .clock import utc_second
 from .metrics import REQUEST_SECONDS
 
 REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
@@ -52,14 +53,6 @@ def _write_line(line: str) -> None:
         access_log.info(line)
 
 
-def _utc_second(last=[None, ""]) -> str:  # noqa: B006 - the cache of the second last formatted
-    """The current second as the lines' `ts`, formatted once a second."""
-    now = int(time.time())
-    if last[0] != now:
-        last[:] = [now, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))]
-    return last[1]
-
-
 def request_id_from(incoming: str) -> str:
     """The client's X-Request-ID when it is a plausible id, else a new one."""
     return incoming if REQUEST_ID.match(incoming) else uuid.uuid4().hex
@@ -72,7 +65,7 @@ def write_access_line(method, path, endpoint, status, started, request_id, user_
     _write_line(
         json.dumps(
             {
-                "ts": _utc_second(),
+                "ts": utc_second() + "Z",
                 "level": "info",
                 "logger": "access",
                 "msg": "request",

@@ -7,13 +7,16 @@ the session's address. From any other peer those headers are ignored and the pee
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 
 from werkzeug.middleware.proxy_fix import ProxyFix
 
 
+@functools.lru_cache(maxsize=4096)
 def peer_is_trusted(remote_addr: str | None, trusted: tuple) -> bool:
-    """Whether the direct peer may speak for the client; a Unix-socket peer (no address) is local."""
+    """Whether the direct peer may speak for the client; a Unix-socket peer (no address) is local. Remembered per
+    peer and list: parsing the address was a visible part of a small request's cost."""
     if not remote_addr:
         return True  # as gunicorn treats a Unix socket: only a local proxy can reach it
     try:

@@ -51,6 +51,7 @@ import gevent.monkey
 import redis
 from flask import Flask
 
+from ..clock import utc_millis
 from ..events.bus import DEFAULT_HISTORY_TTL
 from ..outgoing.feed import feed_events
 from ..redis import Keys, Outage, is_cluster
@@ -380,8 +381,7 @@ class _Entry:
 
 
 def _timestamp() -> str:
-    now = time.time()
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now * 1000) % 1000:03d}Z"
+    return utc_millis()
 
 
 class PresenceKeeper:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -22,6 +21,7 @@ from typing import NamedTuple
 import redis
 
 from ..auth.sessions import checked_user, session_check, session_is_valid
+from ..clock import utc_millis
 from ..errors import ApiError, bad_request, validation_failed
 from ..metrics import EVENTS_PUBLISHED
 from ..outgoing.feed import feed_events
@@ -183,7 +183,7 @@ def reset_event(channel: str) -> Event:
 
 
 def _now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + f".{int(time.time() * 1000) % 1000:03d}Z"
+    return utc_millis()
 
 
 WEBHOOKS = "webhooks"
