@@ -56,6 +56,8 @@ class QuickRequests:
     def __init__(self, worker, routes):
         self.worker = worker
         self.routes = frozenset(routes)  # (method, path) as bytes
+        self.starts = tuple(method + b" " + path + b" " for method, path in self.routes)  # their request lines'
+        self.longest_start = max(len(start) for start in self.starts)
         cfg = worker.cfg
         self.cfg = cfg
         self.base = base_environ(cfg) | {"wsgi.multithread": True, "SCRIPT_NAME": "", QUICK_ONLY: True}
@@ -112,7 +114,7 @@ class QuickRequests:
         """(all read so far, (the next request's environ, where it ends in that) or None for gunicorn's to
         read). Waiting for a request ends the connection after the keep-alive time, as gunicorn's wait does."""
         while (head_end := buffer.find(b"\r\n\r\n")) < 0:
-            if len(buffer) > HEAD_LIMIT:
+            if len(buffer) > HEAD_LIMIT or not self._may_be_quick(buffer):
                 return buffer, None
             data = self._receive(sock)
             if data is None and not buffer:
@@ -120,7 +122,7 @@ class QuickRequests:
             if not data:
                 return buffer, None
             buffer += data
-        parsed = self._parse(buffer[: head_end + 4], addr)
+        parsed = self._parse(buffer[: head_end + 4], addr) if self._may_be_quick(buffer) else None
         if parsed is None:
             return buffer, None
         environ, length = parsed
@@ -132,6 +134,11 @@ class QuickRequests:
             buffer += data
         environ["wsgi.input"] = io.BytesIO(buffer[head_end + 4 : end])
         return buffer, (environ, end)
+
+    def _may_be_quick(self, begun: bytes) -> bool:
+        """Whether a request that begins with `begun` may be of a quick route: others are not parsed here."""
+        begun = begun[: self.longest_start]
+        return any(start.startswith(begun) or begun.startswith(start) for start in self.starts)
 
     def _receive(self, sock) -> bytes | None:
         """What `sock` has for us (b"" at its end), waiting at most the keep-alive time: None if nothing came. A
@@ -150,7 +157,7 @@ class QuickRequests:
         parser = httptools.HttpRequestParser(found)
         try:
             parser.feed_data(head)
-        except httptools.HttpParserError:  # also an upgrade
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade):
             return None
         method = parser.get_method()
         if (method, found.url) not in self.routes or parser.get_http_version() != "1.1":

@@ -138,6 +138,9 @@ def with_length_header(request: bytes, *replacement: bytes) -> bytes:
 
 UNUSUAL = {
     "a GET": HEALTH,
+    "a WebSocket's upgrade": b"GET /ws HTTP/1.1\r\nHost: h\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n",
+    "a publication asking to upgrade": publication("KEY", "broadcast", b"Upgrade: h2c", b"Connection: Upgrade"),
+    "a publication's path, longer": publication("KEY").replace(b"/events", b"/events/batch", 1),
     "HTTP/1.0": publication("KEY").replace(b"HTTP/1.1", b"HTTP/1.0", 1),
     "a query": publication("KEY").replace(b"/events", b"/events?x=1", 1),
     "Connection: close": publication("KEY", "broadcast", b"Connection: close"),
