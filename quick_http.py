@@ -17,13 +17,21 @@ The answer is written as gunicorn writes it: status line, Server, Date, Connecti
 from __future__ import annotations
 
 import io
+import os
+import time
 
 import gevent
+import gunicorn.config
 import gunicorn.http.message
 import gunicorn.util
 import httptools
 from gunicorn import SERVER
-from gunicorn.http.message import RFC9110_5_5_INVALID_AND_DANGEROUS, TOKEN_RE
+from gunicorn.http.message import (
+    DEFAULT_MAX_HEADERFIELD_SIZE,
+    MAX_HEADERS,
+    RFC9110_5_5_INVALID_AND_DANGEROUS,
+    TOKEN_RE,
+)
 from gunicorn.http.wsgi import HEADER_VALUE_RE, base_environ
 
 QUICK_ONLY = "quick_http.only"  # environ key: answer at once, or return None and leave the request alone
@@ -56,31 +64,35 @@ class QuickRequests:
     def __init__(self, worker, routes):
         self.worker = worker
         self.routes = frozenset(routes)  # (method, path) as bytes
-        self.starts = tuple(method + b" " + path + b" " for method, path in self.routes)  # their request lines'
+        self.starts = tuple(method + b" " + path + b" HTTP/1.1\r\n" for method, path in self.routes)  # exactly
         self.longest_start = max(len(start) for start in self.starts)
-        cfg = worker.cfg
-        self.cfg = cfg
+        cfg = self.cfg = worker.cfg
         self.base = base_environ(cfg) | {"wsgi.multithread": True, "SCRIPT_NAME": "", QUICK_ONLY: True}
-        self.max_fields = cfg.limit_request_fields
+        fields, field_size = cfg.limit_request_fields, cfg.limit_request_field_size  # as gunicorn reads them
+        self.max_fields = fields if 0 < fields <= MAX_HEADERS else MAX_HEADERS
+        self.max_line = field_size if field_size > 0 else DEFAULT_MAX_HEADERFIELD_SIZE
 
     @classmethod
     def for_worker(cls, worker) -> QuickRequests | None:
         """The worker's, if its app has quick routes and nothing in gunicorn's settings changes how a request is
-        read (the PROXY protocol, a SCRIPT_NAME, TLS)."""
-        import os
-
+        read or served: TCP listeners only (no Unix socket, whose peers have no address), no PROXY protocol,
+        SCRIPT_NAME or TLS, gunicorn's own pre- and post-request hooks (which do nothing)."""
         routes = getattr(worker.wsgi, "quick_routes", None)
         cfg = worker.cfg
-        if not routes or cfg.proxy_protocol != "off" or cfg.is_ssl or os.environ.get("SCRIPT_NAME"):
-            return None
-        return cls(worker, routes)
+        plain = (
+            cfg.proxy_protocol == "off"
+            and not cfg.is_ssl
+            and not os.environ.get("SCRIPT_NAME")
+            and cfg.pre_request is gunicorn.config.PreRequest.default
+            and cfg.post_request is gunicorn.config.PostRequest.default
+            and all(isinstance(listener.getsockname(), tuple) for listener in worker.sockets)
+        )
+        return cls(worker, routes) if routes and plain else None
 
     def serve(self, req, sock, addr, server) -> None:
         """After gunicorn served `req` on `sock` (which stays open): answer the quick requests that follow, and
         give back to gunicorn's reader what was read of the first one that is not."""
-        if req.body is not None:
-            while req.body.read(8192):  # what gunicorn's reader would discard before the next request
-                pass
+        self._finish(req)
         buffer = req.unreader.take_buffered()
         try:
             while self.worker.alive:
@@ -98,56 +110,89 @@ class QuickRequests:
                     }
                 )
                 self.worker.idle_connections.discard(sock)
-                answer = self._answer(environ)
+                closing = self.worker.nr + 1 >= self.worker.max_requests  # as gunicorn: its last, then it stops
+                answer = self._answer(environ, closing)
                 if answer is None:
                     return
                 buffer = buffer[end:]
                 sock.sendall(answer)
                 self.worker.count_request()
+                if closing:
+                    raise StopIteration("the worker's last request")  # gunicorn's loop closes the connection
                 self.worker.take_turn()
                 self.worker.idle_connections.add(sock)
         finally:
             if buffer:
                 req.unreader.unread(buffer)
 
+    def _finish(self, req) -> None:
+        """What gunicorn's reader does before the next request: stop where the last one closes the connection, and
+        discard what is left of its body, within the keep-alive time; stop where that cannot be done (a body that
+        failed to read, or did not arrive), because where the next request starts is then unknown."""
+        body = req.body
+        if req.should_close() or getattr(body, "failed", False):
+            raise StopIteration("the last request ends the connection")
+        if body is None:
+            return
+        with gevent.Timeout(self.cfg.keepalive, False):
+            try:
+                while body.read(8192):
+                    pass
+            except Exception:  # noqa: BLE001 - a malformed chunk: gunicorn's reader stops there too
+                raise StopIteration("the last request's body cannot be read") from None
+            return
+        raise StopIteration("the last request's body did not arrive")
+
     def _read(self, sock, addr, buffer: bytes):
         """(all read so far, (the next request's environ, where it ends in that) or None for gunicorn's to
-        read). Waiting for a request ends the connection after the keep-alive time, as gunicorn's wait does."""
+        read). The whole request must arrive within the keep-alive time, as gunicorn's wait has it; a connection
+        that sent nothing by then ends."""
+        deadline = time.monotonic() + self.cfg.keepalive
         while (head_end := buffer.find(b"\r\n\r\n")) < 0:
             if len(buffer) > HEAD_LIMIT or not self._may_be_quick(buffer):
                 return buffer, None
-            data = self._receive(sock)
+            data = self._receive(sock, deadline)
             if data is None and not buffer:
                 raise StopIteration("keep-alive time-out")  # gunicorn's keep-alive loop ends the connection
             if not data:
                 return buffer, None
             buffer += data
-        parsed = self._parse(buffer[: head_end + 4], addr) if self._may_be_quick(buffer) else None
+        head = buffer[: head_end + 4]
+        if len(head) > HEAD_LIMIT or not self._may_be_quick(buffer) or self._line_too_long(head):
+            return buffer, None
+        parsed = self._parse(head, addr)
         if parsed is None:
             return buffer, None
         environ, length = parsed
         end = head_end + 4 + length
         while len(buffer) < end:
-            data = self._receive(sock)
+            data = self._receive(sock, deadline)
             if not data:
                 return buffer, None
             buffer += data
         environ["wsgi.input"] = io.BytesIO(buffer[head_end + 4 : end])
         return buffer, (environ, end)
 
+    def _line_too_long(self, head: bytes) -> bool:
+        """Whether a line of the head is over gunicorn's limit for a header line (the request line is a route's)."""
+        return max(map(len, head.split(b"\r\n"))) + 2 > self.max_line
+
     def _may_be_quick(self, begun: bytes) -> bool:
         """Whether a request that begins with `begun` may be of a quick route: others are not parsed here."""
         begun = begun[: self.longest_start]
-        return any(start.startswith(begun) or begun.startswith(start) for start in self.starts)
+        return any(start.startswith(begun) for start in self.starts)
 
-    def _receive(self, sock) -> bytes | None:
-        """What `sock` has for us (b"" at its end), waiting at most the keep-alive time: None if nothing came. A
-        busy backend's next request is usually there already, and then no timer is made."""
+    def _receive(self, sock, deadline: float) -> bytes | None:
+        """What `sock` has for us (b"" at its end), waiting at most until `deadline`: None if nothing came by then.
+        A busy backend's next request is usually there already, and then no timer is made."""
         try:
             return sock._sock.recv(RECEIVE)  # the OS socket's, which does not wait (gevent's are non-blocking)
         except BlockingIOError:
             pass
-        with gevent.Timeout(self.cfg.keepalive, False):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return None
+        with gevent.Timeout(remaining, False):
             return sock.recv(RECEIVE)
         return None
 
@@ -225,8 +270,9 @@ class QuickRequests:
         allowed = gunicorn.http.message._ip_in_allow_list  # the worker's remembered check
         return not isinstance(peer, tuple) or allowed(peer[0], cfg.forwarded_allow_ips, cfg.forwarded_allow_networks())
 
-    def _answer(self, environ) -> bytes | None:
-        """The app's answer, as gunicorn writes it; None if the app leaves the request to gunicorn."""
+    def _answer(self, environ, closing: bool) -> bytes | None:
+        """The app's answer, as gunicorn writes it (`closing`: the connection's last); None if the app leaves the
+        request to gunicorn."""
         started: list = []
 
         def start_response(status, headers, exc_info=None):
@@ -243,7 +289,7 @@ class QuickRequests:
                 result.close()
         status, headers = started
         lines = [f"HTTP/1.1 {status}\r\nServer: {SERVER}\r\nDate: {gunicorn.util.http_date()}\r\n"]
-        lines.append("Connection: keep-alive\r\n")
+        lines.append("Connection: close\r\n" if closing else "Connection: keep-alive\r\n")
         has_length = False
         for name, value in headers:
             if not TOKEN_RE.fullmatch(name) or not HEADER_VALUE_RE.fullmatch(value):

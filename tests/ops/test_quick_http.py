@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import signal
 import socket
+import sys
 import time
 
 import gevent
@@ -48,7 +49,9 @@ class Worker:
         for name, value in settings.items():
             cfg.set(name, value)
         self.cfg, self.wsgi, self.alive, self.nr = SettledConfig(cfg), wsgi, True, 0
+        self.max_requests = cfg.max_requests or sys.maxsize  # as gunicorn's worker has it
         self.idle_connections: set = set()
+        self.sockets: list = []
 
     def count_request(self) -> None:
         self.nr += 1
@@ -141,6 +144,8 @@ UNUSUAL = {
     "a WebSocket's upgrade": b"GET /ws HTTP/1.1\r\nHost: h\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n",
     "a publication asking to upgrade": publication("KEY", "broadcast", b"Upgrade: h2c", b"Connection: Upgrade"),
     "a publication's path, longer": publication("KEY").replace(b"/events", b"/events/batch", 1),
+    "two spaces in the request line": publication("KEY").replace(b"/events ", b"/events  ", 1),
+    "a header line over gunicorn's limit": publication("KEY", "broadcast", b"X-Note: " + b"n" * 8190),
     "HTTP/1.0": publication("KEY").replace(b"HTTP/1.1", b"HTTP/1.0", 1),
     "a query": publication("KEY").replace(b"/events", b"/events?x=1", 1),
     "Connection: close": publication("KEY", "broadcast", b"Connection: close"),
@@ -280,3 +285,76 @@ def test_a_stop_closes_a_backends_connection_waiting_for_its_next_publication_at
         assert "Traceback" not in (tmp_path / "gunicorn.log").read_text()
     finally:
         server.stop()
+
+
+def test_the_connections_last_request_is_answered_with_close_when_the_worker_reaches_max_requests(app, key):
+    worker, _counting, server, client, first = opened(app, max_requests=2)
+    worker.max_requests, worker.nr = 2, 1  # gunicorn's reading of the first was the worker's first
+    with pytest.raises(StopIteration):  # gunicorn's keep-alive loop ends the connection on it
+        serve(worker, server, first, client, publication(key, "room-last") + publication(key, "room-next"))
+    answers = [b"HTTP/1.1" + part for part in unread(client).split(b"HTTP/1.1")[1:]]
+    assert len(answers) == 1 and b"\r\nConnection: close\r\n" in answers[0] and worker.nr == 2
+    assert first.unreader.take_buffered() == publication(key, "room-next")  # for gunicorn, which closes
+
+
+@pytest.mark.parametrize(
+    ("first_request", "why"),
+    [
+        (b"POST /x HTTP/1.1\r\nHost: h\r\nConnection: close\r\nContent-Length: 0\r\n\r\n", "close"),
+        (
+            b"POST /x HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\nHost: x\r\n\r\n",
+            "failed",
+        ),
+        (b"POST /x HTTP/1.1\r\nHost: h\r\nContent-Length: 10\r\n\r\n12345", "unfinished"),
+    ],
+)
+def test_nothing_is_read_after_a_request_whose_end_ends_the_connection(app, key, first_request, why):
+    """A request that closes the connection, whose body failed to read (a trailer gunicorn refuses), or whose
+    body did not arrive within the keep-alive time: gunicorn's reader stops there, and so does the worker's, even
+    with a publication behind it (the unfinished body's: none, it would be read as the body's rest)."""
+    worker = Worker(app, keepalive=1)
+    server, client = gevent.socket.socketpair()
+    client.sendall(first_request)
+    first = next(RequestParser(worker.cfg, server, ("127.0.0.1", 50000)))
+    if why == "failed":
+        with pytest.raises(Exception):  # noqa: B017, PT011 - the app meets gunicorn's refusal of the trailer
+            first.body.read()
+    behind = b"" if why == "unfinished" else publication(key, "room-smuggled")
+    with pytest.raises(StopIteration), gevent.Timeout(10):
+        serve(worker, server, first, client, behind)
+    assert worker.nr == 0 and unread(client) == b""
+
+
+def test_a_head_trickled_in_is_given_back_once_the_keep_alive_time_is_over(app, key):
+    worker, _counting, server, client, first = opened(app, keepalive=1)
+    request = publication(key, "room-slow")
+
+    def trickle():
+        for at in range(0, 40, 4):
+            client.sendall(request[at : at + 4])
+            gevent.sleep(0.3)
+
+    trickling = gevent.spawn(trickle)
+    started = time.monotonic()
+    with gevent.Timeout(10):
+        QuickRequests(worker, [(b"POST", b"/events")]).serve(first, server, ("127.0.0.1", 50000), ("127.0.0.1", 8000))
+    assert 1 <= time.monotonic() - started < 2.5  # one keep-alive time for the whole head, not one per piece
+    trickling.kill()
+    assert request.startswith(first.unreader.take_buffered()) and worker.nr == 0
+
+
+def test_only_plain_tcp_listeners_and_gunicorns_own_hooks_are_read_by_the_worker(app, tmp_path):
+    tcp = gevent.socket.socket()
+    tcp.bind(("127.0.0.1", 0))
+    unix = gevent.socket.socket(socket.AF_UNIX)
+    unix.bind(str(tmp_path / "s"))
+    worker = Worker(app)
+    worker.sockets = [tcp]
+    assert QuickRequests.for_worker(worker) is not None
+    worker.sockets = [tcp, unix]
+    assert QuickRequests.for_worker(worker) is None  # a Unix socket's peer has no address
+    hooked = Worker(app, pre_request=lambda worker, req: None)
+    hooked.sockets = [tcp]
+    assert QuickRequests.for_worker(hooked) is None
+    for sock in (tcp, unix):
+        sock.close()
