@@ -70,7 +70,7 @@ def test_the_temporary_metrics_and_carry_over_directories_are_removed_on_exit(ba
         Api(server.url)  # some traffic, so the summed metrics are not empty
 
         # Where the workers take streams on a reload: /tmp, as this TMPDIR is too long for a Unix socket's path.
-        carry_dir = {path.parent for path in wait_until(lambda: booted(server), message="both workers booted")}
+        carry_dir = {path.parent for path in wait_booted(server)}
         assert len(carry_dir) == 1
     finally:
         server.stop()
@@ -83,6 +83,11 @@ def booted(server: LiveServer, workers: int = 2) -> list[Path] | None:
     pattern = "/tmp/auth-rt-carry-*/*-{}.sock"  # noqa: S108
     sockets = [Path(path) for pid in server.worker_pids() for path in glob.glob(pattern.format(pid))]
     return sockets if len(sockets) == workers else None
+
+
+def wait_booted(server: LiveServer) -> list[Path]:
+    """`booted`, waited for: 30 s, as a loaded machine once took more than 10 for a second worker's app to load."""
+    return wait_until(lambda: booted(server), timeout=30, message="both workers booted")
 
 
 def idle_keep_alive(server: LiveServer) -> socket.socket:
@@ -119,7 +124,7 @@ def test_a_quick_shutdown_ends_every_worker_at_once_without_a_traceback(base_env
         stream = SSE(server.url, user.auth)
         stream.next(skip_comments=False)
         idle = idle_keep_alive(server)
-        wait_until(lambda: booted(server), message="both workers booted")  # a booting worker ignores the quit
+        wait_booted(server)  # a booting worker ignores the quit
         workers = server.worker_pids()
         started = time.monotonic()
         server.signal(signal.SIGQUIT)
