@@ -11,6 +11,8 @@ import time
 import pytest
 import requests
 
+from app import create_app
+from app.apikeys.store import create_key
 from scripts.nginx_config import TEMPLATE
 from tests.events.clients import SSE, Api, open_connections, open_ws, ws_json
 from tests.events.conftest import FAST
@@ -164,6 +166,35 @@ def test_forwarded_scheme_host_and_address_reach_the_app(proxy, app_server):
     cookie = {"Cookie": f"__Host-access={user.access_token}"}
     own = browser.post(f"{proxy.url}/auth/logout-all", headers={**cookie, "Origin": proxy.url})
     assert own.status_code == 204
+
+
+def test_publications_through_nginx_are_logged_as_gunicorn_logs_a_request(proxy, app_server, base_env):
+    """A backend's publications through nginx's kept-alive upstream connections are read by the worker itself
+    (quick_http.py), all but a connection's first: their access lines name the client, scheme and host as the
+    line of a request gunicorn read (a health check's) does, forwarded headers and all."""
+    app = create_app(dict(base_env))
+    with app.app_context():
+        key = create_key("nginx publisher", ["events:publish"], ["*"])[0]
+    tag = f"quick-{time.monotonic_ns()}"
+    spoofed = {"X-Forwarded-For": "203.0.113.66", "X-Forwarded-Host": "evil.example"}
+    backend = requests.Session()
+    for n in range(6):
+        answer = backend.post(
+            f"{proxy.url}/events",
+            json={"channel": "broadcast", "event": "note"},
+            headers={**spoofed, "Authorization": f"Bearer {key}", "X-Request-ID": f"{tag}-{n}"},
+        )
+        assert answer.status_code == 201 and answer.headers["X-Request-ID"] == f"{tag}-{n}"
+    assert requests.get(f"{proxy.url}/healthz", headers={**spoofed, "X-Request-ID": f"{tag}-health"}).ok
+
+    def logged():
+        lines = [json.loads(line) for line in app_server.log_path.read_text().splitlines() if tag in line]
+        return lines if len(lines) == 7 else None
+
+    lines = wait_until(logged, message="seven access lines")
+    seen = {(line["remote_addr"], line["scheme"], line["host"]) for line in lines}
+    assert seen == {("127.0.0.1", "http", f"127.0.0.1:{proxy.port}")}
+    assert sorted(line["status"] for line in lines) == [200] + [201] * 6
 
 
 def test_metrics_are_prometheus_text_summed_over_workers_on_the_service_port_only(proxy, app_server):
