@@ -268,9 +268,9 @@ class Hub:
         """Forget a connection that has ended; unsubscribe from the channels it was the last reader of."""
         for index, key in [(self.by_user, subscription.user_id), (self.by_session, subscription.session_id)]:
             self._discard(index, key, subscription)
-        for channel in subscription.channels:
-            if self._discard(self.by_channel, channel, subscription):
-                self._release(channel)
+        left = [channel for channel in subscription.channels if self._discard(self.by_channel, channel, subscription)]
+        if left:
+            self._release(*left)
         for timer in (subscription.expiries or {}).values():
             timer.close()
         subscription.expiries = None
@@ -450,13 +450,20 @@ class Hub:
             link = self.links[node] = Link(self, node)
         return link
 
-    def _release(self, channel: str) -> None:
+    def _release(self, *channels: str) -> None:
+        """Unsubscribe from channels nobody here reads any more: those of one link in one command (a stream that
+        ends leaves its user's channel and its rooms together)."""
+        leaving: dict[str, list[str]] = {}
         with self.lock:  # taking the lock may wait: check again whether someone started reading meanwhile
-            if channel in self.by_channel:
-                return
-            node = self.home.pop(wake_channel(channel), None)
-            if node in self.links:
-                self.links[node].unsubscribe(wake_channel(channel))
+            for channel in channels:
+                if channel in self.by_channel:
+                    continue
+                name = wake_channel(channel)
+                node = self.home.pop(name, None)
+                if node in self.links:
+                    leaving.setdefault(node, []).append(name)
+            for node, names in leaving.items():
+                self.links[node].unsubscribe(names)
 
     def names_on(self, link: Link) -> list[str]:
         """The Redis channels placed on `link`'s node."""

@@ -200,13 +200,17 @@ class Link:
             self.resync_after[confirmations[-1]] = (names, self.hub.next_epoch())
         self._write(pubsub, pubsub.ssubscribe if self.sharded else pubsub.subscribe, names)
 
-    def unsubscribe(self, name: str) -> None:
-        """UNSUBSCRIBE `name` if this connection holds it."""
+    def unsubscribe(self, names: list[str]) -> None:
+        """UNSUBSCRIBE those of `names` this connection holds, in one command (Redis answers each)."""
         pubsub = self.pubsub
-        if pubsub is None or self.live.pop(name, None) is None:
+        if pubsub is None:
             return
-        self.unsubscribing[name] += 1
-        self._write(pubsub, pubsub.sunsubscribe if self.sharded else pubsub.unsubscribe, [name])
+        held = [name for name in names if self.live.pop(name, None) is not None]
+        if not held:
+            return
+        for name in held:
+            self.unsubscribing[name] += 1
+        self._write(pubsub, pubsub.sunsubscribe if self.sharded else pubsub.unsubscribe, held)
 
     def _write(self, pubsub, command, names: list[str]) -> None:
         try:

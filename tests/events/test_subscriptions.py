@@ -131,6 +131,26 @@ def test_readers_are_counted_the_last_to_leave_unsubscribes(live, own_redis):
         third.close()
 
 
+def unsubscribe_calls(client) -> int:
+    return client.info("commandstats").get("cmdstat_unsubscribe", {}).get("calls", 0)
+
+
+def test_a_streams_end_leaves_all_its_channels_in_one_command(live, own_redis):
+    """The last reader of its user's channel and of broadcast ends: one UNSUBSCRIBE names both (a command each
+    was a twentieth of a rooms run's server CPU, its streams ending)."""
+    redis_client = own_redis.client()
+    user = Api(live.url)
+    stream = connected(SSE(live.url, user.auth))
+    assert subscribers(redis_client, user.channel) == 1 and subscribers(redis_client, "broadcast") == 1
+    before = unsubscribe_calls(redis_client)
+    stream.close()
+    wait_until(
+        lambda: subscribers(redis_client, user.channel) == 0 and subscribers(redis_client, "broadcast") == 0,
+        message="unsubscribed from both",
+    )
+    assert unsubscribe_calls(redis_client) == before + 1
+
+
 def ids_after(published: list[str], cursor: str, channel: str) -> list[str]:
     position = decode_cursor(cursor, [channel])[channel]
     return [event_id for event_id in published if is_after(event_id, position)]
