@@ -174,7 +174,9 @@ class Link:
         self.connected = gevent.event.Event()  # set exactly while there is a current connection
         self.live: dict[str, Confirmation] = {}  # Redis channel -> its latest SUBSCRIBE on this connection
         self.unconfirmed: dict[str, deque[Confirmation]] = defaultdict(deque)  # sent, not yet answered, in order
-        self.unsubscribing: Counter[str] = Counter()  # UNSUBSCRIBEs sent, not yet answered
+        self.unsubscribing: Counter[str] = Counter()  # UNSUBSCRIBEs decided, not yet answered
+        self.leaving: list[str] = []  # UNSUBSCRIBEs decided, not yet written (see `unsubscribe`)
+        self.leaving_soon = False  # a greenlet will write them
         # last SUBSCRIBE of a batch -> the batch, and the hub's epoch when it was sent (hub.resync)
         self.resync_after: dict[Confirmation, tuple[list[str], int]] = {}
         # Since when the listener waits for Redis with nothing left to handle; None while it handles what
@@ -190,7 +192,10 @@ class Link:
 
         A reader still waiting for its confirmation then is left out: it reads its history after Redis
         confirmed its channels on this connection, so it has missed nothing (and reads it once)."""
+        self.write_leaving()  # what was decided before goes out before
         pubsub = self.pubsub
+        if pubsub is None:  # that write lost the connection: the callers wait for the next one
+            return
         confirmations = []
         for name in names:
             confirmation = self.live[name] = Confirmation()
@@ -201,7 +206,11 @@ class Link:
         self._write(pubsub, pubsub.ssubscribe if self.sharded else pubsub.subscribe, names)
 
     def unsubscribe(self, names: list[str]) -> None:
-        """UNSUBSCRIBE those of `names` this connection holds, in one command (Redis answers each)."""
+        """UNSUBSCRIBE those of `names` this connection holds. On one server, the channels left during a turn of
+        the loop go out together, in one command written once the connections ending in that turn have left
+        theirs (a storm of 10,000 streams ending sent 10,000 commands), and always before a later SUBSCRIBE on
+        this connection, so Redis still sees them in the order decided. Nobody reads the channel here any more
+        meanwhile: its late events are dropped as any event of a channel without readers."""
         pubsub = self.pubsub
         if pubsub is None:
             return
@@ -210,7 +219,26 @@ class Link:
             return
         for name in held:
             self.unsubscribing[name] += 1
-        self._write(pubsub, pubsub.sunsubscribe if self.sharded else pubsub.unsubscribe, held)
+        if self.sharded:  # one command per channel anyway (a command's shard channels must share a slot)
+            self._write(pubsub, pubsub.sunsubscribe, held)
+            return
+        self.leaving += held
+        if not self.leaving_soon:
+            self.leaving_soon = True
+            gevent.spawn(self._leave)
+
+    def _leave(self) -> None:
+        """Write the UNSUBSCRIBEs decided (in their own greenlet, which may wait for the hub's lock)."""
+        with self.hub.lock:
+            self.leaving_soon = False
+            self.write_leaving()
+
+    def write_leaving(self) -> None:
+        """Write the UNSUBSCRIBEs decided and not yet written, in one command (hub.lock held)."""
+        pubsub = self.pubsub
+        if self.leaving and pubsub is not None:
+            names, self.leaving = self.leaving, []
+            self._write(pubsub, pubsub.unsubscribe, names)
 
     def _write(self, pubsub, command, names: list[str]) -> None:
         try:
@@ -235,6 +263,7 @@ class Link:
             self.connected.clear()
             self.live.clear()
             self.unsubscribing.clear()
+            self.leaving.clear()  # the new connection holds none of them
             self.resync_after.clear()
             unconfirmed, self.unconfirmed = self.unconfirmed, defaultdict(deque)
             for confirmation in (c for queue in unconfirmed.values() for c in queue):

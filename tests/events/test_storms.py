@@ -259,10 +259,55 @@ def scenario_silent(url: str, mode: str) -> dict:
     return {"outcome": outcome, "waited": waited, "replaced": replaced, "confirm_timeout": confirm_timeout}
 
 
+def _subscribed_in_redis(url: str, mode: str, names: list[str]) -> int:
+    """How many of the (wake-up) channels `names` some connection holds, as Redis counts them."""
+    command = ("PUBSUB", "SHARDNUMSUB") if mode == "cluster" else ("PUBSUB", "NUMSUB")
+    held = 0
+    for node in _node_urls(url, mode):
+        answer = redis.Redis.from_url(node).execute_command(*command, *names)
+        held += sum(1 for count in answer[1::2] if int(count) > 0)
+    return held
+
+
+def scenario_leave(url: str, mode: str) -> dict:
+    """READERS readers of their own channels and broadcast leave at once; then a channel is left by its last
+    reader and taken again by a new one before the loop turns."""
+    import gevent
+
+    from app.events.bus import wake_channel
+    from app.events.hub import Hub
+
+    hub = Hub(_topology(url, mode))
+    channels = [f"user:leave-{n}" for n in range(READERS)]
+    readers = [
+        gevent.spawn(hub.subscribe, [channel, "broadcast"], f"u{n}", f"s{n}", 100) for n, channel in enumerate(channels)
+    ]
+    gevent.joinall(readers, timeout=30, raise_error=True)
+    _until(lambda: _settled(hub), what="the readers' confirmations")
+    names = [wake_channel(channel) for channel in [*channels, "broadcast"]]
+    held_before = _subscribed_in_redis(url, mode, names)
+    for node in _node_urls(url, mode):
+        redis.Redis.from_url(node).config_resetstat()
+    leavers = [gevent.spawn(hub.unsubscribe, reader.value) for reader in readers]
+    gevent.joinall(leavers, timeout=30, raise_error=True)
+    _until(lambda: _subscribed_in_redis(url, mode, names) == 0, what="every channel left in Redis")
+    unsubscribes = _calls(url, mode, "sunsubscribe" if mode == "cluster" else "unsubscribe")
+
+    first = hub.subscribe(["user:again"], "ua", "sa", 100)
+    _until(lambda: _settled(hub), what="the first reader of user:again confirmed")
+    hub.unsubscribe(first)  # its last reader: the channel is left ...
+    hub.subscribe(["user:again"], "ub", "sb", 100)  # ... and taken again, before the loop turned
+    _until(lambda: _settled(hub), what="the second reader of user:again confirmed")
+    _until(lambda: not any(link.leaving or link.leaving_soon for link in hub.links.values()), what="left")
+    again = _subscribed_in_redis(url, mode, [wake_channel("user:again")])
+    _close(hub)
+    return {"held_before": held_before, "unsubscribes": unsubscribes, "again_held": again}
+
+
 def scenarios(url: str, mode: str) -> None:
     """Every scenario in turn (each with a hub of its own); a failing one reports its traceback."""
     seen = {}
-    for name in ("storm", "busy", "silent"):
+    for name in ("storm", "busy", "silent", "leave"):
         try:
             seen[name] = globals()[f"scenario_{name}"](url, mode)
         except Exception:  # noqa: BLE001 - reported to the test that checks this scenario
@@ -322,3 +367,14 @@ def test_a_silent_redis_is_still_noticed_and_the_connection_replaced(seen):
     silent = scenario(seen, "silent")
     assert silent["outcome"] == "503" and silent["replaced"], silent
     assert silent["waited"] < 3 * silent["confirm_timeout"] + 1, silent
+
+
+def test_readers_leaving_together_leave_their_channels_in_one_command_and_a_channel_taken_again_stays(seen, redis_mode):
+    leave = scenario(seen, "leave")
+    assert leave["held_before"] == READERS + 1  # every reader's channel, and broadcast
+    if redis_mode == "cluster":  # SUNSUBSCRIBE takes one channel: once per channel
+        assert leave["unsubscribes"] == READERS + 1
+    else:  # one UNSUBSCRIBE of them all (it was one per reader)
+        assert leave["unsubscribes"] == 1
+    # Left and taken again in one turn: the UNSUBSCRIBE still went out before the SUBSCRIBE that followed it.
+    assert leave["again_held"] == 1
