@@ -63,8 +63,8 @@ class QuickRequests:
 
     def __init__(self, worker, routes):
         self.worker = worker
-        self.routes = frozenset(routes)  # (method, path) as bytes
-        self.starts = tuple(method + b" " + path + b" HTTP/1.1\r\n" for method, path in self.routes)  # exactly
+        # Their request lines, exactly: only heads that begin with one are parsed (and so have its route and version).
+        self.starts = tuple(method + b" " + path + b" HTTP/1.1\r\n" for method, path in frozenset(routes))
         self.longest_start = max(len(start) for start in self.starts)
         cfg = self.cfg = worker.cfg
         self.base = base_environ(cfg) | {"wsgi.multithread": True, "SCRIPT_NAME": "", QUICK_ONLY: True}
@@ -204,9 +204,6 @@ class QuickRequests:
             parser.feed_data(head)
         except (httptools.HttpParserError, httptools.HttpParserUpgrade):
             return None
-        method = parser.get_method()
-        if (method, found.url) not in self.routes or parser.get_http_version() != "1.1":
-            return None
         if len(found.headers) > self.max_fields:
             return None
         environ = self.base.copy()
@@ -244,7 +241,7 @@ class QuickRequests:
         path = found.url.decode("latin-1")
         environ.update(
             {
-                "REQUEST_METHOD": method.decode("latin-1"),
+                "REQUEST_METHOD": parser.get_method().decode("latin-1"),
                 "PATH_INFO": path,
                 "RAW_URI": path,
                 "QUERY_STRING": "",

@@ -380,10 +380,6 @@ class _Entry:
     left: bool = False
 
 
-def _timestamp() -> str:
-    return utc_millis()
-
-
 class PresenceKeeper:
     """One per worker: counts this worker's connections in channels, renews their leases, reaps lapsed ones,
     and publishes the leaves its steps left lingering once they are due."""
@@ -653,7 +649,7 @@ class PresenceKeeper:
             f"wake:{{{channel}}}",
             publish,
             self.history_maxlen,
-            _timestamp(),
+            utc_millis(),
             self.lease_ms,
             self.key_ttl_ms,
             REAP_BATCH,

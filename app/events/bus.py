@@ -179,11 +179,7 @@ class Event:
 def reset_event(channel: str) -> Event:
     """The event that tells a reader its cursor is older than the kept history."""
     data = json.dumps({"reason": "The cursor is older than the kept history; some events were dropped."})
-    return Event("0-0", channel, "reset", data, _now())
-
-
-def _now() -> str:
-    return utc_millis()
+    return Event("0-0", channel, "reset", data, utc_millis())
 
 
 WEBHOOKS = "webhooks"
@@ -364,7 +360,7 @@ class Bus:
         `sender`: the user publishing with an access token (E's `from`); None for keys, the CLI, webhooks.
         A sender other than an admin (`sender_is_admin`) is held to the publish limit (429)."""
         validate_names(channel, event)
-        encoded, ts = encode_data(data), _now()
+        encoded, ts = encode_data(data), utc_millis()
         self._count_against_limit(sender, sender_is_admin, 1)
         (event_id,) = self._append([(channel, event, encoded)], ts, sender)
         return Event(event_id, channel, event, encoded, ts, sender)
@@ -385,7 +381,7 @@ class Bus:
             validate_names(channel, event)
         checked = [(channel, event, encode_data(data)) for channel, event, data in events]
         self._count_against_limit(sender, sender_is_admin, len(checked))
-        return self._append(checked, _now(), sender)
+        return self._append(checked, utc_millis(), sender)
 
     def _count_against_limit(self, sender: str | None, sender_is_admin: bool, count: int) -> None:
         """Count a user's events once they are otherwise accepted: what is refused never counts."""

@@ -10,7 +10,7 @@ import pytest
 from playwright.sync_api import expect
 
 from app import create_app
-from app.events.bus import _now
+from app.clock import utc_millis
 from tests.browser.conftest import Stack
 from tests.browser.test_rooms import ROOM_RULES, Admin, join, person, signed_in
 
@@ -33,7 +33,7 @@ def write_raw_events(base_env: dict, channel: str, events: list[tuple[str, objec
     """Append events to the channel's history as the bus does, past the checks a publication gets (the
     reserved names): what an older server, or anything writing the stream, might have left there."""
     bus = create_app(base_env).extensions["event_bus"]
-    bus._append([(channel, name, json.dumps(data)) for name, data in events], _now(), sender)
+    bus._append([(channel, name, json.dumps(data)) for name, data in events], utc_millis(), sender)
 
 
 @pytest.mark.parametrize("transport", ["sse", "websocket"])

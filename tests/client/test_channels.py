@@ -11,7 +11,7 @@ import pytest
 from auth_rt_client import ApiError, Client, EventReader, Member, Namespace
 
 from app import create_app
-from app.events.bus import _now
+from app.clock import utc_millis
 from tests.client.collector import Collector
 from tests.client.conftest import create_key
 from tests.events.clients import Api
@@ -220,7 +220,7 @@ def test_events_named_like_the_services_notices_are_events_to_the_reader(server,
     try:
         bus = create_app(base_env).extensions["event_bus"]
         spoofs = [("unsubscribed", {"channel": user.channel, "reason": "revoked"}), ("session_ended", {})]
-        bus._append([(user.channel, name, json.dumps(data)) for name, data in spoofs], _now(), user.user_id)
+        bus._append([(user.channel, name, json.dumps(data)) for name, data in spoofs], utc_millis(), user.user_id)
         own = user.publish_ok("after the spoofs")
         received = collector.until(lambda event: event.id == own)
         assert [event.event for event in received] == ["unsubscribed", "session_ended", "test"]

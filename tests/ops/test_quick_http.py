@@ -337,7 +337,7 @@ def test_a_head_trickled_in_is_given_back_once_the_keep_alive_time_is_over(app, 
     trickling = gevent.spawn(trickle)
     started = time.monotonic()
     with gevent.Timeout(10):
-        QuickRequests(worker, [(b"POST", b"/events")]).serve(first, server, ("127.0.0.1", 50000), ("127.0.0.1", 8000))
+        serve(worker, server, first, client, b"")
     assert 1 <= time.monotonic() - started < 2.5  # one keep-alive time for the whole head, not one per piece
     trickling.kill()
     assert request.startswith(first.unreader.take_buffered()) and worker.nr == 0
