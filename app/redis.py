@@ -10,6 +10,7 @@ import logging
 import os
 import select
 import time
+import weakref
 from urllib.parse import urlsplit
 
 import gevent
@@ -695,7 +696,7 @@ class SharedRoundTrip:
     Subclasses say how a batch of calls travels (`_round_trip`).
     """
 
-    WAIT_LIMIT = 30.0  # seconds; a round trip is bounded by the client's own time-outs well before this
+    WAIT_LIMIT = 30.0  # seconds a caller waits at most: the client has no read time-out of its own
 
     def __init__(self, client: redis.Redis):
         self.client = client
@@ -709,26 +710,39 @@ class SharedRoundTrip:
         if not self.sending:
             self.sending = True
             gevent.spawn(self._send)
-        try:
-            return answer.get(timeout=self.WAIT_LIMIT)
-        except gevent.Timeout:
-            raise redis.exceptions.TimeoutError("The shared round trip did not come back in time.") from None
+        return answer.get()  # within WAIT_LIMIT: the round trip's timer answers it then (see _send)
 
     def _send(self) -> None:
+        """Send what waits, batch after batch. Each batch has one timer, not one per caller: past WAIT_LIMIT its
+        callers get a TimeoutError while the round trip goes on; whatever ends this greenlet answers them too."""
+        batch: list = []
         try:
             while self.waiting:
                 batch, self.waiting = self.waiting, []
+                timer = gevent.get_hub().loop.timer(self.WAIT_LIMIT)
+                timer.start(self._too_late, batch)
                 try:
                     answers = self._round_trip([call for call, _ in batch])
                 except Exception as error:  # noqa: BLE001 - every caller of the round trip gets its error
                     answers = [error] * len(batch)
+                finally:
+                    timer.close()
                 for (_, answer), value in zip(batch, answers, strict=True):
+                    if answer.ready():
+                        continue
                     if isinstance(value, Exception):
                         answer.set_exception(value)
                     else:
                         answer.set(value)
         finally:
             self.sending = False
+            self._too_late(batch)
+
+    @staticmethod
+    def _too_late(batch: list) -> None:
+        for _, answer in batch:
+            if not answer.ready():
+                answer.set_exception(redis.exceptions.TimeoutError("The shared round trip did not come back in time."))
 
     def _round_trip(self, calls: list) -> list:
         raise NotImplementedError
@@ -803,6 +817,23 @@ def shared_pipelines(client: redis.Redis):
     if is_cluster(client) or not gevent.monkey.is_module_patched("socket"):
         return lambda commands: run_pipeline(client, commands)
     return SharedPipelines(client)
+
+
+_shared_reads: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def read_together(client: redis.Redis, commands: list[Command]) -> list:
+    """The answers of read commands, sent with what other requests read meanwhile (one `shared_pipelines` per
+    client); the first error is raised. Through redis-py's own call, a lone read paid for a pooled connection's
+    check-out and its stray-bytes check on every request."""
+    send = _shared_reads.get(client)
+    if send is None:
+        send = _shared_reads[client] = shared_pipelines(client)
+    answers = send(commands)
+    for answer in answers:
+        if isinstance(answer, Exception):
+            raise answer
+    return answers
 
 
 class Scripts:

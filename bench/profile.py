@@ -104,10 +104,13 @@ def start_in_workers() -> None:
 
 
 def report(directory: Path, top: int = int(os.environ.get("BENCH_PROFILE_TOP", "30"))) -> str:
-    own, within = collections.Counter(), collections.Counter()
+    """The functions by own time and with what they called; the stacks themselves, in the collapsed form
+    flame graph tools read, go to the file named by BENCH_PROFILE_STACKS when it is set."""
+    own, within, stacks = collections.Counter(), collections.Counter(), collections.Counter()
     total = 0
     for path in directory.glob("worker-*.json"):
         for stack, count in json.loads(path.read_text()).items():
+            stacks[stack] += count
             frames = stack.split(";")
             total += count
             own[frames[-1]] += count
@@ -117,6 +120,8 @@ def report(directory: Path, top: int = int(os.environ.get("BENCH_PROFILE_TOP", "
     lines += [f"{count / total:6.1%}  {name}" for name, count in own.most_common(top)]
     lines += ["", "with what it called:"]
     lines += [f"{count / total:6.1%}  {name}" for name, count in within.most_common(top + 20)]
+    if os.environ.get("BENCH_PROFILE_STACKS"):
+        Path(os.environ["BENCH_PROFILE_STACKS"]).write_text("".join(f"{s} {n}\n" for s, n in stacks.most_common()))
     return "\n".join(lines)
 
 

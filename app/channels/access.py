@@ -16,7 +16,7 @@ from typing import NamedTuple
 from ..auth.sessions import member_role
 from ..errors import ApiError, bad_request, forbidden, not_found
 from ..events.bus import BROADCAST, USER_CHANNEL_PREFIX, WEBHOOKS, user_channel
-from ..redis import Keys
+from ..redis import Keys, read_together
 from .grants import grant_start, live_grant
 from .namespaces import (
     RESERVED,
@@ -97,11 +97,9 @@ def current_access(client, user_id: str, is_admin: bool, channels: list[str]) ->
         if not is_admin and (key := deciding_key(channel, namespace)) is not None
     }
     stored = {}
-    if deciding:
-        pipe = client.pipeline(transaction=False)  # one key each: fine across hash slots
-        for key in deciding.values():
-            pipe.hget(key, user_id)
-        stored = dict(zip(deciding, pipe.execute(), strict=True))
+    if deciding:  # one key each: fine across hash slots
+        answers = read_together(client, [("hget", (key, user_id), {}) for key in deciding.values()])
+        stored = dict(zip(deciding, answers, strict=True))
     now = time.time()
     return {
         channel: (

@@ -7,6 +7,7 @@ namespace a proxy one (or rotates it), kept by every later write, and never answ
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Iterable
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field
 
 from ..errors import validation_failed
 from ..outgoing.signing import new_secret
-from ..redis import Keys
+from ..redis import Keys, read_together
 
 RESERVED = frozenset({"user", "broadcast", "webhooks", "admin"})
 NAMESPACE_PATTERN = r"[a-z0-9_-]{1,32}"
@@ -111,15 +112,19 @@ def validate_namespace(namespace: Namespace) -> Namespace:
     return namespace
 
 
+@functools.lru_cache(maxsize=1024)
 def parse_namespace(name: str, stored: str | None) -> Namespace | None:
-    """A namespace as its rules are stored (None when nothing is)."""
+    """A namespace as its rules are stored (None when nothing is). The same stored text always makes the same
+    (frozen) namespace, so the last ones made are kept: nothing is kept but what Redis answered."""
     return Namespace(**{**json.loads(stored), "name": name}) if stored else None
 
 
 def get_namespaces(client, names: Iterable[str]) -> dict[str, Namespace | None]:
-    """Each named namespace, None for one that does not exist (one HMGET)."""
+    """Each named namespace, None for one that does not exist (one HMGET, sent with other requests' reads)."""
     names = sorted(set(names))
-    stored = client.hmget(Keys.namespaces(), names) if names else []
+    if not names:
+        return {}
+    (stored,) = read_together(client, [("hmget", (Keys.namespaces(), names), {})])
     return {name: parse_namespace(name, value) for name, value in zip(names, stored, strict=True)}
 
 

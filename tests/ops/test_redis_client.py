@@ -55,7 +55,7 @@ def test_the_check_for_stray_bytes_answers_without_yielding_and_a_wait_still_yie
 
 
 SHARED_PROBE = """
-import json, socket, sys
+import json, socket, sys, time
 from gevent import monkey
 monkey.patch_all()
 import gevent
@@ -96,6 +96,15 @@ refused.close()
 down = redis.Redis(port=port, socket_connect_timeout=1)
 shared = SharedRoundTrips(down, down.register_script("return 1"))
 answers["redis down"] = together(3)
+silent = socket.socket()  # takes connections and never answers
+silent.bind(("127.0.0.1", 0))
+silent.listen(8)
+mute = redis.Redis(port=silent.getsockname()[1], socket_connect_timeout=1)
+shared = SharedRoundTrips(mute, mute.register_script("return 1"))
+shared.WAIT_LIMIT = 0.3
+started = time.monotonic()
+answers["redis silent"] = together(3)
+answers["silent for"] = time.monotonic() - started
 print(json.dumps(answers))
 """
 
@@ -113,5 +122,7 @@ def test_concurrent_session_checks_share_round_trips_and_each_caller_gets_its_ow
     assert len(answers["sizes"]) < 10 and sum(answers["sizes"]) == 50  # 50 calls in a few round trips
     assert answers["after a flush"] == [f"v{n}|{n}" for n in range(5)]
     assert answers["redis down"] == ["ConnectionError"] * 3
+    assert answers["redis silent"] == ["TimeoutError"] * 3  # each caller's wait is bounded, one timer for them all
+    assert answers["silent for"] < 10
     unpatched = object()
     assert shared_round_trips(None, unpatched) is unpatched  # this process has no gevent sockets: direct calls
