@@ -93,6 +93,12 @@ def cpu_seconds(pids: list[int]) -> float:
     return total / ticks
 
 
+def redis_cpu_seconds(client) -> float:
+    """User and system CPU time of the Redis server so far (its INFO)."""
+    info = client.info("cpu")
+    return info["used_cpu_user"] + info["used_cpu_sys"]
+
+
 def redis_reading(client) -> dict:
     info = client.info("all")
     calls = {k.removeprefix("cmdstat_"): v["calls"] for k, v in info.items() if k.startswith("cmdstat_")}
@@ -534,6 +540,7 @@ def rooms_run(
     for go in gos:
         go.put(deadline)
     cpu_before = cpu_seconds(pids())
+    redis_cpu_before = redis_cpu_seconds(redis_client) if redis_client else None
     during: dict = {}
 
     def halfway():
@@ -585,6 +592,8 @@ def rooms_run(
         "server_cpu_seconds": round(cpu_after - cpu_before, 2),
         "client_cpu_seconds": round(sum(c["cpu"] for c in collected), 2),
     }
+    if redis_client:  # beside the server's: Redis is the service's too, and nchan has none
+        result["redis_cpu_seconds"] = round(redis_cpu_seconds(redis_client) - redis_cpu_before, 2)
     if redis_client:
         result["redis_idle"] = {
             "memory_per_subscriber_bytes": round((redis_idle["memory"] - redis_before["memory"]) / max(opened, 1))
@@ -1067,6 +1076,10 @@ def _due(r: dict) -> str:
     return f"{r['due_to_receive_p50_ms']} / {r['due_to_receive_p99_ms']} ms"
 
 
+def _redis_cpu(r: dict) -> str:
+    return f" (Redis {r['redis_cpu_seconds']} s more)" if "redis_cpu_seconds" in r else ""
+
+
 def _rooms_rows(p: dict) -> list[str]:
     rows = []
     for name in ("service", "nchan"):
@@ -1081,7 +1094,7 @@ def _rooms_rows(p: dict) -> list[str]:
             f"| {_lat(r)} | {' + '.join(map(str, spread)) if spread else '-'} "
             f"| {r['deliveries']:,} of {r['expected_deliveries']:,} "
             f"| {r['missing']} / {r['duplicates']} / {r['out_of_order']} / {r['foreign']} "
-            f"| {r['server_cpu_seconds']} s | {r['client_cpu_seconds']} s "
+            f"| {r['server_cpu_seconds']} s{_redis_cpu(r)} | {r['client_cpu_seconds']} s "
             f"| {p['load_before']} / {r.get('load_during') or '-'} / {p['load_after']} |"
         )
     return rows
