@@ -521,11 +521,12 @@ def rooms_run(
         context.Process(target=_room_reader, args=(share, token, seconds, ready, gos[i], results, i), daemon=True)
         for i, share in enumerate(_share(specs, CLIENT_PROCESSES))
     ]
-    started = time.perf_counter()
+    started, open_cpu_before = time.perf_counter(), cpu_seconds(pids())
     for worker in workers:
         worker.start()
     reports = [ready.get(timeout=600) for _ in workers]
     open_seconds = time.perf_counter() - started
+    open_cpu = cpu_seconds(pids()) - open_cpu_before
     opened = sum(r["opened"] for r in reports)
     failures: dict = {}
     for r in reports:
@@ -569,6 +570,7 @@ def rooms_run(
         "opened": opened,
         "open_failures": failures,
         "open_seconds": round(open_seconds, 2),
+        "open_server_cpu_seconds": round(open_cpu, 2),
         "seconds": seconds,
         "rss_per_subscriber_kb": round((idle - baseline) / max(opened, 1) / 1024, 2),
         "rss_per_subscriber_after_traffic_kb": round((after - baseline) / max(opened, 1) / 1024, 2),
@@ -604,25 +606,33 @@ def rooms_run(
     return result
 
 
-def part_rooms(redis_server, rooms: int, per_room: int, seconds: int, batch: bool = False) -> dict:
+def part_rooms(
+    redis_server, rooms: int, per_room: int, seconds: int, batch: bool = False, base: Path | None = None
+) -> dict:
+    """The service (this tree, then the checkout `base` if given) and nchan, one after the other."""
     count = rooms * per_room
     per_stream_rooms = [n // per_room for n in range(count)]
     out = {"load_before": load()}
-    with Service(redis_server) as service:
-        key, targets = room_readers(service, [[f"rooms:r{room}"] for room in per_stream_rooms])
-        out["service"] = rooms_run(
-            "service",
-            service,
-            targets,
-            per_stream_rooms,
-            service.server_pids,
-            service.app.port,
-            key,
-            seconds,
-            redis_server.client(),
-            batch,
-            service.app.worker_pids,
-        )
+    for name, root in [("service", None)] + ([("base", base)] if base else []):
+        service = _started(redis_server, root)
+        try:
+            key, targets = room_readers(service, [[f"rooms:r{room}"] for room in per_stream_rooms])
+            out[name] = rooms_run(
+                "service",
+                service,
+                targets,
+                per_stream_rooms,
+                service.server_pids,
+                service.app.port,
+                key,
+                seconds,
+                redis_server.client(),
+                batch,
+                service.app.worker_pids,
+            )
+        finally:
+            service.__exit__(None, None, None)
+        redis_server.client().flushall()  # the next service makes its users again
     out["load_between"] = load()
     with RoomsNchan() as nchan:
         targets = [
@@ -1076,19 +1086,28 @@ def _due(r: dict) -> str:
     return f"{r['due_to_receive_p50_ms']} / {r['due_to_receive_p99_ms']} ms"
 
 
+SHOWN_AS = {"service": "service", "base": "service, `--base` checkout", "nchan": "nchan"}
+
+
+def _open_cpu(r: dict) -> str:
+    return f" ({r['open_server_cpu_seconds']} s CPU)" if "open_server_cpu_seconds" in r else ""
+
+
 def _redis_cpu(r: dict) -> str:
     return f" (Redis {r['redis_cpu_seconds']} s more)" if "redis_cpu_seconds" in r else ""
 
 
 def _rooms_rows(p: dict) -> list[str]:
     rows = []
-    for name in ("service", "nchan"):
+    for name in ("service", "base", "nchan"):
+        if name not in p:
+            continue
         r = p[name]
         how = "one request per event" if r["publish"].get("one_request_per_event", name == "nchan") else "batches"
         spread = r.get("publisher_connections_per_worker")
         rows.append(
-            f"| {p['started']}, `{p['command']}` | {name} | {how} | {r['opened']:,} of {r['streams']:,} "
-            f"| {r['open_seconds']} s "
+            f"| {p['started']}, `{p['command']}` | {SHOWN_AS[name]} | {how} | {r['opened']:,} of {r['streams']:,} "
+            f"| {r['open_seconds']} s{_open_cpu(r)} "
             f"| {r['rss_per_subscriber_kb']} / {r['rss_per_subscriber_after_traffic_kb']} KB "
             f"| {r['publish']['achieved_rate']}/s, late p99 {r['publish']['send_late_p99_ms']:.0f} ms | {_due(r)} "
             f"| {_lat(r)} | {' + '.join(map(str, spread)) if spread else '-'} "
@@ -1124,7 +1143,7 @@ def table(results: dict, heading: bool = True) -> str:
             "for 30 s; latency from when the event fell due, and from its publish request's sending, to its arrival; "
             "the publisher's connections on each worker halfway through:",
             "",
-            "| run | system | publishing | opened | open time | RSS per subscriber (idle / after traffic) "
+            "| run | system | publishing | opened | open time (server CPU) | RSS per subscriber (idle / after traffic) "
             "| publish rate | due to receive p50 / p99 | send to receive p50 / p99 / max "
             "| publisher connections per worker | deliveries | missing / twice / out of order / other room "
             "| server CPU | client CPU | load before / during / after |",
@@ -1241,7 +1260,9 @@ def run(parts: list[str], quick: bool = False, command: str = "", **options) -> 
             if part == "rooms":
                 seconds = 5 if quick else options.get("seconds", 30)
                 rooms, per_room = (100, 3) if quick else (1000, 10)
-                done = part_rooms(redis_server, rooms, per_room, seconds, options.get("batch", False))
+                done = part_rooms(
+                    redis_server, rooms, per_room, seconds, options.get("batch", False), options.get("base")
+                )
                 results["rooms"] = (results.get("rooms") or [])[-KEEP_RUNS + 1 :] + [stamp | done]
             elif part == "storm":
                 users = 200 if quick else options.get("storm_users", 5000)
@@ -1283,7 +1304,7 @@ def main() -> None:
     parser.add_argument("--storm-window", type=float, default=10.0, help="seconds over which the users join")
     parser.add_argument("--no-join-leave", action="store_true", help="storm in a namespace with presence only")
     parser.add_argument("--diff", action="store_true", help="storm in a presence_diff namespace")
-    parser.add_argument("--base", type=Path, help="a checkout to run the keep part on beside this tree")
+    parser.add_argument("--base", type=Path, help="a checkout to run the keep and rooms parts on beside this tree")
     parser.add_argument("--repeat", type=int, default=1, help="keep: runs of each tree, alternately")
     args = parser.parse_args()
     command = "python -m bench.rooms " + " ".join(sys.argv[1:])
