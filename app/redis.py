@@ -686,63 +686,118 @@ return {version, end_sessions(sessions, KEYS[2], ARGV[1], false)}
 )
 
 
+class OwnConnection:
+    """A connection of a client's pool kept by one user that makes its round trips one at a time (a
+    SharedRoundTrip), outside the pool's bound. Through the pool, each round trip paid for a connection's
+    check-out and check-in, the client's instrumentation and its argument filters: about twice what writing
+    the commands and reading their answers costs. A connection found holding stray bytes, or closed by the
+    server, is replaced before a round trip, as the pool replaces one at check-out."""
+
+    def __init__(self, client: redis.Redis):
+        self.client = client
+        self.connection = None
+        self.pid = 0
+
+    def exchange(self, commands: list[tuple[tuple, dict]]) -> list:
+        """Each command's parsed answer, or its error (a ResponseError) as the value. A lost connection raises,
+        as a pipeline's does, and is not used again."""
+        connection = self._ready()
+        try:
+            connection.send_packed_command(connection.pack_commands([args for args, _ in commands]), False)
+            answers = []
+            for args, options in commands:
+                try:
+                    answers.append(self.client.parse_response(connection, args[0], **options))
+                except redis.exceptions.ResponseError as error:
+                    answers.append(error)
+            return answers
+        except BaseException:
+            connection.disconnect()  # answers may be left unread: this stream of replies is lost
+            raise
+
+    def _ready(self):
+        if self.connection is None or self.pid != os.getpid():  # none yet, or made before a fork
+            self.connection, self.pid = self.client.connection_pool.make_connection(), os.getpid()
+        connection = self.connection
+        try:
+            if connection.can_read(timeout=0):  # connects it if needed
+                raise redis.exceptions.ConnectionError("The connection holds stray bytes.")
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError):
+            connection.disconnect()
+            connection.connect()
+        return connection
+
+
 class SharedRoundTrip:
     """Calls that many greenlets make at once, sent together: callers that arrive while one round trip is
     out go in the next, as one pipeline. Each caller still gets its own answer or error.
 
-    Alone, a call costs one greenlet switch more than a direct one; under load the cost of a round trip (a
-    pooled connection, two system calls, a wait for the socket) is shared by every call in it. Only under
-    gevent and on one Redis: on a Redis Cluster the callers' keys live on different nodes.
-    Subclasses say how a batch of calls travels (`_round_trip`).
+    Alone, a call costs one greenlet switch more than a direct one; under load the cost of a round trip (two
+    system calls, a wait for the socket) is shared by every call in it. The round trips go one at a time over
+    a connection of their own (`OwnConnection`). Only under gevent and on one Redis: on a Redis Cluster the
+    callers' keys live on different nodes. Subclasses say how a batch of calls travels (`_round_trip`).
     """
 
-    WAIT_LIMIT = 30.0  # seconds a caller waits at most: the client has no read time-out of its own
+    WAIT_LIMIT = 30.0  # seconds a round trip may take (the client has no read time-out of its own)
 
     def __init__(self, client: redis.Redis):
         self.client = client
+        self.line = OwnConnection(client)
         self.waiting: list[tuple[object, gevent.event.AsyncResult]] = []
         self.sending = False
 
     def _call(self, call):
-        """The answer to `call` (its error, raised here)."""
-        answer = gevent.event.AsyncResult()
-        self.waiting.append((call, answer))
-        if not self.sending:
-            self.sending = True
-            gevent.spawn(self._send)
-        return answer.get()  # within WAIT_LIMIT: the round trip's timer answers it then (see _send)
+        """The answer to `call` (its error, raised here). With no round trip out, the caller makes its own at
+        once (a greenlet spawned and switched to for it cost about half of the round trip); callers that come
+        meanwhile wait, and go together in the next, which a greenlet of their own sends."""
+        if self.sending:
+            answer = gevent.event.AsyncResult()
+            self.waiting.append((call, answer))
+            return answer.get()  # bounded: the round trip out and theirs, each within WAIT_LIMIT (see _send)
+        self.sending = True
+        try:
+            (value,) = self._within_limit([call])
+        finally:
+            if self.waiting:
+                gevent.spawn(self._send)
+            else:
+                self.sending = False
+        if isinstance(value, Exception):
+            raise value
+        return value
 
     def _send(self) -> None:
-        """Send what waits, batch after batch. Each batch has one timer, not one per caller: past WAIT_LIMIT its
-        callers get a TimeoutError while the round trip goes on; whatever ends this greenlet answers them too."""
+        """Send what waits, batch after batch; whatever ends this greenlet answers those left waiting."""
         batch: list = []
         try:
             while self.waiting:
                 batch, self.waiting = self.waiting, []
-                timer = gevent.get_hub().loop.timer(self.WAIT_LIMIT)
-                timer.start(self._too_late, batch)
                 try:
-                    answers = self._round_trip([call for call, _ in batch])
+                    answers = self._within_limit([call for call, _ in batch])
                 except Exception as error:  # noqa: BLE001 - every caller of the round trip gets its error
                     answers = [error] * len(batch)
-                finally:
-                    timer.close()
                 for (_, answer), value in zip(batch, answers, strict=True):
-                    if answer.ready():
-                        continue
                     if isinstance(value, Exception):
                         answer.set_exception(value)
                     else:
                         answer.set(value)
         finally:
             self.sending = False
-            self._too_late(batch)
+            for _, answer in batch + self.waiting:
+                if not answer.ready():
+                    answer.set_exception(redis.exceptions.ConnectionError("The shared round trip was interrupted."))
+            self.waiting = []
 
-    @staticmethod
-    def _too_late(batch: list) -> None:
-        for _, answer in batch:
-            if not answer.ready():
-                answer.set_exception(redis.exceptions.TimeoutError("The shared round trip did not come back in time."))
+    def _within_limit(self, calls: list) -> list:
+        """`_round_trip`, given up after WAIT_LIMIT (TimeoutError): its connection is closed, so a silent Redis
+        holds up no later round trip."""
+        try:
+            with gevent.Timeout(self.WAIT_LIMIT) as timeout:
+                return self._round_trip(calls)
+        except gevent.Timeout as error:
+            if error is not timeout:
+                raise
+            raise redis.exceptions.TimeoutError("The shared round trip did not come back in time.") from None
 
     def _round_trip(self, calls: list) -> list:
         raise NotImplementedError
@@ -760,13 +815,8 @@ class SharedRoundTrips(SharedRoundTrip):
         return self._call((keys, args))
 
     def _round_trip(self, calls: list[tuple[list, list]]) -> list:
-        if len(calls) == 1:
-            keys, args = calls[0]
-            return [self.script(keys=keys, args=args)]
-        pipe = self.client.pipeline(transaction=False)
-        for keys, args in calls:
-            pipe.execute_command("EVALSHA", self.script.sha, len(keys), *keys, *args)
-        answers = pipe.execute(raise_on_error=False)
+        sha = self.script.sha
+        answers = self.line.exchange([(("EVALSHA", sha, len(keys), *keys, *args), {}) for keys, args in calls])
         return [  # after a script flush: redis-py loads the script again (EVAL) on a direct call
             self.script(keys=keys, args=args) if isinstance(value, redis.exceptions.NoScriptError) else value
             for (keys, args), value in zip(calls, answers, strict=True)
@@ -804,7 +854,11 @@ class SharedPipelines(SharedRoundTrip):
         return self._call(commands)
 
     def _round_trip(self, calls: list[list[Command]]) -> list:
-        answers = run_pipeline(self.client, [command for commands in calls for command in commands])
+        pipe = self.client.pipeline(transaction=False)  # only to turn each command into its arguments
+        for commands in calls:
+            for name, args, kwargs in commands:
+                getattr(pipe, name)(*args, **kwargs)
+        answers = self.line.exchange(list(pipe.command_stack))
         split, start = [], 0
         for commands in calls:
             split.append(answers[start : start + len(commands)])
