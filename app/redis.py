@@ -747,24 +747,33 @@ class SharedRoundTrip:
         self.sending = False
 
     def _call(self, call):
-        """The answer to `call` (its error, raised here). With no round trip out, the caller makes its own at
-        once (a greenlet spawned and switched to for it cost about half of the round trip); callers that come
-        meanwhile wait, and go together in the next, which a greenlet of their own sends."""
+        """The answer to `call` (its error, raised here). With no round trip out, the caller sends one itself once
+        the greenlets ready in this turn of the loop have run (callers among them go along): a greenlet spawned
+        to send it cost about half of the round trip. Callers that come while one is out go together in the
+        next, which a greenlet of their own sends."""
         if self.sending:
             answer = gevent.event.AsyncResult()
             self.waiting.append((call, answer))
             return answer.get()  # bounded: the round trip out and theirs, each within WAIT_LIMIT (see _send)
         self.sending = True
+        batch: list = []
         try:
-            (value,) = self._within_limit([call])
+            gevent.sleep(0)
+            batch, self.waiting = self.waiting, []
+            try:
+                answers = self._within_limit([call, *(along for along, _ in batch)])
+            except Exception as error:  # noqa: BLE001 - every caller of the round trip gets its error
+                answers = [error] * (len(batch) + 1)
+            self._answer(batch, answers[1:])
         finally:
+            self._interrupted(batch)
             if self.waiting:
                 gevent.spawn(self._send)
             else:
                 self.sending = False
-        if isinstance(value, Exception):
-            raise value
-        return value
+        if isinstance(answers[0], Exception):
+            raise answers[0]
+        return answers[0]
 
     def _send(self) -> None:
         """Send what waits, batch after batch; whatever ends this greenlet answers those left waiting."""
@@ -776,17 +785,26 @@ class SharedRoundTrip:
                     answers = self._within_limit([call for call, _ in batch])
                 except Exception as error:  # noqa: BLE001 - every caller of the round trip gets its error
                     answers = [error] * len(batch)
-                for (_, answer), value in zip(batch, answers, strict=True):
-                    if isinstance(value, Exception):
-                        answer.set_exception(value)
-                    else:
-                        answer.set(value)
+                self._answer(batch, answers)
         finally:
             self.sending = False
-            for _, answer in batch + self.waiting:
-                if not answer.ready():
-                    answer.set_exception(redis.exceptions.ConnectionError("The shared round trip was interrupted."))
+            self._interrupted(batch + self.waiting)
             self.waiting = []
+
+    @staticmethod
+    def _answer(batch: list, answers: list) -> None:
+        for (_, answer), value in zip(batch, answers, strict=True):
+            if isinstance(value, Exception):
+                answer.set_exception(value)
+            else:
+                answer.set(value)
+
+    @staticmethod
+    def _interrupted(batch: list) -> None:
+        """Answer those of `batch` still waiting when the greenlet sending their round trip was interrupted."""
+        for _, answer in batch:
+            if not answer.ready():
+                answer.set_exception(redis.exceptions.ConnectionError("The shared round trip was interrupted."))
 
     def _within_limit(self, calls: list) -> list:
         """`_round_trip`, given up after WAIT_LIMIT (TimeoutError): its connection is closed, so a silent Redis
