@@ -22,6 +22,7 @@ from flask import Flask, current_app
 from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode
 from redis.commands.core import Script
+from redis.exceptions import NoScriptError
 from redis.retry import Retry
 
 
@@ -728,6 +729,11 @@ class OwnConnection:
         return connection
 
 
+class RoundTripLate(BaseException):
+    """Thrown into a shared round trip past its time (a BaseException, as gevent.Timeout is: nothing on the way
+    takes it for an error of its own)."""
+
+
 class SharedRoundTrip:
     """Calls that many greenlets make at once, sent together: callers that arrive while one round trip is
     out go in the next, as one pipeline. Each caller still gets its own answer or error.
@@ -745,6 +751,10 @@ class SharedRoundTrip:
         self.line = OwnConnection(client)
         self.waiting: list[tuple[object, gevent.event.AsyncResult]] = []
         self.sending = False
+        self.out_since: float | None = None  # when the round trip now out was sent
+        self.sender = None  # the greenlet sending it
+        self.watch = None
+        self.watch_pid = 0
 
     def _call(self, call):
         """The answer to `call` (its error, raised here). With no round trip out, the caller sends one itself once
@@ -807,15 +817,30 @@ class SharedRoundTrip:
                 answer.set_exception(redis.exceptions.ConnectionError("The shared round trip was interrupted."))
 
     def _within_limit(self, calls: list) -> list:
-        """`_round_trip`, given up after WAIT_LIMIT (TimeoutError): its connection is closed, so a silent Redis
-        holds up no later round trip."""
+        """`_round_trip`, given up after WAIT_LIMIT (TimeoutError; its connection is closed, so a silent Redis holds
+        up no later round trip). One timer a process watches every round trip of its kind: a gevent.Timeout for
+        each cost a tenth of a publication."""
+        self._watched()
+        self.out_since, self.sender = time.monotonic(), gevent.getcurrent()
         try:
-            with gevent.Timeout(self.WAIT_LIMIT) as timeout:
-                return self._round_trip(calls)
-        except gevent.Timeout as error:
-            if error is not timeout:
-                raise
+            return self._round_trip(calls)
+        except RoundTripLate:
             raise redis.exceptions.TimeoutError("The shared round trip did not come back in time.") from None
+        finally:
+            self.out_since = self.sender = None
+
+    def _watched(self) -> None:
+        if self.watch_pid != os.getpid():  # none yet in this process (a timer does not survive a fork)
+            every = min(1.0, self.WAIT_LIMIT / 4)
+            self.watch, self.watch_pid = gevent.get_hub().loop.timer(every, every, ref=False), os.getpid()
+            self.watch.start(self._give_up_if_late)
+
+    def _give_up_if_late(self) -> None:
+        """In the hub: throw into a round trip out for longer than WAIT_LIMIT, as a gevent.Timeout would."""
+        since, sender = self.out_since, self.sender
+        if since is not None and time.monotonic() - since > self.WAIT_LIMIT:
+            self.out_since = None  # once
+            sender.throw(RoundTripLate())
 
     def _round_trip(self, calls: list) -> list:
         raise NotImplementedError
@@ -835,10 +860,12 @@ class SharedRoundTrips(SharedRoundTrip):
     def _round_trip(self, calls: list[tuple[list, list]]) -> list:
         sha = self.script.sha
         answers = self.line.exchange([(("EVALSHA", sha, len(keys), *keys, *args), {}) for keys, args in calls])
-        return [  # after a script flush: redis-py loads the script again (EVAL) on a direct call
-            self.script(keys=keys, args=args) if isinstance(value, redis.exceptions.NoScriptError) else value
-            for (keys, args), value in zip(calls, answers, strict=True)
-        ]
+        flushed = [call for call, value in zip(calls, answers, strict=True) if isinstance(value, NoScriptError)]
+        if flushed:  # after a script flush: EVAL runs them and loads the script again
+            source = self.script.script
+            evaluated = iter(self.line.exchange([(("EVAL", source, len(k), *k, *a), {}) for k, a in flushed]))
+            answers = [next(evaluated) if isinstance(value, NoScriptError) else value for value in answers]
+        return answers
 
 
 def shared_round_trips(client: redis.Redis, script: Script):
