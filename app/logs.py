@@ -58,10 +58,17 @@ def request_id_from(incoming: str) -> str:
     return incoming if REQUEST_ID.match(incoming) else uuid.uuid4().hex
 
 
+@functools.lru_cache(maxsize=1024)
+def _request_seconds(method: str, endpoint: str, status: int):
+    """The request-duration histogram's child for these labels (made once: `labels` takes a lock and builds its
+    key on every call)."""
+    return REQUEST_SECONDS.labels(method, endpoint, str(status))
+
+
 def write_access_line(method, path, endpoint, status, started, request_id, user_id, remote_addr, scheme, host) -> None:
     """A request's line, and its time in the request-duration metric (`started`: its perf_counter at start)."""
     duration = time.perf_counter() - started
-    REQUEST_SECONDS.labels(method, endpoint or "unmatched", str(status)).observe(duration)
+    _request_seconds(method, endpoint or "unmatched", status).observe(duration)
     _write_line(
         json.dumps(
             {
