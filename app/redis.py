@@ -6,6 +6,7 @@ share a hash tag, so each script runs on one hash slot of a Redis Cluster as wel
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import select
@@ -720,10 +721,14 @@ class OwnConnection:
         if self.connection is None or self.pid != os.getpid():  # none yet, or made before a fork
             self.connection, self.pid = self.client.connection_pool.make_connection(), os.getpid()
         connection = self.connection
+        if not connection.is_connected:
+            connection.connect()  # once: a Redis that does not answer costs one connect time-out, as in the pool
+            return connection
         try:
-            if connection.can_read(timeout=0):  # connects it if needed
-                raise redis.exceptions.ConnectionError("The connection holds stray bytes.")
+            stale = connection.can_read(timeout=0)
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError):
+            stale = True
+        if stale:
             connection.disconnect()
             connection.connect()
         return connection
@@ -757,33 +762,43 @@ class SharedRoundTrip:
         self.watch_pid = 0
 
     def _call(self, call):
-        """The answer to `call` (its error, raised here). With no round trip out, the caller sends one itself once
-        the greenlets ready in this turn of the loop have run (callers among them go along): a greenlet spawned
-        to send it cost about half of the round trip. Callers that come while one is out go together in the
-        next, which a greenlet of their own sends."""
+        """The answer to `call` (its error, raised here). With no round trip out, the caller lets the greenlets
+        ready in this turn of the loop run: alone then, it sends its call itself (a greenlet spawned and switched to
+        for it cost about half of the round trip); with callers that came along, a greenlet of their own sends them
+        all, so that nothing ending one caller (a kill, a time-out of its own) fails the others. Callers that come
+        while a round trip is out go together in the next."""
         if self.sending:
-            answer = gevent.event.AsyncResult()
-            self.waiting.append((call, answer))
-            return answer.get()  # bounded: the round trip out and theirs, each within WAIT_LIMIT (see _send)
+            return self._queued(call)
         self.sending = True
-        batch: list = []
         try:
             gevent.sleep(0)
-            batch, self.waiting = self.waiting, []
-            try:
-                answers = self._within_limit([call, *(along for along, _ in batch)])
-            except Exception as error:  # noqa: BLE001 - every caller of the round trip gets its error
-                answers = [error] * (len(batch) + 1)
-            self._answer(batch, answers[1:])
+        except BaseException:
+            self._done()
+            raise
+        if self.waiting:
+            answer = gevent.event.AsyncResult()
+            self.waiting.insert(0, (call, answer))
+            gevent.spawn(self._send)
+            return answer.get()  # bounded: within WAIT_LIMIT (see _within_limit)
+        try:
+            (value,) = self._within_limit([call])
         finally:
-            self._interrupted(batch)
-            if self.waiting:
-                gevent.spawn(self._send)
-            else:
-                self.sending = False
-        if isinstance(answers[0], Exception):
-            raise answers[0]
-        return answers[0]
+            self._done()
+        if isinstance(value, Exception):
+            raise value
+        return value
+
+    def _queued(self, call):
+        answer = gevent.event.AsyncResult()
+        self.waiting.append((call, answer))
+        return answer.get()  # bounded: the round trip out and theirs, each within WAIT_LIMIT (see _within_limit)
+
+    def _done(self) -> None:
+        """After a caller's own round trip: those who came meanwhile go in the next."""
+        if self.waiting:
+            gevent.spawn(self._send)
+        else:
+            self.sending = False
 
     def _send(self) -> None:
         """Send what waits, batch after batch; whatever ends this greenlet answers those left waiting."""
@@ -833,17 +848,26 @@ class SharedRoundTrip:
         if self.watch_pid != os.getpid():  # none yet in this process (a timer does not survive a fork)
             every = min(1.0, self.WAIT_LIMIT / 4)
             self.watch, self.watch_pid = gevent.get_hub().loop.timer(every, every, ref=False), os.getpid()
-            self.watch.start(self._give_up_if_late)
+            self.watch.start(_give_up_if_late, weakref.ref(self))  # the timer keeps no instance alive
 
-    def _give_up_if_late(self) -> None:
-        """In the hub: throw into a round trip out for longer than WAIT_LIMIT, as a gevent.Timeout would."""
-        since, sender = self.out_since, self.sender
-        if since is not None and time.monotonic() - since > self.WAIT_LIMIT:
-            self.out_since = None  # once
-            sender.throw(RoundTripLate())
+    def __del__(self):
+        if self.watch is not None:
+            with contextlib.suppress(Exception):  # the loop may be gone before the instance
+                self.watch.close()
 
     def _round_trip(self, calls: list) -> list:
         raise NotImplementedError
+
+
+def _give_up_if_late(shared: weakref.ref) -> None:
+    """In the hub: throw into a round trip out for longer than WAIT_LIMIT, as a gevent.Timeout would."""
+    instance = shared()
+    if instance is None:
+        return
+    since, sender = instance.out_since, instance.sender
+    if since is not None and time.monotonic() - since > instance.WAIT_LIMIT:
+        instance.out_since = None  # once
+        sender.throw(RoundTripLate())
 
 
 class SharedRoundTrips(SharedRoundTrip):
@@ -918,7 +942,9 @@ def shared_pipelines(client: redis.Redis):
     return SharedPipelines(client)
 
 
-_shared_reads: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# Each client's shared reads. The value holds its client, so an entry lives as long as the process: there is one
+# client a worker, made with its app.
+_shared_reads: dict = {}
 
 
 def read_together(client: redis.Redis, commands: list[Command]) -> list:

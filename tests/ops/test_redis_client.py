@@ -91,13 +91,32 @@ client.script_flush()
 answers["after a flush"] = together(5)
 client.client_kill_filter(_type="normal", skipme=True)  # the shared round trips' own connection among them
 answers["after its connection was closed"] = together(5)
+BUSY = "local t = redis.call('TIME') repeat local n = redis.call('TIME') until (n[1]-t[1])*1e6 + n[2]-t[2] > 300000"
+busy = gevent.spawn(client.eval, BUSY, 0)  # Redis answers nobody for 0.3 s
+gevent.sleep(0.05)
+
+def impatient():
+    try:
+        with gevent.Timeout(0.1):
+            return call("k0", "0")
+    except gevent.Timeout:
+        return "gave up"
+
+callers = [gevent.spawn(impatient)] + [gevent.spawn(call, f"k{n}", str(n)) for n in range(1, 5)]
+gevent.joinall(callers + [busy])
+answers["one caller gave up"] = [caller.value for caller in callers]
 refused = socket.socket()
 refused.bind(("127.0.0.1", 0))
 port = refused.getsockname()[1]
 refused.close()
 down = redis.Redis(port=port, socket_connect_timeout=1)
 shared = SharedRoundTrips(down, down.register_script("return 1"))
+connects = []
+real_connect = redis.connection.Connection.connect
+redis.connection.Connection.connect = lambda self: connects.append(self) or real_connect(self)
 answers["redis down"] = together(3)
+answers["connections tried while down"] = len(connects)
+redis.connection.Connection.connect = real_connect
 silent = socket.socket()  # takes connections and never answers
 silent.bind(("127.0.0.1", 0))
 silent.listen(8)
@@ -124,7 +143,9 @@ def test_concurrent_session_checks_share_round_trips_and_each_caller_gets_its_ow
     assert len(answers["sizes"]) < 10 and sum(answers["sizes"]) == 50  # 50 calls in a few round trips
     assert answers["after a flush"] == [f"v{n}|{n}" for n in range(5)]
     assert answers["after its connection was closed"] == [f"v{n}|{n}" for n in range(5)]  # replaced, not failed
+    assert answers["one caller gave up"] == ["gave up"] + [f"v{n}|{n}" for n in range(1, 5)]  # the others unharmed
     assert answers["redis down"] == ["ConnectionError"] * 3
+    assert answers["connections tried while down"] == 1  # one round trip for the three, one connect time-out
     assert answers["redis silent"] == ["TimeoutError"] * 3  # each caller's wait is bounded, one timer for them all
     assert answers["silent for"] < 10
     unpatched = object()
