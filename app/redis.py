@@ -743,8 +743,8 @@ class SharedRoundTrip:
     """Calls that many greenlets make at once, sent together: callers that arrive while one round trip is
     out go in the next, as one pipeline. Each caller still gets its own answer or error.
 
-    Alone, a call costs one greenlet switch more than a direct one; under load the cost of a round trip (two
-    system calls, a wait for the socket) is shared by every call in it. The round trips go one at a time over
+    Alone, a caller waits one turn of the loop before it sends (see `_call`); under load the cost of a round trip
+    (two system calls, a wait for the socket) is shared by every call in it. The round trips go one at a time over
     a connection of their own (`OwnConnection`). Only under gevent and on one Redis: on a Redis Cluster the
     callers' keys live on different nodes. Subclasses say how a batch of calls travels (`_round_trip`).
     """
