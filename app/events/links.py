@@ -175,8 +175,9 @@ class Link:
         self.live: dict[str, Confirmation] = {}  # Redis channel -> its latest SUBSCRIBE on this connection
         self.unconfirmed: dict[str, deque[Confirmation]] = defaultdict(deque)  # sent, not yet answered, in order
         self.unsubscribing: Counter[str] = Counter()  # UNSUBSCRIBEs decided, not yet answered
-        self.leaving: list[str] = []  # UNSUBSCRIBEs decided, not yet written (see `unsubscribe`)
-        self.leaving_soon = False  # a greenlet will write them
+        # (UN)SUBSCRIBEs decided, not yet written, in the order decided (see `send_subscribe`, `unsubscribe`)
+        self.pending: list[tuple[str, list[str]]] = []
+        self.pending_soon = False  # a greenlet will write them
         # last SUBSCRIBE of a batch -> the batch, and the hub's epoch when it was sent (hub.resync)
         self.resync_after: dict[Confirmation, tuple[list[str], int]] = {}
         # Since when the listener waits for Redis with nothing left to handle; None while it handles what
@@ -191,8 +192,14 @@ class Link:
         confirmed before this resynchronise once Redis confirmed them all (hub.resync).
 
         A reader still waiting for its confirmation then is left out: it reads its history after Redis
-        confirmed its channels on this connection, so it has missed nothing (and reads it once)."""
-        self.write_leaving()  # what was decided before goes out before
+        confirmed its channels on this connection, so it has missed nothing (and reads it once).
+
+        On one server the channels of readers opening in a turn of the loop go out together, as the channels
+        left do (see `unsubscribe`): an opening storm sent a command for each stream. A resynchronisation, and
+        every command on a cluster, is written at once, after what was decided before it."""
+        later = not (resync or self.sharded)
+        if not later:
+            self.write_pending()  # what was decided before goes out before
         pubsub = self.pubsub
         if pubsub is None:  # that write lost the connection: the callers wait for the next one
             return
@@ -203,14 +210,17 @@ class Link:
             confirmations.append(confirmation)
         if resync and confirmations:  # Redis confirms in order: the last means all
             self.resync_after[confirmations[-1]] = (names, self.hub.next_epoch())
-        self._write(pubsub, pubsub.ssubscribe if self.sharded else pubsub.subscribe, names)
+        if later:
+            self._later("subscribe", names)
+        else:
+            self._write(pubsub, pubsub.ssubscribe if self.sharded else pubsub.subscribe, names)
 
     def unsubscribe(self, names: list[str]) -> None:
         """UNSUBSCRIBE those of `names` this connection holds. On one server, the channels left during a turn of
         the loop go out together, in one command written once the connections ending in that turn have left
-        theirs (a storm of 10,000 streams ending sent 10,000 commands), and always before a later SUBSCRIBE on
-        this connection, so Redis still sees them in the order decided. Nobody reads the channel here any more
-        meanwhile: its late events are dropped as any event of a channel without readers."""
+        theirs (a storm of 10,000 streams ending sent 10,000 commands), in the order decided among the
+        SUBSCRIBEs of that turn, so Redis still sees them in the order decided. Nobody reads the channel here any
+        more meanwhile: its late events are dropped as any event of a channel without readers."""
         pubsub = self.pubsub
         if pubsub is None:
             return
@@ -222,23 +232,30 @@ class Link:
         if self.sharded:  # one command per channel anyway (a command's shard channels must share a slot)
             self._write(pubsub, pubsub.sunsubscribe, held)
             return
-        self.leaving += held
-        if not self.leaving_soon:
-            self.leaving_soon = True
-            gevent.spawn(self._leave)
+        self._later("unsubscribe", held)
 
-    def _leave(self) -> None:
-        """Write the UNSUBSCRIBEs decided (in their own greenlet, which may wait for the hub's lock)."""
+    def _later(self, command: str, names: list[str]) -> None:
+        """Queue a command decided now, to be written with the others of this turn of the loop (hub.lock held)."""
+        if self.pending and self.pending[-1][0] == command:
+            self.pending[-1][1].extend(names)
+        else:
+            self.pending.append((command, list(names)))
+        if not self.pending_soon:
+            self.pending_soon = True
+            gevent.spawn(self._write_soon)
+
+    def _write_soon(self) -> None:
+        """Write the commands queued (in their own greenlet, which may wait for the hub's lock)."""
         with self.hub.lock:
-            self.leaving_soon = False
-            self.write_leaving()
+            self.pending_soon = False
+            self.write_pending()
 
-    def write_leaving(self) -> None:
-        """Write the UNSUBSCRIBEs decided and not yet written, in one command (hub.lock held)."""
+    def write_pending(self) -> None:
+        """Write the commands decided and not yet written, in the order decided (hub.lock held)."""
         pubsub = self.pubsub
-        if self.leaving and pubsub is not None:
-            names, self.leaving = self.leaving, []
-            self._write(pubsub, pubsub.unsubscribe, names)
+        while self.pending and pubsub is not None and pubsub is self.pubsub:
+            command, names = self.pending.pop(0)
+            self._write(pubsub, pubsub.subscribe if command == "subscribe" else pubsub.unsubscribe, names)
 
     def _write(self, pubsub, command, names: list[str]) -> None:
         try:
@@ -263,7 +280,7 @@ class Link:
             self.connected.clear()
             self.live.clear()
             self.unsubscribing.clear()
-            self.leaving.clear()  # the new connection holds none of them
+            self.pending.clear()  # the new connection holds none of them
             self.resync_after.clear()
             unconfirmed, self.unconfirmed = self.unconfirmed, defaultdict(deque)
             for confirmation in (c for queue in unconfirmed.values() for c in queue):
