@@ -691,9 +691,10 @@ return {version, end_sessions(sessions, KEYS[2], ARGV[1], false)}
 class OwnConnection:
     """A connection of a client's pool kept by one user that makes its round trips one at a time (a
     SharedRoundTrip), outside the pool's bound. Through the pool, each round trip paid for a connection's
-    check-out and check-in, the client's instrumentation and its argument filters: about twice what writing
-    the commands and reading their answers costs. A connection found holding stray bytes, or closed by the
-    server, is replaced before a round trip, as the pool replaces one at check-out."""
+    check-out and check-in, the client's instrumentation and its argument filters: a third more than writing
+    the commands and reading their answers costs (bench/README.md, "A round trip's own cost"). A connection
+    found holding stray bytes, or closed by the server, is replaced before a round trip, as the pool replaces
+    one at check-out."""
 
     def __init__(self, client: redis.Redis):
         self.client = client
@@ -763,10 +764,10 @@ class SharedRoundTrip:
 
     def _call(self, call):
         """The answer to `call` (its error, raised here). With no round trip out, the caller lets the greenlets
-        ready in this turn of the loop run: alone then, it sends its call itself (a greenlet spawned and switched to
-        for it cost about half of the round trip); with callers that came along, a greenlet of their own sends them
-        all, so that nothing ending one caller (a kill, a time-out of its own) fails the others. Callers that come
-        while a round trip is out go together in the next."""
+        ready in this turn of the loop run: alone then, it sends its call itself (a greenlet spawned and switched
+        to for it cost about two thirds of what the round trip itself does); with callers that came along, a
+        greenlet of their own sends them all, so that nothing ending one caller (a kill, a time-out of its own)
+        fails the others. Callers that come while a round trip is out go together in the next."""
         if self.sending:
             return self._queued(call)
         self.sending = True
@@ -834,7 +835,7 @@ class SharedRoundTrip:
     def _within_limit(self, calls: list) -> list:
         """`_round_trip`, given up after WAIT_LIMIT (TimeoutError; its connection is closed, so a silent Redis holds
         up no later round trip). One timer a process watches every round trip of its kind: a gevent.Timeout for
-        each cost a tenth of a publication."""
+        each took about 4 % of a publication's CPU."""
         self._watched()
         self.out_since, self.sender = time.monotonic(), gevent.getcurrent()
         try:
@@ -902,12 +903,17 @@ def shared_round_trips(client: redis.Redis, script: Script):
 Command = tuple[str, tuple, dict]  # a pipeline method's name, its arguments and keyword arguments
 
 
-def run_pipeline(client: redis.Redis, commands: list[Command]) -> list:
-    """The commands in one pipeline (no transaction); each one's answer, or its error as the value."""
+def _staged(client: redis.Redis, commands: list[Command]):
+    """A pipeline (no transaction) holding the commands, not yet sent."""
     pipe = client.pipeline(transaction=False)
     for name, args, kwargs in commands:
         getattr(pipe, name)(*args, **kwargs)
-    return pipe.execute(raise_on_error=False)
+    return pipe
+
+
+def run_pipeline(client: redis.Redis, commands: list[Command]) -> list:
+    """The commands in one pipeline (no transaction); each one's answer, or its error as the value."""
+    return _staged(client, commands).execute(raise_on_error=False)
 
 
 class SharedPipelines(SharedRoundTrip):
@@ -923,11 +929,8 @@ class SharedPipelines(SharedRoundTrip):
         return self._call(commands)
 
     def _round_trip(self, calls: list[list[Command]]) -> list:
-        pipe = self.client.pipeline(transaction=False)  # only to turn each command into its arguments
-        for commands in calls:
-            for name, args, kwargs in commands:
-                getattr(pipe, name)(*args, **kwargs)
-        answers = self.line.exchange(list(pipe.command_stack))
+        staged = _staged(self.client, [command for commands in calls for command in commands])
+        answers = self.line.exchange(list(staged.command_stack))  # the pipeline only turned them into arguments
         split, start = [], 0
         for commands in calls:
             split.append(answers[start : start + len(commands)])
