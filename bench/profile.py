@@ -207,12 +207,16 @@ def main() -> None:
                     rooms_run("service", service, targets, rooms, service.server_pids, service.app.port, key, 1,
                               when_open=opened)  # fmt: skip
                     return
+
+                def read() -> None:
+                    time.sleep(1.5)  # a last write of the samples
+                    print(report(out), flush=True)  # not what ending the streams cost
+
                 rooms_run(
                     "service", service, targets, rooms, service.server_pids, service.app.port, key, 10,
                     when_open=lambda: (out / "generation").write_text("rooms"),  # not what opening them cost
+                    when_read=read,
                 )  # fmt: skip
-                time.sleep(1.5)  # a last write of the samples
-                print(report(out))
                 return
             if args.publish:
                 from bench.publish_cost import service_publishing

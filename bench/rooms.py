@@ -93,6 +93,20 @@ def cpu_seconds(pids: list[int]) -> float:
     return total / ticks
 
 
+def quiet_cpu(pids, limit: float = 30.0) -> float:
+    """The CPU time of `pids()` once they have gone quiet (not a clock tick of CPU in a quarter of a second), or
+    after `limit` seconds: with the time before, what a server spends on the streams its clients have closed."""
+    deadline = time.monotonic() + limit
+    before = cpu_seconds(pids())
+    while time.monotonic() < deadline:
+        time.sleep(0.25)
+        now = cpu_seconds(pids())
+        if now - before < 0.005:
+            return now
+        before = now
+    return before
+
+
 def redis_cpu_seconds(client) -> float:
     """User and system CPU time of the Redis server so far (its INFO)."""
     info = client.info("cpu")
@@ -224,7 +238,9 @@ async def _open_all(targets: list[Target], source, gate_size: int = OPEN_CONCURR
 
 def _room_reader(specs, token, expected, ready, go, results, index) -> None:
     """Open `specs` (Target, room) streams, report, then read until every stream has `expected` events of
-    its room or the deadline that `go` sends passes. Latencies are measured from the `sent` in each event."""
+    its room or the deadline that `go` sends passes, report, and close them when `go` says so (the server's
+    CPU for ending streams is measured apart from the publishing's). Latencies are measured from the `sent`
+    in each event."""
     raise_fd_limit()
     pattern = re.compile(re.escape(token.encode()) + rb"\|(\d+)\|(\d+)\|([\d.]+)\|([\d.]+);")
 
@@ -273,9 +289,6 @@ def _room_reader(specs, token, expected, ready, go, results, index) -> None:
         cpu_after = os.times()
         for task in tasks:
             task.cancel()
-        for stream in streams:
-            if stream is not None:
-                stream.writer.close()
         missing = sum(expected - len(seen) for _, seen in verdicts)
         totals = {k: sum(v[k] for v, _ in verdicts) for k in ("duplicates", "out_of_order", "foreign", "closed")}
         complete = sum(1 for v, seen in verdicts if len(seen) == expected and not v["duplicates"])
@@ -290,6 +303,12 @@ def _room_reader(specs, token, expected, ready, go, results, index) -> None:
                 **totals,
             }
         )
+        await asyncio.get_running_loop().run_in_executor(None, go.get)
+        for stream in streams:
+            if stream is not None:
+                stream.writer.close()
+        await asyncio.sleep(0)  # the closes reach the sockets
+        results.put({"closed": True})
 
     asyncio.run(main())
 
@@ -506,9 +525,12 @@ def rooms_run(
     batch: bool = False,
     worker_pids=None,
     when_open=None,
+    when_read=None,
 ) -> dict:
-    """Open the streams, read the footprint, publish one event per room per second, collect. Halfway through the
-    publishing, the machine's load and (given `worker_pids`) how the publisher's connections sit on the workers."""
+    """Open the streams, read the footprint, publish one event per room per second, collect, close the streams.
+    Halfway through the publishing, the machine's load and (given `worker_pids`) how the publisher's connections
+    sit on the workers. `when_open` and `when_read` are called when the streams are open and when every reader has
+    read, before they close."""
     context = multiprocessing.get_context("fork")
     token = uuid.uuid4().hex[:12]
     specs = list(zip(targets, per_stream_rooms, strict=True))
@@ -559,6 +581,14 @@ def rooms_run(
     collected = [results.get(timeout=seconds + 120) for _ in workers]
     cpu_after = cpu_seconds(pids())
     after = rss_bytes(pids())
+    if when_read is not None:
+        when_read()
+    close_cpu_before = cpu_seconds(pids())
+    for go in gos:
+        go.put("close")
+    for _ in workers:
+        results.get(timeout=60)
+    close_cpu = quiet_cpu(pids) - close_cpu_before
     for worker in workers:
         worker.join(10)
     latencies = [x for c in collected for x in c["latencies"]]
@@ -592,6 +622,7 @@ def rooms_run(
         "closed_by_server": sum(c["closed"] for c in collected),
         "complete_streams": sum(c["complete"] for c in collected),
         "server_cpu_seconds": round(cpu_after - cpu_before, 2),
+        "close_server_cpu_seconds": round(close_cpu, 2),
         "client_cpu_seconds": round(sum(c["cpu"] for c in collected), 2),
     }
     if redis_client:  # beside the server's: Redis is the service's too, and nchan has none
@@ -1097,6 +1128,10 @@ def _redis_cpu(r: dict) -> str:
     return f" (Redis {r['redis_cpu_seconds']} s more)" if "redis_cpu_seconds" in r else ""
 
 
+def _close_cpu(r: dict) -> str:
+    return f"; closing {r['close_server_cpu_seconds']} s" if "close_server_cpu_seconds" in r else ""
+
+
 def _rooms_rows(p: dict) -> list[str]:
     rows = []
     for name in ("service", "base", "nchan"):
@@ -1113,7 +1148,7 @@ def _rooms_rows(p: dict) -> list[str]:
             f"| {_lat(r)} | {' + '.join(map(str, spread)) if spread else '-'} "
             f"| {r['deliveries']:,} of {r['expected_deliveries']:,} "
             f"| {r['missing']} / {r['duplicates']} / {r['out_of_order']} / {r['foreign']} "
-            f"| {r['server_cpu_seconds']} s{_redis_cpu(r)} | {r['client_cpu_seconds']} s "
+            f"| {r['server_cpu_seconds']} s{_redis_cpu(r)}{_close_cpu(r)} | {r['client_cpu_seconds']} s "
             f"| {p['load_before']} / {r.get('load_during') or '-'} / {p['load_after']} |"
         )
     return rows
