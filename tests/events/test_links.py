@@ -1,10 +1,14 @@
-"""A hub link's listener survives a confirmation that arrives for a connection given up meanwhile."""
+"""A hub link's listener survives a confirmation that arrives for a connection given up meanwhile, and reads
+what Redis sends whole."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
-from app.events.links import Link
+import pytest
+import redis
+
+from app.events.links import Link, Replies
 
 
 def idle_link() -> Link:
@@ -22,3 +26,54 @@ def test_a_subscribe_answer_after_the_connection_was_given_up_is_ignored():
     assert link._handle({"type": "subscribe", "channel": "wake:{chat:room}"}) is False
     assert link._handle({"type": "ssubscribe", "channel": "wake:{chat:room}"}) is False
     assert not link.unconfirmed
+
+
+# What a link reads (Replies), against a real Redis.
+
+
+@pytest.fixture
+def subscriber(redis_servers):
+    """A hub-like pub/sub connection (decoded replies, hiredis) to the session's one Redis, and a publisher."""
+    server = redis_servers("standalone")
+    client = redis.Redis.from_url(server.url, decode_responses=True, socket_timeout=10)
+    pubsub = client.pubsub()
+    pubsub.connection = pubsub.connection_pool.get_connection()
+    yield pubsub, client
+    pubsub.close()
+    client.close()
+
+
+def test_replies_come_whole_one_by_one_and_buffered_ones_without_waiting(subscriber):
+    pubsub, client = subscriber
+    replies = Replies(pubsub.connection)
+    assert replies.buffered() is None  # nothing received: no wait for Redis
+    pubsub.subscribe("links-test")
+    assert list(replies.next()) == ["subscribe", "links-test", 1]
+    big = "x" * 200_000  # three times what one read takes
+    for data in ("first", big, "third"):
+        client.publish("links-test", data)
+    assert list(replies.next()) == ["message", "links-test", "first"]
+    assert list(replies.next()) == ["message", "links-test", big]
+    third = replies.buffered() or replies.next()
+    assert list(third) == ["message", "links-test", "third"]
+    assert replies.buffered() is None
+
+
+def test_an_error_reply_is_raised(subscriber):
+    pubsub, _ = subscriber
+    replies = Replies(pubsub.connection)
+    pubsub.connection.send_command("NO-SUCH-COMMAND")
+    with pytest.raises(redis.exceptions.ResponseError):
+        replies.next()
+
+
+def test_a_connection_redis_closes_is_a_connection_error(subscriber):
+    pubsub, client = subscriber
+    replies = Replies(pubsub.connection)
+    pubsub.connection.send_command("CLIENT", "ID")
+    own_id = replies.next()
+    pubsub.subscribe("links-test")
+    replies.next()
+    client.execute_command("CLIENT", "KILL", "ID", own_id)
+    with pytest.raises(redis.exceptions.ConnectionError):
+        replies.next()
