@@ -1,7 +1,9 @@
 """API-key records: created once (only the SHA-256 is kept), checked in one round trip, deleted at once.
 
-There is no per-worker cache: every check reads Redis, so a deleted key stops working on every worker
-and instance with the next request, and a check costs what an access-token check costs (one script).
+Every check reads Redis, so a deleted key stops working on every worker and instance with the next request,
+and a check costs what an access-token check costs (one script). The quick publisher keeps the scopes and
+channels of keys it has verified (a record never changes) and asks whether the record still exists in the
+publication's own atomic step (`EventBus.publish_while_key`).
 """
 
 from __future__ import annotations

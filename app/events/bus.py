@@ -93,6 +93,28 @@ end
 return ids
 """
 
+# PUBLISH_LUA for a caller whose API key this worker has verified before (its scopes and channels never change):
+# only while the key's record exists, and the namespace when one is named, in the same atomic step, so a key or
+# namespace deleted meanwhile publishes nothing. Two more KEYS (the key's record, the namespaces hash) and three
+# more ARGV (now, the touch interval, the namespace or ''), taken off before the publication's own; last_used_at
+# is touched as the key's verification touches it. Nil when refused.
+PUBLISH_WHILE_KEY_LUA = (
+    """
+local namespaces = table.remove(KEYS)
+local record = table.remove(KEYS)
+local namespace = table.remove(ARGV)
+local interval = table.remove(ARGV)
+local now = table.remove(ARGV)
+local found = redis.call('HMGET', record, 'id', 'last_used_at')
+if not found[1] then return nil end
+if namespace ~= '' and redis.call('HEXISTS', namespaces, namespace) == 0 then return nil end
+if tonumber(now) - (tonumber(found[2]) or 0) >= tonumber(interval) then
+  redis.call('HSET', record, 'last_used_at', now)
+end
+"""
+    + PUBLISH_LUA
+)
+
 
 class NotReplicated(ApiError):
     """503: no replica acknowledged a replicated publication in time (it may still be delivered)."""
@@ -348,6 +370,7 @@ class Bus:
         self._publish = client.register_script(PUBLISH_LUA)
         # Publications of concurrent requests share round trips; each is still its own atomic step.
         self._publish_shared = shared_round_trips(client, self._publish)
+        self._publish_while_key = shared_round_trips(client, client.register_script(PUBLISH_WHILE_KEY_LUA))
         self._stream_positions = client.register_script(STREAM_POSITIONS_LUA)
         self._read = shared_pipelines(client)  # history reads of readers resuming together share round trips
         self.recent = RecentEvents()
@@ -364,6 +387,28 @@ class Bus:
         self._count_against_limit(sender, sender_is_admin, 1)
         (event_id,) = self._append([(channel, event, encoded)], ts, sender)
         return Event(event_id, channel, event, encoded, ts, sender)
+
+    @property
+    def checks_keys(self) -> bool:
+        """Whether `publish_while_key` may be used: on one Redis, without waiting for a replica."""
+        return not (self.cluster or self.replicated)
+
+    def publish_while_key(
+        self, channel: str, event: str, data, key_record: str, touch: list, namespace: str | None
+    ) -> Event | None:
+        """`publish` with an API key verified before, in one step with what only Redis knows now: the key's
+        record `key_record` still there (touched with `touch`, as the key's verification touches it), and
+        `namespace` (given one). None, with nothing published, when either is gone. Only where `checks_keys`."""
+        validate_names(channel, event)
+        encoded, ts = encode_data(data), utc_millis()
+        call = self._script_call([(channel, event, encoded)], ts, None)
+        ids = self._publish_while_key(
+            keys=[*call["keys"], key_record, Keys.namespaces()], args=[*call["args"], *touch, namespace or ""]
+        )
+        if ids is None:
+            return None
+        (event_id,) = self._published([(channel, event, encoded)], list(ids), ts, None)
+        return Event(event_id, channel, event, encoded, ts)
 
     def publish_many(
         self, events: list[tuple[str, str, object]], sender: str | None = None, sender_is_admin: bool = False
@@ -396,6 +441,10 @@ class Bus:
             (ids,) = self._run_on_node(self.client, [events], ts, sender)
         else:
             ids = list(self._publish_shared(**self._script_call(events, ts, sender)))
+        return self._published(events, ids, ts, sender)
+
+    def _published(self, events: list[tuple[str, str, str]], ids: list[str], ts: str, sender: str | None) -> list[str]:
+        """After the publish script: counted, and fed to the outgoing webhooks (on a cluster); their ids."""
         EVENTS_PUBLISHED.inc(len(ids))
         self._feed_outgoing([Event(i, c, e, d, ts, sender) for i, (c, e, d) in zip(ids, events, strict=True)])
         return ids

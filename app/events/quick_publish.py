@@ -7,7 +7,8 @@ Flask, publishes the plain case itself: `POST /events` with `Authorization: Bear
 of known length that the view's model accepts, to a channel the key covers whose namespace exists. The key and
 the namespace are read in one round trip (shared with other requests' reads arriving meanwhile), then the event
 is published by the bus as the view publishes it, and answered as the view answers (the same status, body,
-headers, access line and metrics).
+headers, access line and metrics). On one Redis a key verified here once is kept: its next publications are one
+script, which publishes only while the key's record and the namespace exist (`EventBus.publish_while_key`).
 
 Anything else, and every refusal, goes to Flask, which decides again from the start: every error has one
 answer. An error met while publishing (Redis unavailable, a replica that did not confirm) is handed to the view,
@@ -27,7 +28,7 @@ from werkzeug.wsgi import get_host
 
 from quick_http import QUICK_ONLY
 
-from ..apikeys.store import key_of, verification_command, verify_key_answer
+from ..apikeys.store import ApiKey, hash_key, key_of, verification_args, verification_command, verify_key_answer
 from ..auth.guards import API_KEY_PREFIX, cors_headers
 from ..channels.namespaces import RESERVED, split_channel
 from ..http import _validate, parse_json
@@ -43,6 +44,7 @@ CREATED = f"201 {HTTP_STATUS_CODES[201].upper()}"  # as Werkzeug's response says
 PATH = "/events"
 ENDPOINT = "events.publish"
 SCOPE = "events:publish"
+KNOWN_KEYS_KEPT = 1024  # publishing keys a worker keeps (all forgotten when more come)
 
 
 def json_body(app: Flask, value) -> bytes:
@@ -62,6 +64,7 @@ class QuickPublisher:
         self.limit = app.config["MAX_CONTENT_LENGTH"]
         self._reads = None  # made with the first request: the Redis client is bound to the app after this
         self.failed_on = weakref.WeakKeyDictionary()  # a connection's socket: what its quick publication met
+        self.known_keys: dict[str, ApiKey] = {}  # a publishing key's hash -> the key, once verified here
 
     def __call__(self, environ, start_response):
         """The publication's answer, made here; or Flask's, for anything else and every refusal. Asked by the worker
@@ -133,30 +136,58 @@ class QuickPublisher:
         namespaced = split is not None and split[0] != "user"
         if namespaced and split[0] in RESERVED:
             return None
-        try:
-            answers = self._read(raw_key, split[0] if namespaced else None)
-        except Exception:  # noqa: BLE001 - Redis unavailable: the view waits for it and answers as it does
-            return None
-        if isinstance(answers[0], NoScriptError):  # not loaded yet, or Redis restarted: the direct call loads it
-            answers[0] = self._verify_directly(raw_key)
-        if any(isinstance(answer, Exception) for answer in answers):
-            return None  # an error the view meets too, and answers
-        key = key_of(answers[0])
-        if key is None or SCOPE not in key.scopes or not key.may_publish(channel):
-            return None
-        if namespaced and answers[1] is None:
-            return None  # 404
+        namespace = split[0] if namespaced else None
         bus = self.app.extensions["event_bus"]
+        key_hash = hash_key(raw_key)
+        known = self.known_keys.get(key_hash) if bus.checks_keys else None
+        if known is None:
+            key = self._verified(raw_key, namespace)
+            if key is None or SCOPE not in key.scopes or not key.may_publish(channel):
+                return None
+            if bus.checks_keys:
+                self._know(key_hash, key)
+        elif not known.may_publish(channel):
+            return None
         self.app.extensions["presence"].start_in_request()
         try:
-            published = bus.publish(channel, publication.event, publication.data)
+            event, data = publication.event, publication.data
+            if known is None:
+                published = bus.publish(channel, event, data)
+            else:
+                record, touch = Keys.api_key(key_hash), verification_args()
+                published = bus.publish_while_key(channel, event, data, record, touch, namespace)
         except Exception as error:  # noqa: BLE001 - the view raises it again, where its error handlers answer it
             if QUICK_ONLY in environ:  # the worker gives the request to gunicorn, whose environ the view reads
                 self.failed_on[environ["gunicorn.socket"]] = error
             else:
                 environ[REFUSED] = (None, error)
             return None
+        if published is None:  # the key or the namespace is gone: the view says which
+            self.known_keys.pop(key_hash, None)
+            return None
         return json_body(self.app, {"id": published.id, "channel": published.channel})
+
+    def _verified(self, raw_key: str, namespace: str | None):
+        """The key, read from Redis, if it exists and (given a namespace) the namespace does; None otherwise."""
+        try:
+            answers = self._read(raw_key, namespace)
+        except Exception:  # noqa: BLE001 - Redis unavailable: the view waits for it and answers as it does
+            return None
+        if isinstance(answers[0], NoScriptError):  # not loaded yet, or Redis restarted: the direct call loads it
+            answers[0] = self._verify_directly(raw_key)
+        if any(isinstance(answer, Exception) for answer in answers):
+            return None  # an error the view meets too, and answers
+        if namespace is not None and answers[1] is None:
+            return None  # 404
+        return key_of(answers[0])
+
+    def _know(self, key_hash: str, key) -> None:
+        """Keep a publishing key's scopes and channels (they never change; that the key still exists is asked
+        in the publication's own step): a key's verification was a round trip of its own before each publication."""
+        if len(self.known_keys) >= KNOWN_KEYS_KEPT:
+            self.known_keys.clear()
+        if SCOPE in key.scopes:
+            self.known_keys[key_hash] = key
 
     @staticmethod
     def _verify_directly(raw_key: str):

@@ -9,8 +9,8 @@ import json
 import pytest
 from werkzeug.test import Client
 
-from app.apikeys.store import create_key
-from app.channels.namespaces import Namespace, put_namespace
+from app.apikeys.store import create_key, delete_key, hash_key
+from app.channels.namespaces import Namespace, delete_namespace, put_namespace
 from app.events.quick_publish import QuickPublisher
 from app.redis import Keys
 
@@ -178,3 +178,48 @@ def test_an_error_met_while_publishing_is_answered_by_the_view_and_the_event_is_
     assert answer.headers["Retry-After"] == "1"
     assert counter.calls == 1  # the view answered what the quick publisher met
     assert rdb.xlen(Keys.stream("orders:o1")) == 1
+
+
+def scripts_run(rdb) -> int:
+    """Scripts the (one) Redis has run so far."""
+    return rdb.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
+
+
+def test_a_key_known_here_publishes_in_one_step_which_refuses_once_the_key_or_namespace_is_gone(
+    publishing, rdb, redis_mode
+):
+    """A key verified once is kept (its scopes and channels never change); whether it, and the namespace, still
+    exist is asked in the publication's own step, so deleting either stops the very next publication here."""
+    whole, flask_side, counter, keys = publishing
+    quick = quick_publisher(whole.application)
+    with whole.application.app_context():
+        spare = create_key("spare", ["events:publish"], ["orders:*"])
+    body = {"channel": "orders:o3", "event": "paid"}
+    for _ in range(2):
+        assert post(whole, spare[0], body).status_code == 201
+    assert counter.calls == 0
+    known = redis_mode == "standalone"  # on a cluster (or replicated) every publication verifies its key
+    assert bool(quick.known_keys) is known
+
+    rdb.hset(Keys.api_key(hash_key(spare[0])), "last_used_at", "1.000")
+    before = scripts_run(rdb)
+    assert post(whole, spare[0], body).status_code == 201  # known: touched in the publication's step
+    if known:
+        assert scripts_run(rdb) - before == 1  # the publication's: no verification of its own
+    assert float(rdb.hget(Keys.api_key(hash_key(spare[0])), "last_used_at")) > 1000
+    assert post(whole, spare[0], {"channel": "broadcast", "event": "x"}).status_code == 403  # not its channel
+    assert counter.calls == 1
+
+    with whole.application.app_context():
+        delete_namespace(rdb, "orders")
+    published = rdb.xlen(Keys.stream("orders:o3"))
+    assert post(whole, spare[0], body).status_code == 404
+    with whole.application.app_context():
+        put_namespace(rdb, Namespace("orders", "authenticated"))
+    assert post(whole, spare[0], body).status_code == 201
+    assert bool(quick.known_keys) is known  # verified again after the refusal
+    with whole.application.app_context():
+        delete_key(spare[1]["id"])
+    assert post(whole, spare[0], body).status_code == 401
+    assert rdb.xlen(Keys.stream("orders:o3")) == published + 1
+    assert counter.calls == 3  # each refusal answered by the view
