@@ -9,6 +9,8 @@ import logging
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from app import logs
 
@@ -56,3 +58,26 @@ def test_nothing_is_written_while_the_access_log_is_turned_down(own_handler):
     own_handler.setStream(io.StringIO())
     write_line()
     assert own_handler.stream.getvalue() == ""
+
+
+texts = st.one_of(st.none(), st.text(max_size=40))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    method=st.text(max_size=10), path=st.text(max_size=60), status=st.integers(100, 599),
+    duration=st.floats(0, 1e7, allow_nan=False), request_id=texts, user_id=texts, remote_addr=texts,
+    scheme=st.sampled_from(["http", "https"]), host=texts,
+)  # fmt: skip
+def test_the_line_is_what_json_dumps_writes(
+    method, path, status, duration, request_id, user_id, remote_addr, scheme, host
+):
+    # Paths and hosts come from clients: quotes, control characters and any Unicode must be escaped as json.dumps does.
+    duration_ms = round(duration, 2)
+    fields = (method, path, status, duration_ms, request_id, user_id, remote_addr, scheme, host)
+    expected = json.dumps(
+        {"ts": "2026-11-29T19:06:23Z", "level": "info", "logger": "access", "msg": "request", "method": method,
+         "path": path, "status": status, "duration_ms": duration_ms, "request_id": request_id, "user_id": user_id,
+         "remote_addr": remote_addr, "scheme": scheme, "host": host}
+    )  # fmt: skip
+    assert logs.access_line("2026-11-29T19:06:23Z", *fields) == expected
