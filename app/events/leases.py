@@ -18,11 +18,13 @@ import redis
 
 from ..errors import ApiError
 from ..redis import Failures, Keys, Outage, shared_pipelines
+from .links import next_turn
 
 log = logging.getLogger(__name__)
 
 LEASE_SECONDS = 60
 RENEW_INTERVAL = 20
+RENEW_CHUNK = 200  # users whose leases are renewed in one pipeline (a few milliseconds of a worker's loop)
 
 # KEYS[1] the user's leases. ARGV: now, lapse time, limit, lease id, key ttl.
 # Drop lapsed leases, then take one if the user is under the limit: one atomic step.
@@ -119,16 +121,23 @@ class ConnectionLeases:
             self._releasing.failed(f"releasing a connection lease (it lapses in {LEASE_SECONDS} s)", answer)
 
     def renew(self) -> None:
-        """Push every held lease's lapse time forward, in one round trip."""
+        """Push every held lease's lapse time forward: a pipeline for each RENEW_CHUNK users, with every other
+        greenlet's turn in between. In one pipeline, a worker's 5,000 leases held its loop for 40-80 ms in a
+        stretch (packing and parsing 10,000 commands), and every stream's events and request waited that long.
+        A lease given back meanwhile is not taken again (ZADD XX updates members only)."""
         by_user: dict[str, dict[str, float]] = defaultdict(dict)
         lapse = time.time() + LEASE_SECONDS
         for lease_id, user_id in list(self.held.items()):
             by_user[user_id][lease_id] = lapse
-        pipe = self.client.pipeline(transaction=False)
-        for user_id, leases in by_user.items():
-            pipe.zadd(Keys.connection_leases(user_id), leases, xx=True)
-            pipe.expire(Keys.connection_leases(user_id), LEASE_SECONDS)
-        pipe.execute()
+        users = list(by_user.items())
+        for start in range(0, len(users), RENEW_CHUNK):
+            if start:
+                next_turn()
+            pipe = self.client.pipeline(transaction=False)
+            for user_id, leases in users[start : start + RENEW_CHUNK]:
+                pipe.zadd(Keys.connection_leases(user_id), leases, xx=True)
+                pipe.expire(Keys.connection_leases(user_id), LEASE_SECONDS)
+            pipe.execute()
 
     def _renew_forever(self) -> None:
         while self.held:
