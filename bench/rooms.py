@@ -437,19 +437,21 @@ def _presence_changes(event: dict, joins: dict, leaves: dict) -> list[tuple[dict
 
 
 async def publish_rooms(
-    system: str, port: int, key: str | None, token: str, rooms: int, seconds: int, batch: bool = False
+    system: str, port: int, key: str | None, token: str, rooms: int, seconds: int, batch: bool = False, at_end=None
 ) -> dict:
     """Room r's event n falls due at start + n + r / rooms. Room r is published on connection r % connections
     only, one request after the other, so each room's events are published in order. One POST /events (nchan:
     POST /pub/<id>) per event on 16 connections; with `batch`, the service takes what fell due for a
     connection's rooms (at most 100) in one POST /events/batch every 50 ms, on 4 connections. Returns the pace
-    achieved and how late the sends were (how far the publisher fell behind its schedule)."""
+    achieved and how late the sends were (how far the publisher fell behind its schedule). `at_end` is called
+    (in a thread) a second after the last answer, while the connections are still open."""
     batching = batch and system == "service"
     connections = 4 if batching else 16
     queues: list[asyncio.Queue] = [asyncio.Queue() for _ in range(connections)]
     lateness: list[float] = []
     first = time.time() + 0.2
     sent_last = first
+    finished, all_sent, closing = [0], asyncio.Event(), asyncio.Event()
 
     def request(items: list[tuple[int, int, float]]) -> bytes:
         sent = time.time()
@@ -484,6 +486,10 @@ async def publish_rooms(
                     writer.write(request(items))
                     sent_last = max(sent_last, time.time())
                     await answered(reader)
+                finished[0] += 1
+                if finished[0] == connections:
+                    all_sent.set()
+                await closing.wait()
                 writer.close()
                 return
             writer.write(request(items))
@@ -507,6 +513,11 @@ async def publish_rooms(
         await asyncio.sleep(tick)
     for queue in queues:
         queue.put_nowait(None)
+    await all_sent.wait()
+    if at_end is not None:
+        await asyncio.sleep(1)  # the readers have read the last events
+        await asyncio.get_running_loop().run_in_executor(None, at_end)
+    closing.set()
     await asyncio.gather(*senders)
     return {
         "events": len(schedule),
@@ -541,9 +552,9 @@ def rooms_run(
     when_read=None,
 ) -> dict:
     """Open the streams, read the footprint, publish one event per room per second, collect, close the streams.
-    Halfway through the publishing, the machine's load and (given `worker_pids`) how the publisher's connections
-    sit on the workers. `when_open` and `when_read` are called when the streams are open and when every reader has
-    read, before they close."""
+    Halfway through the publishing, the machine's load; after it (given `worker_pids`), how the publisher's
+    connections sat on the workers. `when_open` and `when_read` are called when the streams are open and when
+    every reader has read, before they close."""
     context = multiprocessing.get_context("fork")
     token = uuid.uuid4().hex[:12]
     specs = list(zip(targets, per_stream_rooms, strict=True))
@@ -583,6 +594,8 @@ def rooms_run(
     def halfway():
         time.sleep(seconds / 2)
         during["load"] = load()
+
+    def spread() -> None:  # after the publishing: `ss` over 10,000 streams stalled every process for a moment
         if worker_pids is not None:
             during["publisher_connections_per_worker"] = connections_per_worker(
                 worker_pids(), port, exclude_streams=True
@@ -591,7 +604,7 @@ def rooms_run(
     sampler = threading.Thread(target=halfway, daemon=True)
     sampler.start()
     try:
-        published = asyncio.run(publish_rooms(system_name, port, key, token, rooms, seconds, batch))
+        published = asyncio.run(publish_rooms(system_name, port, key, token, rooms, seconds, batch, spread))
     finally:
         gc.unfreeze()
         gc.enable()
@@ -1194,7 +1207,7 @@ def table(results: dict, heading: bool = True) -> str:
         lines += [
             "Many small rooms: 1,000 channels x 10 SSE subscribers (10,000 users), one event per channel per second "
             "for 30 s; latency from when the event fell due, and from its publish request's sending, to its arrival; "
-            "the publisher's connections on each worker halfway through:",
+            "the publisher's connections on each worker at the end of the publishing:",
             "",
             "| run | system | publishing | opened | open time (server CPU) | RSS per subscriber (idle / after traffic) "
             "| publish rate | due to receive p50 / p99 | send to receive p50 / p99 / max "
