@@ -173,13 +173,19 @@ class Replies:
         self.space = bytearray(65536)
 
     def next(self):
-        """The next reply, waiting for Redis as long as it takes (the hub watches for a silent Redis)."""
+        """The next reply, waiting for Redis as long as it takes (the hub watches for a silent Redis): the socket's
+        time-out (redis-py's socket_timeout, 5 s by default) is lifted while it waits, as redis-py's own blocking
+        read lifts it; an idle link would otherwise be lost, and every reader resynchronised, every few seconds."""
         reply = self.reader.gets()
         while reply is NOT_ENOUGH_DATA:
+            timeout = self.sock.gettimeout()
             try:
+                self.sock.settimeout(None)
                 size = self.sock.recv_into(self.space)
             except OSError as error:
                 raise redis.exceptions.ConnectionError(f"Error while reading from Redis: {error}") from None
+            finally:
+                self.sock.settimeout(timeout)
             if not size:
                 raise redis.exceptions.ConnectionError("Connection closed by Redis.")
             self.reader.feed(self.space, 0, size)

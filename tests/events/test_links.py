@@ -3,6 +3,7 @@ what Redis sends whole."""
 
 from __future__ import annotations
 
+import threading
 from types import SimpleNamespace
 
 import pytest
@@ -77,3 +78,24 @@ def test_a_connection_redis_closes_is_a_connection_error(subscriber):
     client.execute_command("CLIENT", "KILL", "ID", own_id)
     with pytest.raises(redis.exceptions.ConnectionError):
         replies.next()
+
+
+def test_a_link_waits_past_the_sockets_time_out(redis_servers):
+    # redis-py gives a connection's socket a time-out (5 s by default); a link waits for events as long as it
+    # takes. A link that gave up at the time-out was lost and replaced, and every reader resynchronised.
+    server = redis_servers("standalone")
+    client = redis.Redis.from_url(server.url, decode_responses=True, socket_timeout=0.3)
+    pubsub = client.pubsub()
+    pubsub.connection = pubsub.connection_pool.get_connection()
+    replies = Replies(pubsub.connection)
+    pubsub.subscribe("links-idle")
+    replies.next()
+    late = threading.Timer(1.0, lambda: client.publish("links-idle", "late"))
+    late.start()
+    try:
+        assert list(replies.next()) == ["message", "links-idle", "late"]
+        assert pubsub.connection._sock.gettimeout() == 0.3  # the socket's own time-out is back for its writes
+    finally:
+        late.cancel()
+        pubsub.close()
+        client.close()
