@@ -90,12 +90,15 @@ def test_a_link_waits_past_the_sockets_time_out(redis_servers):
     replies = Replies(pubsub.connection)
     pubsub.subscribe("links-idle")
     replies.next()
-    late = threading.Timer(1.0, lambda: client.publish("links-idle", "late"))
+    publisher = redis.Redis.from_url(server.url)
+    late = threading.Timer(1.0, lambda: publisher.publish("links-idle", "late"))
     late.start()
     try:
         assert list(replies.next()) == ["message", "links-idle", "late"]
         assert pubsub.connection._sock.gettimeout() == 0.3  # the socket's own time-out is back for its writes
     finally:
         late.cancel()
+        late.join()  # its PUBLISH answered before its client closes
+        publisher.close()
         pubsub.close()
         client.close()
