@@ -6,12 +6,10 @@ share a hash tag, so each script runs on one hash slot of a Redis Cluster as wel
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import select
 import time
-import weakref
 from urllib.parse import urlsplit
 
 import gevent
@@ -735,32 +733,23 @@ class OwnConnection:
         return connection
 
 
-class RoundTripLate(BaseException):
-    """Thrown into a shared round trip past its time (a BaseException, as gevent.Timeout is: nothing on the way
-    takes it for an error of its own)."""
-
-
 class SharedRoundTrip:
     """Calls that many greenlets make at once, sent together: callers that arrive while one round trip is
     out go in the next, as one pipeline. Each caller still gets its own answer or error.
 
     Alone, a caller waits one turn of the loop before it sends (see `_call`); under load the cost of a round trip
     (two system calls, a wait for the socket) is shared by every call in it. The round trips go one at a time over
-    a connection of their own (`OwnConnection`). Only under gevent and on one Redis: on a Redis Cluster the
-    callers' keys live on different nodes. Subclasses say how a batch of calls travels (`_round_trip`).
+    a connection of their own (`OwnConnection`), each bounded by its reads' time-out (READ_TIMEOUT: a silent Redis
+    fails the round trip, whose connection is then closed, and holds up no later one). Only under gevent and on
+    one Redis: on a Redis Cluster the callers' keys live on different nodes. Subclasses say how a batch of calls
+    travels (`_round_trip`).
     """
-
-    WAIT_LIMIT = 30.0  # seconds a round trip may take (the client has no read time-out of its own)
 
     def __init__(self, client: redis.Redis):
         self.client = client
         self.line = OwnConnection(client)
         self.waiting: list[tuple[object, gevent.event.AsyncResult]] = []
         self.sending = False
-        self.out_since: float | None = None  # when the round trip now out was sent
-        self.sender = None  # the greenlet sending it
-        self.watch = None
-        self.watch_pid = 0
 
     def _call(self, call):
         """The answer to `call` (its error, raised here). With no round trip out, the caller lets the greenlets
@@ -780,9 +769,9 @@ class SharedRoundTrip:
             answer = gevent.event.AsyncResult()
             self.waiting.insert(0, (call, answer))
             gevent.spawn(self._send)
-            return answer.get()  # bounded: within WAIT_LIMIT (see _within_limit)
+            return answer.get()  # bounded: the round trip's reads time out
         try:
-            (value,) = self._within_limit([call])
+            (value,) = self._round_trip([call])
         finally:
             self._done()
         if isinstance(value, Exception):
@@ -792,7 +781,7 @@ class SharedRoundTrip:
     def _queued(self, call):
         answer = gevent.event.AsyncResult()
         self.waiting.append((call, answer))
-        return answer.get()  # bounded: the round trip out and theirs, each within WAIT_LIMIT (see _within_limit)
+        return answer.get()  # bounded: the round trip out and theirs, whose reads time out
 
     def _done(self) -> None:
         """After a caller's own round trip: those who came meanwhile go in the next."""
@@ -808,7 +797,7 @@ class SharedRoundTrip:
             while self.waiting:
                 batch, self.waiting = self.waiting, []
                 try:
-                    answers = self._within_limit([call for call, _ in batch])
+                    answers = self._round_trip([call for call, _ in batch])
                 except Exception as error:  # noqa: BLE001 - every caller of the round trip gets its error
                     answers = [error] * len(batch)
                 self._answer(batch, answers)
@@ -832,43 +821,8 @@ class SharedRoundTrip:
             if not answer.ready():
                 answer.set_exception(redis.exceptions.ConnectionError("The shared round trip was interrupted."))
 
-    def _within_limit(self, calls: list) -> list:
-        """`_round_trip`, given up after WAIT_LIMIT (TimeoutError; its connection is closed, so a silent Redis holds
-        up no later round trip). One timer a process watches every round trip of its kind: a gevent.Timeout for
-        each took about 4 % of a publication's CPU."""
-        self._watched()
-        self.out_since, self.sender = time.monotonic(), gevent.getcurrent()
-        try:
-            return self._round_trip(calls)
-        except RoundTripLate:
-            raise redis.exceptions.TimeoutError("The shared round trip did not come back in time.") from None
-        finally:
-            self.out_since = self.sender = None
-
-    def _watched(self) -> None:
-        if self.watch_pid != os.getpid():  # none yet in this process (a timer does not survive a fork)
-            every = min(1.0, self.WAIT_LIMIT / 4)
-            self.watch, self.watch_pid = gevent.get_hub().loop.timer(every, every, ref=False), os.getpid()
-            self.watch.start(_give_up_if_late, weakref.ref(self))  # the timer keeps no instance alive
-
-    def __del__(self):
-        if self.watch is not None:
-            with contextlib.suppress(Exception):  # the loop may be gone before the instance
-                self.watch.close()
-
     def _round_trip(self, calls: list) -> list:
         raise NotImplementedError
-
-
-def _give_up_if_late(shared: weakref.ref) -> None:
-    """In the hub: throw into a round trip out for longer than WAIT_LIMIT, as a gevent.Timeout would."""
-    instance = shared()
-    if instance is None:
-        return
-    since, sender = instance.out_since, instance.sender
-    if since is not None and time.monotonic() - since > instance.WAIT_LIMIT:
-        instance.out_since = None  # once
-        sender.throw(RoundTripLate())
 
 
 class SharedRoundTrips(SharedRoundTrip):
@@ -977,6 +931,9 @@ class Scripts:
         self.logout_all = client.register_script(LOGOUT_ALL)
 
 
+READ_TIMEOUT = 5  # seconds a read from Redis waits at most (redis-py's default, said here: round trips rely on it)
+
+
 def connect(url: str, max_connections: int, mode: str = "standalone") -> redis.Redis:
     """A client whose pool is bounded, so thousands of greenlets share a few connections.
 
@@ -987,6 +944,7 @@ def connect(url: str, max_connections: int, mode: str = "standalone") -> redis.R
     options = {
         "decode_responses": True,
         "socket_connect_timeout": 3,
+        "socket_timeout": READ_TIMEOUT,
         "socket_keepalive": True,
         "health_check_interval": 30,
     }

@@ -3,7 +3,7 @@
 Every check reads Redis, so a deleted key stops working on every worker and instance with the next request,
 and a check costs what an access-token check costs (one script). The quick publisher keeps the scopes and
 channels of keys it has verified (a record never changes) and asks whether the record still exists in the
-publication's own atomic step (`EventBus.publish_while_key`).
+publication's own atomic step (`Bus.publish_while_key`).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ of known length that the view's model accepts, to a channel the key covers whose
 the namespace are read in one round trip (shared with other requests' reads arriving meanwhile), then the event
 is published by the bus as the view publishes it, and answered as the view answers (the same status, body,
 headers, access line and metrics). On one Redis a key verified here once is kept: its next publications are one
-script, which publishes only while the key's record and the namespace exist (`EventBus.publish_while_key`).
+script, which publishes only while the key's record and the namespace exist (`Bus.publish_while_key`).
 
 Anything else, and every refusal, goes to Flask, which decides again from the start: every error has one
 answer. An error met while publishing (Redis unavailable, a replica that did not confirm) is handed to the view,
@@ -186,8 +186,7 @@ class QuickPublisher:
         in the publication's own step): a key's verification was a round trip of its own before each publication."""
         if len(self.known_keys) >= KNOWN_KEYS_KEPT:
             self.known_keys.clear()
-        if SCOPE in key.scopes:
-            self.known_keys[key_hash] = key
+        self.known_keys[key_hash] = key
 
     @staticmethod
     def _verify_directly(raw_key: str):
