@@ -30,6 +30,8 @@ log = logging.getLogger(f"{__package__}.hub")  # the hub's own log: links are pa
 
 BACKOFF_START = 0.1
 EVENT_KINDS = ("message", "smessage")  # a reply carrying an event (decoded: the hub's connections decode)
+SUBSCRIBED_KINDS = ("subscribe", "ssubscribe")
+UNSUBSCRIBED_KINDS = ("unsubscribe", "sunsubscribe")
 BATCH_LIMIT = 100  # messages already received that the hub fans out together
 REFRESH_TIMEOUT = 5.0  # seconds for the cluster to answer its slot map
 CONNECTION_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
@@ -259,7 +261,7 @@ class Link:
         if later:
             self._later("subscribe", names)
         else:
-            self._write(pubsub, pubsub.ssubscribe if self.sharded else pubsub.subscribe, names)
+            self._write(pubsub, "SSUBSCRIBE" if self.sharded else "SUBSCRIBE", names)
 
     def unsubscribe(self, names: list[str]) -> None:
         """UNSUBSCRIBE those of `names` this connection holds. On one server, the channels left during a turn of
@@ -276,7 +278,7 @@ class Link:
         for name in held:
             self.unsubscribing[name] += 1
         if self.sharded:  # one command per channel anyway (a command's shard channels must share a slot)
-            self._write(pubsub, pubsub.sunsubscribe, held)
+            self._write(pubsub, "SUNSUBSCRIBE", held)
             return
         self._later("unsubscribe", held)
 
@@ -301,15 +303,19 @@ class Link:
         pubsub = self.pubsub
         while self.pending and pubsub is not None and pubsub is self.pubsub:
             command, names = self.pending.pop(0)
-            self._write(pubsub, pubsub.subscribe if command == "subscribe" else pubsub.unsubscribe, names)
+            self._write(pubsub, "SUBSCRIBE" if command == "subscribe" else "UNSUBSCRIBE", names)
 
-    def _write(self, pubsub, command, names: list[str]) -> None:
+    def _write(self, pubsub, command: str, names: list[str]) -> None:
+        """Write the command for `names`, packed here: the link reads its answers itself (`Replies`, `_handle`),
+        and redis-py's own (un)subscribe kept a dictionary of the channels it never used, and wrapped each
+        write in its retry and instrumentation."""
+        connection = pubsub.connection
         try:
             if self.sharded:  # one command per channel: a command's shard channels must share a slot
-                for name in names:
-                    command(name)
+                packed = connection.pack_commands([(command, name) for name in names])
             else:
-                command(*names)
+                packed = connection.pack_command(command, *names)
+            connection.send_packed_command(packed, check_health=False)
         except CONNECTION_ERRORS as error:
             self.lost(pubsub, type(error).__name__)
         except BaseException:  # interrupted mid-write (a killed greenlet): the stream may hold half a command
@@ -382,12 +388,12 @@ class Link:
                     while response is not None and self.pubsub is pubsub:
                         if response[0] in EVENT_KINDS:
                             events.append((response[1], response[2]))
-                        elif (message := pubsub.handle_message(response)) is not None:
+                        else:
                             self.hub.deliver_all(events)
                             events = []
                             if self.pubsub is not pubsub:  # lost while the fan-out yielded: the answer is stale
                                 break
-                            if self._handle(message):  # every channel subscribed again
+                            if self._handle(response[0], response[1]):  # every channel subscribed again
                                 if delay > BACKOFF_START:
                                     log.warning(
                                         "event hub reconnected to redis%s; subscribers resynchronise", self._where()
@@ -419,11 +425,10 @@ class Link:
                 self.connected.set()
                 self.hub.changed()
 
-    def _handle(self, message: dict) -> bool:
+    def _handle(self, kind: str, name: str) -> bool:
         """Act on one (un)subscription answer from Redis (events go to the hub in batches, from `_run`); True
         when it completes a batch of subscriptions (after a loss)."""
-        kind, name = message["type"], message["channel"]
-        if kind in ("subscribe", "ssubscribe"):
+        if kind in SUBSCRIBED_KINDS:
             queue = self.unconfirmed.get(name)
             if not queue:  # asked on a connection given up since: its waiters were told already
                 return False
@@ -435,7 +440,7 @@ class Link:
             if batch is not None:
                 self.hub.resync(*batch)
                 return True
-        elif kind in ("unsubscribe", "sunsubscribe"):
+        elif kind in UNSUBSCRIBED_KINDS:
             if self.unsubscribing[name] > 0:
                 self.unsubscribing[name] -= 1
             else:  # not asked for: Redis dropped the channel because its slot moved (resharding, failover)

@@ -24,8 +24,8 @@ def test_a_subscribe_answer_after_the_connection_was_given_up_is_ignored():
     # the connection up (`lost`), which forgets every unconfirmed SUBSCRIBE. The answer read before that
     # must not end the listener (it raised IndexError from an empty queue and the worker went deaf).
     link = idle_link()
-    assert link._handle({"type": "subscribe", "channel": "wake:{chat:room}"}) is False
-    assert link._handle({"type": "ssubscribe", "channel": "wake:{chat:room}"}) is False
+    assert link._handle("subscribe", "wake:{chat:room}") is False
+    assert link._handle("ssubscribe", "wake:{chat:room}") is False
     assert not link.unconfirmed
 
 
