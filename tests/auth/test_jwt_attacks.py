@@ -12,7 +12,10 @@ import jwt
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519, rsa
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from app.auth.tokens import AccessTokenJWS
 from tests.conftest import TEST_JWT_SECRET, https_client
 from tests.utils import AuthActions, bearer
 
@@ -194,3 +197,20 @@ def test_a_token_signed_to_live_longer_than_15_minutes_is_refused(client, sessio
     assert_refused(client, sign({**claims, "exp": claims["iat"] + 901}))
     assert_refused(client, sign({**claims, "iat": claims["iat"] - 3600}))  # backdated: exp - iat > 900
     assert_refused(client, sign({**claims, "iat": float(claims["iat"])}))  # times are whole seconds
+
+
+# The service's own PyJWT (app/auth/tokens.py): a segment's alphabet checked by one regular expression.
+
+SEGMENT_BYTES = st.lists(st.sampled_from(list(b"AZaz09-_+/=.!\x00\xff")), max_size=12).map(bytes)
+
+
+@settings(max_examples=400, deadline=None)
+@given(segment=st.one_of(SEGMENT_BYTES, st.binary(max_size=12), st.binary(max_size=9).map(base64.urlsafe_b64encode)))
+def test_a_segment_is_decoded_or_refused_exactly_as_pyjwt_does(segment):
+    def outcome(decode):
+        try:
+            return decode(segment, "payload")
+        except jwt.DecodeError as error:
+            return f"refused: {error}"
+
+    assert outcome(AccessTokenJWS._decode_base64url_segment) == outcome(jwt.PyJWS._decode_base64url_segment)
