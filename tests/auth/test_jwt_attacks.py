@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives.asymmetric import ed25519, rsa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.auth.tokens import AccessTokenJWS
+from app.auth.tokens import AccessTokenJWS, AccessTokenJWT
 from tests.conftest import TEST_JWT_SECRET, https_client
 from tests.utils import AuthActions, bearer
 
@@ -199,13 +199,14 @@ def test_a_token_signed_to_live_longer_than_15_minutes_is_refused(client, sessio
     assert_refused(client, sign({**claims, "iat": float(claims["iat"])}))  # times are whole seconds
 
 
-# The service's own PyJWT (app/auth/tokens.py): a segment's alphabet checked by one regular expression.
+# The service's own PyJWT (app/auth/tokens.py): a segment's alphabet checked by one regular expression, the secret
+# prepared once. Its outcome must be PyJWT's for every segment and every token.
 
-SEGMENT_BYTES = st.lists(st.sampled_from(list(b"AZaz09-_+/=.!\x00\xff")), max_size=12).map(bytes)
+SEGMENT_BYTES = st.lists(st.sampled_from(list(b"AZaz09-_+/=.!\n \x00\xff")), max_size=40).map(bytes)
 
 
 @settings(max_examples=400, deadline=None)
-@given(segment=st.one_of(SEGMENT_BYTES, st.binary(max_size=12), st.binary(max_size=9).map(base64.urlsafe_b64encode)))
+@given(segment=st.one_of(SEGMENT_BYTES, st.binary(max_size=40), st.binary(max_size=30).map(base64.urlsafe_b64encode)))
 def test_a_segment_is_decoded_or_refused_exactly_as_pyjwt_does(segment):
     def outcome(decode):
         try:
@@ -214,3 +215,34 @@ def test_a_segment_is_decoded_or_refused_exactly_as_pyjwt_does(segment):
             return f"refused: {error}"
 
     assert outcome(AccessTokenJWS._decode_base64url_segment) == outcome(jwt.PyJWS._decode_base64url_segment)
+
+
+def _signed(secret: str, **header) -> str:
+    """A token signed with `secret` by hand, so that headers PyJWT would not sign (alg none, crit) can be made."""
+    now = int(time.time())
+    claims = {"iss": "i", "aud": "a", "sub": "u", "role": "user", "ver": 1, "sid": "s", "jti": "j", "iat": now}
+    signing_input = f"{b64({'alg': 'HS256', 'typ': 'at+jwt', **header})}.{b64({**claims, 'exp': now + 900})}"
+    signature = hmac.new(secret.encode(), signing_input.encode(), hashlib.sha256).digest()
+    return f"{signing_input}.{b64(signature)}"
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    at=st.one_of(st.none(), st.integers(min_value=0, max_value=400)),  # None: the token as signed
+    character=st.sampled_from("Aa0-_+/=.!é"),
+    header=st.sampled_from([{}, {"alg": "none"}, {"crit": ["exp"]}, {"b64": False}, {"kid": 7}]),
+)
+def test_a_token_is_judged_exactly_as_pyjwt_judges_it(at, character, header):
+    secret = TEST_JWT_SECRET
+    token = _signed(secret, **header)
+    if at is not None:  # one character changed
+        token = token[: at % len(token)] + character + token[at % len(token) + 1 :]
+
+    def outcome(decode):
+        try:
+            return decode(token, secret, algorithms=["HS256"], audience="a", issuer="i")
+        except jwt.InvalidTokenError as error:
+            return f"{type(error).__name__}: {error}"
+
+    ours = AccessTokenJWT("HS256", secret)
+    assert outcome(ours.decode_complete) == outcome(jwt.decode_complete)
