@@ -91,6 +91,7 @@ class BalancedAccept:
     PAUSE = 0.002  # seconds before this worker looks at the listening socket again
     MAX_DEFERRALS = 25
     IGNORE_SECONDS = 1.0
+    ALIVE_FOR = 0.5  # seconds a sibling found running is taken to run (one that died holds none of its connections)
 
     def __init__(self, age: int, memory=SHARED_COUNTS):
         self.memory, self.pid = memory, os.getpid()
@@ -98,6 +99,7 @@ class BalancedAccept:
         self.count = 0
         self.deferrals = 0
         self.waiting_again_at = 0.0
+        self.alive_until: dict[int, float] = {}  # sibling pid -> until when it is taken to run
 
     def join(self) -> None:
         """This worker accepts connections from now on: its siblings count it (not while it loads the app)."""
@@ -120,12 +122,25 @@ class BalancedAccept:
 
     def fewest_of_siblings(self) -> int | None:
         fewest = None
-        for offset in range(0, SLOT.size * SLOTS, SLOT.size):
-            pid, count = SLOT.unpack_from(self.memory, offset)
-            if pid in (0, self.pid) or (fewest is not None and count >= fewest) or not _alive(pid):
+        for pid, count in SLOT.iter_unpack(self.memory):
+            if pid in (0, self.pid) or (fewest is not None and count >= fewest) or not self._alive(pid):
                 continue
             fewest = count
         return fewest
+
+    def _alive(self, pid: int) -> bool:
+        """Whether sibling `pid` runs: a live one is asked of the kernel again after ALIVE_FOR seconds, not at
+        every connection accepted (a system call each, during an opening storm)."""
+        now = time.monotonic()
+        if self.alive_until.get(pid, 0.0) > now:
+            return True
+        if not _alive(pid):
+            self.alive_until.pop(pid, None)
+            return False
+        if len(self.alive_until) >= SLOTS:  # siblings come and go over a worker's life
+            self.alive_until.clear()
+        self.alive_until[pid] = now + self.ALIVE_FOR
+        return True
 
     def ahead(self) -> bool:
         """Whether to leave the next connection to the siblings now (see the class's text)."""
