@@ -526,7 +526,7 @@ def reader(transport: str, server, user: Api, room: str):
 
 @pytest.mark.parametrize("transport", ["sse", "websocket"])
 def test_an_allowed_reader_receives_and_loses_the_channel_within_a_second_once_revoked(
-    server, live_admin, rooms, backend, transport
+    server, live_admin, rooms, backend, transport, redis_mode
 ):
     user = Api(server.url)
     room = f"{rooms}:board"
@@ -546,7 +546,11 @@ def test_an_allowed_reader_receives_and_loses_the_channel_within_a_second_once_r
         live_admin.member(room, user.user_id, grant=False)
         after = live_admin.publish_ok({"n": 3}, channel=room, event="update")
         notice = next_item()
-        assert notice["kind"] == "unsubscribed" and (notice["channel"], notice["reason"]) == (room, "revoked")
+        # On a cluster the replaced namespace's re-check (told on the control channel) and the room's events travel
+        # on different nodes: a re-check that reads the grant after its removal takes the channel as a rules'
+        # change does. On one Redis the re-check is done before the second event is delivered.
+        reasons = ("revoked", "access_changed") if redis_mode == "cluster" else ("revoked",)
+        assert notice["kind"] == "unsubscribed" and notice["channel"] == room and notice["reason"] in reasons
         assert time.monotonic() - started < REVOKED_WITHIN + MARGIN
         marker = user.publish_ok({"marker": True})
         assert next_item()["id"] == marker != after  # the room's later event never came
