@@ -826,7 +826,8 @@ class SharedRoundTrip:
 
 
 class SharedRoundTrips(SharedRoundTrip):
-    """A script that many requests run at once (the session check of every authenticated request)."""
+    """A script that many requests run at once (the session check of every authenticated request), each call
+    with read commands of its own sent in the same round trip if it has some (`with_reads`)."""
 
     def __init__(self, client: redis.Redis, script: Script):
         super().__init__(client)
@@ -834,17 +835,30 @@ class SharedRoundTrips(SharedRoundTrip):
 
     def __call__(self, keys: list, args: list):
         """The script's answer for these keys and arguments (its error, raised here)."""
-        return self._call((keys, args))
+        return self._call((keys, args, ()))[0]
 
-    def _round_trip(self, calls: list[tuple[list, list]]) -> list:
-        sha = self.script.sha
-        answers = self.line.exchange([(("EVALSHA", sha, len(keys), *keys, *args), {}) for keys, args in calls])
-        flushed = [call for call, value in zip(calls, answers, strict=True) if isinstance(value, NoScriptError)]
+    def with_reads(self, keys: list, args: list, reads: list[Command]) -> tuple:
+        """The script's answer (its error, raised here), and each of `reads`' answers or its error as the value,
+        all in one round trip."""
+        return self._call((keys, args, reads))
+
+    def _round_trip(self, calls: list[tuple[list, list, list[Command]]]) -> list:
+        sha, commands, spans = self.script.sha, [], []
+        for keys, args, reads in calls:
+            staged = list(_staged(self.client, reads).command_stack) if reads else []
+            commands += [(("EVALSHA", sha, len(keys), *keys, *args), {}), *staged]
+            spans.append(len(staged))
+        answers, at, results = self.line.exchange(commands), 0, []
+        for span in spans:
+            results.append((answers[at], answers[at + 1 : at + 1 + span]))
+            at += 1 + span
+        flushed = [n for n, (answer, _) in enumerate(results) if isinstance(answer, NoScriptError)]
         if flushed:  # after a script flush: EVAL runs them and loads the script again
             source = self.script.script
-            evaluated = iter(self.line.exchange([(("EVAL", source, len(k), *k, *a), {}) for k, a in flushed]))
-            answers = [next(evaluated) if isinstance(value, NoScriptError) else value for value in answers]
-        return answers
+            again = [((("EVAL", source, len(calls[n][0]), *calls[n][0], *calls[n][1]), {})) for n in flushed]
+            for n, answer in zip(flushed, self.line.exchange(again), strict=True):
+                results[n] = (answer, results[n][1])
+        return [answer if isinstance(answer, Exception) else (answer, reads) for answer, reads in results]
 
 
 def shared_round_trips(client: redis.Redis, script: Script):

@@ -110,19 +110,26 @@ def verified_caller(token: str, via: str, client_tokens: bool = False) -> Caller
     With `client_tokens`, a client's access token with scope `events` sent as a bearer token stands for its user
     too (the events endpoints); the service's own tokens are tried first, and a client's never verifies as one.
     """
+    return verified_caller_reading(token, via, [], client_tokens)[0]
+
+
+def verified_caller_reading(token: str, via: str, reads: list, client_tokens: bool = False) -> tuple[Caller, list]:
+    """`verified_caller`, with read commands sent in its session check's round trip where they can go together
+    (`sessions.verify_session_reading`): the caller, and the reads' answers (none where they did not go)."""
     try:
         claims = tokens.decode_access_token(token)
     except tokens.TokenExpired:
         raise unauthorized("The access token has expired.", "token_expired") from None
     except tokens.TokenInvalid:
         if client_tokens and via == "bearer":
-            return current_app.extensions["client_tokens"].events_caller(token)
+            return current_app.extensions["client_tokens"].events_caller(token), []
         raise unauthorized("The access token is not valid.") from None
-    user = sessions.verify_session(claims.user_id, claims.session_id, claims.token_version)
+    user, answers = sessions.verify_session_reading(claims.user_id, claims.session_id, claims.token_version, reads)
     if user is None:
         raise unauthorized("The session has ended; log in again.")
     # The stored role, not the token's: a demotion applies on the next request, not at token expiry.
-    return Caller(claims.user_id, user["role"], claims.session_id, claims.token_version, claims.expires_at, via, user)
+    caller = Caller(claims.user_id, user["role"], claims.session_id, claims.token_version, claims.expires_at, via, user)
+    return caller, answers
 
 
 def login_required(view):

@@ -439,6 +439,19 @@ def verify_session(user_id: str, session_id: str, token_version: int, scripts=No
     return checked_user(user_id, token_version, (scripts or get_scripts()).verify_access(keys=keys, args=args))
 
 
+def verify_session_reading(user_id: str, session_id: str, token_version: int, reads: list) -> tuple[dict | None, list]:
+    """`verify_session`, with read commands (name, args, kwargs) sent in the same round trip where the session
+    checks of concurrent requests travel together (one Redis, under gevent): the user's public fields or None,
+    and each read's answer (or its error as the value); no answers where they did not go together."""
+    scripts = get_scripts()
+    together = getattr(scripts.verify_access, "with_reads", None)
+    if together is None or not reads:
+        return verify_session(user_id, session_id, token_version, scripts), []
+    keys, args = session_check(user_id, session_id)
+    answer, answers = together(keys, args, reads)
+    return checked_user(user_id, token_version, answer), answers
+
+
 def checked_user(user_id: str, token_version: int, answer: list) -> dict | None:
     """The user's public fields from the session check's answer, or None unless the session is current."""
     version, session_ok, *user = answer

@@ -84,12 +84,16 @@ def deciding_key(channel: str, namespace: Namespace | None) -> str | None:
     return None
 
 
-def current_access(client, user_id: str, is_admin: bool, channels: list[str]) -> dict[str, Access]:
+def current_access(
+    client, user_id: str, is_admin: bool, channels: list[str], namespaces_read: dict | None = None
+) -> dict[str, Access]:
     """What the user may read of `channels` now: one HMGET of namespaces and one pipelined HGET per channel
     whose namespace admits some users only (a grant for `members` and `proxy`, membership of the organization
-    the channel names for `org_members` and `org_admins`). A malformed name counts as a namespace that is gone."""
+    the channel names for `org_members` and `org_admins`). A malformed name counts as a namespace that is gone.
+    `namespaces_read`: the namespaces' stored texts, read already by this request (`get_namespaces`)."""
     named = {channel: split_channel(channel) for channel in channels if not _own_channel(channel)}
-    namespaces = get_namespaces(client, {split[0] for split in named.values() if split and split[0] not in RESERVED})
+    wanted = {split[0] for split in named.values() if split and split[0] not in RESERVED}
+    namespaces = get_namespaces(client, wanted, namespaces_read)
     namespace_of = {channel: namespaces.get(split[0]) if split else None for channel, split in named.items()}
     deciding = {
         channel: key
@@ -157,17 +161,20 @@ def recheck(client, user_id: str, is_admin: bool, checked: dict[str, Access]) ->
     return Recheck(commands, judge)
 
 
-def check_subscribe(client, user_id: str, is_admin: bool, channels: list[str], proxy=None) -> dict[str, Access]:
+def check_subscribe(
+    client, user_id: str, is_admin: bool, channels: list[str], proxy=None, namespaces_read: dict | None = None
+) -> dict[str, Access]:
     """The Access of each channel a request names: 400 for a malformed name, 404 for a channel whose
     namespace does not exist, 403 when any is not allowed.
 
     A channel of a `proxy` namespace the user holds no grant of is asked about (`proxy`, the app's
     SubscribeProxy, app/channels/proxy.py), and read again once granted: 403 when refused, 503 when the
-    backend did not answer (also without a `proxy` to ask). Only here: re-checks never ask."""
+    backend did not answer (also without a `proxy` to ask). Only here: re-checks never ask. `namespaces_read`: the
+    namespaces' stored texts this request has read already (the proxy's answer is judged on a fresh read)."""
     for channel in channels:
         if not (_own_channel(channel) or split_channel(channel)):
             raise bad_request(f"{channel[:200]!r} is not a channel name (<namespace>:<name>).")
-    access = current_access(client, user_id, is_admin, channels)
+    access = current_access(client, user_id, is_admin, channels, namespaces_read)
     for channel, found in access.items():
         if found.reason == NO_NAMESPACE:
             raise not_found(f"No namespace of channel {channel!r}.")

@@ -119,13 +119,22 @@ def parse_namespace(name: str, stored: str | None) -> Namespace | None:
     return Namespace(**{**json.loads(stored), "name": name}) if stored else None
 
 
-def get_namespaces(client, names: Iterable[str]) -> dict[str, Namespace | None]:
-    """Each named namespace, None for one that does not exist (one HMGET, sent with other requests' reads)."""
+def get_namespaces(client, names: Iterable[str], read: dict | None = None) -> dict[str, Namespace | None]:
+    """Each named namespace, None for one that does not exist (one HMGET, sent with other requests' reads). `read`:
+    the stored texts this request has read already, by name (`namespaces_read`); used when it holds every name."""
     names = sorted(set(names))
     if not names:
         return {}
-    (stored,) = read_together(client, [("hmget", (Keys.namespaces(), names), {})])
+    if read is not None and all(name in read for name in names):
+        stored = [read[name] for name in names]
+    else:
+        (stored,) = read_together(client, [read_namespaces(names)])
     return {name: parse_namespace(name, value) for name, value in zip(names, stored, strict=True)}
+
+
+def read_namespaces(names: list[str]) -> tuple:
+    """The command (name, args, kwargs) that reads the stored texts of the namespaces `names`."""
+    return ("hmget", (Keys.namespaces(), names), {})
 
 
 def get_namespace(client, name: str) -> Namespace | None:

@@ -32,7 +32,8 @@ from werkzeug.wsgi import get_host
 
 from ..auth import tokens
 from ..auth.cookies import ACCESS_COOKIE
-from ..auth.guards import API_KEY_PREFIX, Caller, cors_headers, verified_caller
+from ..auth.guards import API_KEY_PREFIX, Caller, cors_headers, verified_caller_reading
+from ..channels.namespaces import RESERVED, read_namespaces, split_channel
 from ..errors import REDIS_UNAVAILABLE
 from ..http import validated_args
 from ..logs import request_id_from, write_access_line
@@ -109,17 +110,30 @@ class StreamOpener:
         follower.caller = g.caller = dataclasses.replace(caller, user=follower.user)
         return follower.caller, follower
 
-    @staticmethod
-    def _open_verified(environ, token: str, via: str, args: MultiDict) -> tuple | None:
+    def _open_verified(self, environ, token: str, via: str, args: MultiDict) -> tuple | None:
         """Verified as every request is (the guard's `verified_caller`), then opened; None for the view to
-        answer the refusal met on the way."""
+        answer the refusal met on the way. The named channels' namespaces are read in the session check's round
+        trip (where round trips are shared): the session is still judged first, and a proxy namespace's backend
+        asked only about a user whose session is in force."""
         caller = None
         try:
-            caller = g.caller = verified_caller(token, via, client_tokens=True)  # a client's token too (scope events)
-            return caller, _follower(environ, args)
+            names = self._namespaces_of(args.get("channels", ""))
+            reads = [read_namespaces(names)] if names else []
+            caller, answers = verified_caller_reading(token, via, reads, client_tokens=True)  # a client's token too
+            g.caller = caller
+            read = dict(zip(names, answers[0], strict=True)) if answers and isinstance(answers[0], list) else None
+            return caller, _follower(environ, args, read)
         except Exception as error:  # noqa: BLE001 - the view raises it again, where its error handlers answer it
             environ[REFUSED] = (caller, error)
             return None
+
+    def _namespaces_of(self, channels: str) -> list[str]:
+        """The namespaces the well-formed named channels of a `?channels=` list name (none past the cap on named
+        channels, which the view refuses anyway)."""
+        names = channels.split(",")
+        if len(names) > self.app.config["SETTINGS"].max_channels_per_connection:
+            return []
+        return sorted({split[0] for name in names if (split := split_channel(name)) and split[0] not in RESERVED})
 
 
 def request_token(environ) -> tuple[str | None, str]:
@@ -132,13 +146,13 @@ def request_token(environ) -> tuple[str | None, str]:
     return (parse_cookie(cookie).get(ACCESS_COOKIE) or None, "cookie") if cookie else (None, "cookie")
 
 
-def _follower(environ, args: MultiDict):
+def _follower(environ, args: MultiDict, namespaces_read: dict | None = None):
     """The caller's follower from the query, read with the view's model (a bad ?cursor= is refused also beside
     a Last-Event-ID), the Last-Event-ID a reconnecting browser sends, and the named channels, checked as the
-    view checks them."""
+    view checks them (with the namespaces' stored texts read already, if given)."""
     asked = validated_args(StreamPosition, args)
     cursor = environ.get("HTTP_LAST_EVENT_ID") or asked.cursor or None
-    named = requested_channels(asked.channels)
+    named = requested_channels(asked.channels, namespaces_read)
     return follower_for_request(live=True, cursor=cursor, named=named, present=True)
 
 

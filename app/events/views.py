@@ -57,11 +57,12 @@ def follower_for_request(
     return follower
 
 
-def requested_channels(raw: str | None) -> dict:
+def requested_channels(raw: str | None, namespaces_read: dict | None = None) -> dict:
     """The named channels of a `?channels=` list, each with the caller's Access: 400 for a malformed name,
     422 past MAX_CHANNELS_PER_CONNECTION, 404 for a namespace that does not exist, 403 for a channel the
     caller may not read (a proxy namespace's backend asked, in this request's greenlet: 403 or 503); all
-    before anything is held. The caller's own channels are read anyway."""
+    before anything is held. The caller's own channels are read anyway. `namespaces_read`: the namespaces'
+    stored texts this request has read already (the stream opener reads them with the session check)."""
     if not raw:
         return {}
     caller = current_caller()
@@ -73,7 +74,7 @@ def requested_channels(raw: str | None) -> dict:
     check_channel_count(len(named), current_app.config["SETTINGS"].max_channels_per_connection)
     if not named:
         return {}
-    return check_subscribe(get_bus().client, caller.user_id, caller.is_admin, named, subscribe_proxy())
+    return check_subscribe(get_bus().client, caller.user_id, caller.is_admin, named, subscribe_proxy(), namespaces_read)
 
 
 def check_channel_count(count: int, limit: int) -> None:

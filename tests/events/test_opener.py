@@ -195,13 +195,20 @@ def test_a_stream_whose_first_reads_fail_gives_back_the_lease_they_took(served, 
 @pytest.fixture
 def session_lookups(monkeypatch) -> list:
     """The session checks made in a round trip of their own (the guard's), each as (user id, session id)."""
-    lookups, verify = [], sessions.verify_session
+    lookups, verify, verify_reading = [], sessions.verify_session, sessions.verify_session_reading
 
     def counted(user_id, session_id, *args, **kwargs):
         lookups.append((user_id, session_id))
         return verify(user_id, session_id, *args, **kwargs)
 
+    def counted_reading(user_id, session_id, token_version, reads):
+        if not reads:  # verify_session's, counted there
+            return verify_reading(user_id, session_id, token_version, reads)
+        lookups.append((user_id, session_id))
+        return verify_reading(user_id, session_id, token_version, reads)
+
     monkeypatch.setattr(sessions, "verify_session", counted)
+    monkeypatch.setattr(sessions, "verify_session_reading", counted_reading)
     return lookups
 
 

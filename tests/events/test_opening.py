@@ -4,8 +4,12 @@ on their own). Against gunicorn and the session's real Redis, in both modes."""
 
 from __future__ import annotations
 
+import threading
+import uuid
+
 import pytest
 
+from app.channels.namespaces import Namespace, put_namespace
 from app.events.bus import wake_channel
 from app.redis import Keys
 from tests.events.clients import SSE, Api
@@ -90,3 +94,40 @@ def test_streams_that_end_together_give_back_every_lease(server, rdb):
         for stream in streams:
             stream.close()
     wait_until(lambda: held_leases(rdb, user.user_id) == 0, message="every lease given back")
+
+
+def commands_while(client, action) -> list[dict]:
+    """Every command Redis ran while `action` ran (MONITOR), each with the client address it came from."""
+    marker, seen = f"marker-{uuid.uuid4().hex}", []
+    with client.monitor() as monitor:
+
+        def read() -> None:
+            while marker not in (command := monitor.next_command())["command"]:
+                seen.append(command)
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        action()
+        client.echo(marker)
+        reader.join(timeout=10)
+    assert not reader.is_alive(), "the marker never came"
+    return seen
+
+
+@pytest.mark.not_on_cluster("on a cluster the session and the namespaces live on different nodes: a round trip each")
+def test_a_named_channels_stream_reads_its_namespaces_in_its_session_checks_round_trip(server, rdb):
+    put_namespace(rdb, Namespace("opening", "authenticated"))
+    user = Api(server.url)
+    streams = []
+    seen = commands_while(rdb, lambda: streams.append(SSE(server.url, user.auth, params={"channels": "opening:a"})))
+    try:
+        assert streams[0].status == 200
+    finally:
+        streams[0].close()
+    where = [(command["client_address"], command["client_port"]) for command in seen]
+    texts = [command["command"] for command in seen]
+    check = next(n for n, text in enumerate(texts) if text.startswith("EVALSHA") and Keys.user(user.user_id) in text)
+    read = next(n for n, text in enumerate(texts) if text.startswith(f"HMGET {Keys.namespaces()} opening"))
+    assert check < read  # the session first, as the view checks it
+    after_check = [n for n in range(check + 1, len(seen)) if where[n] == where[check]]
+    assert after_check and after_check[0] == read  # the next command on the session check's connection

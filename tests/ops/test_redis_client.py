@@ -75,6 +75,15 @@ def call(key, arg):
     except redis.RedisError as error:
         return type(error).__name__
 
+READS = [("get", ("k2",), {}), ("get", ("k7",), {}), ("hget", ("k7", "field"), {})]
+
+def reading(key, arg):
+    try:
+        answer, read = shared.with_reads(keys=[key], args=[arg], reads=READS)
+    except redis.RedisError as error:
+        return type(error).__name__
+    return [answer, [type(value).__name__ if isinstance(value, Exception) else value for value in read]]
+
 def together(count, key=lambda n: f"k{n}"):
     callers = [gevent.spawn(call, key(n), str(n)) for n in range(count)]
     gevent.joinall(callers)
@@ -87,8 +96,12 @@ client.hset("k7", "field", "x")
 answers = {"class": type(shared).__name__, "alone": call("k1", "a")}
 answers["together"] = together(50)
 answers["sizes"] = sizes[1:]
+callers = [gevent.spawn(reading if n % 2 else call, f"k{n}", str(n)) for n in range(8)]
+gevent.joinall(callers)
+answers["with reads, among plain calls"] = [caller.value for caller in callers]
 client.script_flush()
 answers["after a flush"] = together(5)
+answers["with reads after a flush"] = reading("k1", "a")
 client.client_kill_filter(_type="normal", skipme=True)  # the shared round trips' own connection among them
 answers["after its connection was closed"] = together(5)
 client.execute_command("CLIENT", "PAUSE", 300)  # in force once answered: Redis answers nobody for 0.3 s
@@ -138,7 +151,12 @@ def test_concurrent_session_checks_share_round_trips_and_each_caller_gets_its_ow
     expected[7] = "ResponseError"  # a hash: only its own caller gets the error
     assert answers["together"] == expected
     assert len(answers["sizes"]) < 10 and sum(answers["sizes"]) == 50  # 50 calls in a few round trips
+    with_reads = ["v2", "ResponseError", "x"]  # each read's answer, an error as the value, after the script's
+    mixed = [[f"v{n}|{n}", with_reads] if n % 2 else f"v{n}|{n}" for n in range(8)]
+    mixed[7] = "ResponseError"  # the script's own error is raised, reads or not
+    assert answers["with reads, among plain calls"] == mixed
     assert answers["after a flush"] == [f"v{n}|{n}" for n in range(5)]
+    assert answers["with reads after a flush"] == ["v1|a", with_reads]
     assert answers["after its connection was closed"] == [f"v{n}|{n}" for n in range(5)]  # replaced, not failed
     assert answers["one caller gave up"] == ["gave up"] + [f"v{n}|{n}" for n in range(1, 5)]  # the others unharmed
     assert answers["redis down"] == ["ConnectionError"] * 3
