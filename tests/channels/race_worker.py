@@ -52,8 +52,8 @@ def install() -> None:
 
     hub._control = control_then_tell
 
-    def check_then_race(client, user_id: str, is_admin: bool, channels: list[str], proxy=None):
-        access = checked(client, user_id, is_admin, channels, proxy)
+    def check_then_race(client, user_id: str, is_admin: bool, channels: list[str], proxy=None, namespaces_read=None):
+        access = checked(client, user_id, is_admin, channels, proxy, namespaces_read)
         asked = client.getdel(RACE_KEY.format(user_id))
         if asked:
             with app.app_context():
