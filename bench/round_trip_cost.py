@@ -64,7 +64,7 @@ def main() -> None:
                 ),
                 "shared script, one caller": per_call(lambda: shared_script(["k"], []), args.calls),
                 "the shared script's round trip alone": per_call(
-                    lambda: shared_script._round_trip([(["k"], [])]), args.calls
+                    lambda: shared_script._round_trip([(["k"], [], ())]), args.calls
                 ),
             }
         finally:

@@ -131,3 +131,18 @@ def test_a_named_channels_stream_reads_its_namespaces_in_its_session_checks_roun
     assert check < read  # the session first, as the view checks it
     after_check = [n for n in range(check + 1, len(seen)) if where[n] == where[check]]
     assert after_check and after_check[0] == read  # the next command on the session check's connection
+
+
+@pytest.mark.not_on_cluster("the namespaces go in the session check's round trip on one Redis only")
+def test_a_named_channels_stream_is_judged_on_its_session_first_then_on_its_namespaces(server, rdb):
+    """Through the worker's combined round trip: 404 for a namespace that does not exist, and, once the session has
+    ended, 401 whatever the channels (never 403 or 404)."""
+    put_namespace(rdb, Namespace("judged", "members"))
+    user = Api(server.url)
+    for channels, status in (("judged:a", 403), ("nowhere:a", 404), ("judged:a,nowhere:a", 404)):
+        refused = SSE(server.url, user.auth, params={"channels": channels})
+        assert refused.status == status, (channels, refused.body)
+    user.logout_all()
+    for channels in ("judged:a", "nowhere:a", "opening:a"):
+        refused = SSE(server.url, user.auth, params={"channels": channels})
+        assert refused.status == 401 and b"session has ended" in refused.body, (channels, refused.body)
