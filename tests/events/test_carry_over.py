@@ -161,7 +161,11 @@ def test_a_stream_not_at_rest_at_its_turn_is_carried_over_once_its_client_has_re
     assert not slow.eof and slow.text.count(": stream open") == 1  # one connection: never reopened
     # Its log may come last; on a loaded machine only one new worker may listen by the handover's deadline.
     handed = re.compile(r"carry-over: 1 of 1 streams handed to [12] new workers")
-    wait_until(lambda: handed.search(log()), message="the old worker's line on the handover")
+    try:
+        wait_until(lambda: handed.search(log()), message="the old worker's line on the handover")
+    except TimeoutError:  # say what the workers logged of it (a make test run once missed the line)
+        lines = [line for line in log().splitlines() if "carry-over" in line or "exiting" in line.lower()]
+        raise AssertionError("no handover line; the carry-over's lines:\n" + "\n".join(lines)) from None
     slow.close()
 
 
