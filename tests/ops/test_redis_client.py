@@ -123,7 +123,8 @@ refused = socket.socket()
 refused.bind(("127.0.0.1", 0))
 port = refused.getsockname()[1]
 refused.close()
-down = redis.Redis(port=port, socket_connect_timeout=1)
+once = redis.retry.Retry(redis.backoff.NoBackoff(), 0)  # redis-py's own retries of a connect (with backoff) aside
+down = redis.Redis(port=port, socket_connect_timeout=1, retry=once)
 shared = SharedRoundTrips(down, down.register_script("return 1"))
 connects = []
 real_connect = redis.connection.Connection.connect
@@ -134,7 +135,7 @@ redis.connection.Connection.connect = real_connect
 silent = socket.socket()  # takes connections and never answers
 silent.bind(("127.0.0.1", 0))
 silent.listen(8)
-mute = redis.Redis(port=silent.getsockname()[1], socket_connect_timeout=1, socket_timeout=0.3)
+mute = redis.Redis(port=silent.getsockname()[1], socket_connect_timeout=1, socket_timeout=0.3, retry=once)
 shared = SharedRoundTrips(mute, mute.register_script("return 1"))
 started = time.monotonic()
 answers["redis silent"] = together(3)
@@ -165,6 +166,6 @@ def test_concurrent_session_checks_share_round_trips_and_each_caller_gets_its_ow
     assert answers["redis down"] == ["ConnectionError"] * 3
     assert answers["connections tried while down"] == 1  # one round trip for the three, one connect time-out
     assert answers["redis silent"] == ["TimeoutError"] * 3  # each caller's wait is bounded by the reads' time-out
-    assert answers["silent for"] < 10
+    assert answers["silent for"] < 5  # one attempt: about one read time-out (0.3 s), with room for a busy machine
     unpatched = object()
     assert shared_round_trips(None, unpatched) is unpatched  # this process has no gevent sockets: direct calls
