@@ -740,7 +740,9 @@ class SharedRoundTrip:
     Alone, a caller waits one turn of the loop before it sends (see `_call`); under load the cost of a round trip
     (two system calls, a wait for the socket) is shared by every call in it. The round trips go one at a time over
     a connection of their own (`OwnConnection`), each bounded by its reads' time-out (READ_TIMEOUT: a silent Redis
-    fails the round trip, whose connection is then closed, and holds up no later one). Only under gevent and on
+    fails the round trip, whose connection is then closed, and holds up no later one); one that must connect first
+    connects as the client does, with the client's retries (redis-py's three, with a random backoff, by default),
+    so a Redis that accepts and never answers holds it for a few read time-outs. Only under gevent and on
     one Redis: on a Redis Cluster the callers' keys live on different nodes. Subclasses say how a batch of calls
     travels (`_round_trip`).
     """
