@@ -857,7 +857,7 @@ class SharedRoundTrips(SharedRoundTrip):
         flushed = [n for n, (answer, _) in enumerate(results) if isinstance(answer, NoScriptError)]
         if flushed:  # after a script flush: EVAL runs them and loads the script again
             source = self.script.script
-            again = [((("EVAL", source, len(calls[n][0]), *calls[n][0], *calls[n][1]), {})) for n in flushed]
+            again = [(("EVAL", source, len(calls[n][0]), *calls[n][0], *calls[n][1]), {}) for n in flushed]
             for n, answer in zip(flushed, self.line.exchange(again), strict=True):
                 results[n] = (answer, results[n][1])
         return [answer if isinstance(answer, Exception) else (answer, reads) for answer, reads in results]

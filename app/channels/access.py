@@ -23,8 +23,10 @@ from .namespaces import (
     Namespace,
     get_namespace,
     get_namespaces,
+    namespaces_named,
     org_of_channel,
     parse_namespace,
+    read_namespaces,
     split_channel,
 )
 
@@ -92,8 +94,7 @@ def current_access(
     the channel names for `org_members` and `org_admins`). A malformed name counts as a namespace that is gone.
     `namespaces_read`: the namespaces' stored texts, read already by this request (`get_namespaces`)."""
     named = {channel: split_channel(channel) for channel in channels if not _own_channel(channel)}
-    wanted = {split[0] for split in named.values() if split and split[0] not in RESERVED}
-    namespaces = get_namespaces(client, wanted, namespaces_read)
+    namespaces = get_namespaces(client, namespaces_named(named), namespaces_read)
     namespace_of = {channel: namespaces.get(split[0]) if split else None for channel, split in named.items()}
     deciding = {
         channel: key
@@ -129,14 +130,14 @@ def recheck(client, user_id: str, is_admin: bool, checked: dict[str, Access]) ->
     by its new rules; one closed to some users since (nothing of the user was read, or another entry decides
     now) is asked about in a round trip of its own (`current_access`)."""
     named = {channel: split_channel(channel) for channel in checked if not _own_channel(channel)}
-    names = sorted({split[0] for split in named.values() if split and split[0] not in RESERVED})
+    names = sorted(namespaces_named(named))
     read = {
         channel: key
         for channel, access in checked.items()
         if channel in named and not is_admin and (key := deciding_key(channel, access.namespace)) is not None
     }
     granted = list(read)
-    commands = [("hmget", (Keys.namespaces(), names), {})] if names else []
+    commands = [read_namespaces(names)] if names else []
     commands += [("hget", (key, user_id), {}) for key in read.values()]
 
     def judge(answers: list) -> dict[str, Access]:

@@ -132,6 +132,11 @@ def get_namespaces(client, names: Iterable[str], read: dict | None = None) -> di
     return {name: parse_namespace(name, value) for name, value in zip(names, stored, strict=True)}
 
 
+def namespaces_named(channels: Iterable[str]) -> set[str]:
+    """The namespaces the well-formed named channels among `channels` name (never a reserved one)."""
+    return {split[0] for channel in channels if (split := split_channel(channel)) and split[0] not in RESERVED}
+
+
 def read_namespaces(names: list[str]) -> tuple:
     """The command (name, args, kwargs) that reads the stored texts of the namespaces `names`."""
     return ("hmget", (Keys.namespaces(), names), {})

@@ -33,7 +33,7 @@ from werkzeug.wsgi import get_host
 from ..auth import tokens
 from ..auth.cookies import ACCESS_COOKIE
 from ..auth.guards import API_KEY_PREFIX, Caller, cors_headers, verified_caller_reading
-from ..channels.namespaces import RESERVED, read_namespaces, split_channel
+from ..channels.namespaces import namespaces_named, read_namespaces
 from ..errors import REDIS_UNAVAILABLE
 from ..http import validated_args
 from ..logs import request_id_from, write_access_line
@@ -133,7 +133,7 @@ class StreamOpener:
         names = channels.split(",")
         if len(names) > self.app.config["SETTINGS"].max_channels_per_connection:
             return []
-        return sorted({split[0] for name in names if (split := split_channel(name)) and split[0] not in RESERVED})
+        return sorted(namespaces_named(names))
 
 
 def request_token(environ) -> tuple[str | None, str]:

@@ -202,9 +202,8 @@ def session_lookups(monkeypatch) -> list:
         return verify(user_id, session_id, *args, **kwargs)
 
     def counted_reading(user_id, session_id, token_version, reads):
-        if not reads:  # verify_session's, counted there
-            return verify_reading(user_id, session_id, token_version, reads)
-        lookups.append((user_id, session_id))
+        if reads:  # without them it is verify_session's, counted there
+            lookups.append((user_id, session_id))
         return verify_reading(user_id, session_id, token_version, reads)
 
     monkeypatch.setattr(sessions, "verify_session", counted)
