@@ -107,7 +107,7 @@ class MailQueue:
             self._wake.clear()  # before claiming: a job queued meanwhile sets it again
             try:
                 pool.wait_available()
-                job_id = self._claim(keys=[Keys.mail_queue()], args=[time.time(), time.time() + self.lease_seconds])
+                job_id = self.claim_next()
             except redis.exceptions.RedisError as error:
                 self._outage.failed(error)
                 self._wake.wait(retry)  # a job queued meanwhile (Redis is back) ends the wait
@@ -120,8 +120,13 @@ class MailQueue:
                 continue
             self._wake.wait(SWEEP_INTERVAL)
 
+    def claim_next(self) -> str | None:
+        """The id of one due job, now leased to the caller for `lease_seconds`; None when none is due."""
+        return self._claim(keys=[Keys.mail_queue()], args=[time.time(), time.time() + self.lease_seconds]) or None
+
     def process(self, job_id: str) -> None:
-        """Build and send one claimed job; delete it when sent, put it back after a transient failure."""
+        """Build and send one job claimed by `claim_next`; delete it when sent, put it back after a transient
+        failure."""
         try:
             with self.app.app_context():
                 self._process(job_id)

@@ -232,12 +232,14 @@ def test_a_stored_address_that_is_not_plain_is_never_mailed(make_app, smtp, smtp
     queue = app.extensions["mail_queue"]
     with app.app_context():
         jobs = [mail.queue_mail(MFA_ENABLED, user_id=users[address]) for address in (hostile, plain)]
-    for job_id in jobs:
+    # Claimed like a sender claims: the module's live gunicorn shares this Redis, and its sender may take
+    # either job first; whoever holds a job alone sends it.
+    while (job_id := queue.claim_next()) is not None:
         queue.process(job_id)
     [received] = smtp.wait_for(plain, timeout=30)
     assert received.recipients == [plain] and received.message["To"] == plain
+    wait_until(lambda: not any(client.zscore(Keys.mail_queue(), job) for job in jobs), timeout=30)  # not retried
     assert [r.recipients for r in smtp.received[seen:]] == [[plain]]
-    assert client.zcard(Keys.mail_queue()) == 0  # refused for good, not retried
 
 
 @pytest.mark.parametrize(
