@@ -1,0 +1,141 @@
+"""What opening 10,000 event streams costs, beside its floor on this stack and nchan.
+
+Run: .venv/bin/python -m bench.open_floor [--streams 10000] [--repeat 1]
+
+Three servers in turn, each opened by the rooms run's clients (two processes, 100 openings in flight each):
+- bare: a WSGI app on this project's gunicorn worker (two workers) that answers every stream with its headers
+  and one line and holds it (bench/peers/bare_stream.py): what accepting, reading and answering a request and
+  holding its connection cost in Python on gunicorn and gevent, before anything of the service;
+- service: the service's `GET /events/stream?channels=rooms:r<n>` with a user's token, ten readers a room, as
+  in `python -m bench.rooms`;
+- nchan: nginx with nchan's EventSource subscriber, `/sub/r<n>`.
+For each: the time until every stream is open, the servers' CPU meanwhile, and that CPU per stream.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import multiprocessing
+import signal
+import subprocess
+import time
+
+import requests
+
+from bench.common import machine
+from bench.rooms import CLIENT_PROCESSES, RoomsNchan, _holder, _share, cpu_seconds, load, room_readers
+from bench.streams import Target
+from bench.targets import Service, process_tree, shared_redis
+from tests.servers import ROOT, free_port, wait_until
+
+
+def open_all(targets: list[Target], pids) -> dict:
+    """Open `targets` from the rooms run's client processes; the time and the servers' CPU until all are open."""
+    context = multiprocessing.get_context("fork")
+    ready, results, close = context.Queue(), context.Queue(), context.Event()
+    holders = [
+        context.Process(target=_holder, args=(share, 0, 0, ready, close, results, i), daemon=True)
+        for i, share in enumerate(_share(targets, CLIENT_PROCESSES))
+    ]
+    started, cpu_before = time.perf_counter(), cpu_seconds(pids())
+    for holder in holders:
+        holder.start()
+    reports = [ready.get(timeout=600) for _ in holders]
+    seconds, cpu = time.perf_counter() - started, cpu_seconds(pids()) - cpu_before
+    close.set()
+    for _ in holders:
+        results.get(timeout=120)
+    for holder in holders:
+        holder.join(30)
+    opened = sum(r["opened"] for r in reports)
+    failures: dict = {}
+    for report in reports:
+        for reason, count in report["failures"].items():
+            failures[reason] = failures.get(reason, 0) + count
+    return {
+        "opened": opened,
+        "failures": failures,
+        "open_seconds": round(seconds, 2),
+        "server_cpu_seconds": round(cpu, 2),
+        "cpu_per_stream_us": round(cpu / max(opened, 1) * 1e6),
+    }
+
+
+@contextlib.contextmanager
+def bare_stream_gunicorn(workers: int = 2):
+    """bench/peers/bare_stream.py on this project's gunicorn worker, as the service runs (without its hooks)."""
+    port = free_port()
+    process = subprocess.Popen(
+        [str(ROOT / ".venv/bin/gunicorn"), "-c", "bench/peers/gunicorn_plain.conf.py", "--bind", f"127.0.0.1:{port}"]
+        + ["--worker-class", "gevent_worker.FairGeventWorker", "--workers", str(workers)]
+        + ["--worker-connections", "20000", "--log-level", "warning", "bench.peers.bare_stream:app"],
+        cwd=ROOT,
+    )
+    try:
+        wait_until(lambda: _answers(port), timeout=30)
+        yield process, port
+    finally:
+        process.send_signal(signal.SIGQUIT)  # gunicorn's quick stop: the held streams never end by themselves
+        process.wait(30)
+
+
+def _answers(port: int) -> bool:
+    try:
+        with requests.get(f"http://127.0.0.1:{port}/", stream=True, timeout=1) as answer:
+            return answer.ok
+    except requests.RequestException:
+        return False
+
+
+def rooms_of(streams: int) -> list[int]:
+    return [n // 10 for n in range(streams)]
+
+
+def bare(streams: int) -> dict:
+    with bare_stream_gunicorn() as (process, port):
+        targets = [
+            Target("bare", "127.0.0.1", port, f"/sub/r{room}", opened_when=b"stream open") for room in rooms_of(streams)
+        ]
+        return open_all(targets, lambda: process_tree(process.pid))
+
+
+def service(redis_server, streams: int) -> dict:
+    with Service(redis_server) as running:
+        _, targets = room_readers(running, [[f"rooms:r{room}"] for room in rooms_of(streams)])
+        result = open_all(targets, running.server_pids)
+    redis_server.client().flushall()
+    return result
+
+
+def nchan(streams: int) -> dict:
+    with RoomsNchan() as running:
+        targets = [
+            Target("nchan", "127.0.0.1", running.port, f"/sub/r{room}", opened_when=b"\n\n")
+            for room in rooms_of(streams)
+        ]
+        return open_all(targets, running.server_pids)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--streams", type=int, default=10_000)
+    parser.add_argument("--repeat", type=int, default=1)
+    args = parser.parse_args()
+    out: dict = {"machine": machine(), "load_before": load(), "runs": []}
+    with shared_redis() as redis_server:
+        for _ in range(args.repeat):
+            out["runs"].append(
+                {
+                    "bare": bare(args.streams),
+                    "service": service(redis_server, args.streams),
+                    "nchan": nchan(args.streams),
+                }
+            )
+    out["load_after"] = load()
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
