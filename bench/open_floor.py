@@ -15,20 +15,17 @@ For each: the time until every stream is open, the servers' CPU meanwhile, and t
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import multiprocessing
-import signal
-import subprocess
 import time
 
 import requests
 
 from bench.common import machine
+from bench.publish_cost import bare_gunicorn
 from bench.rooms import CLIENT_PROCESSES, RoomsNchan, _holder, _share, cpu_seconds, load, room_readers
 from bench.streams import Target
 from bench.targets import Service, process_tree, shared_redis
-from tests.servers import ROOT, free_port, wait_until
 
 
 def open_all(targets: list[Target], pids) -> dict:
@@ -63,24 +60,6 @@ def open_all(targets: list[Target], pids) -> dict:
     }
 
 
-@contextlib.contextmanager
-def bare_stream_gunicorn(workers: int = 2):
-    """bench/peers/bare_stream.py on this project's gunicorn worker, as the service runs (without its hooks)."""
-    port = free_port()
-    process = subprocess.Popen(
-        [str(ROOT / ".venv/bin/gunicorn"), "-c", "bench/peers/gunicorn_plain.conf.py", "--bind", f"127.0.0.1:{port}"]
-        + ["--worker-class", "gevent_worker.FairGeventWorker", "--workers", str(workers)]
-        + ["--worker-connections", "20000", "--log-level", "warning", "bench.peers.bare_stream:app"],
-        cwd=ROOT,
-    )
-    try:
-        wait_until(lambda: _answers(port), timeout=30)
-        yield process, port
-    finally:
-        process.send_signal(signal.SIGQUIT)  # gunicorn's quick stop: the held streams never end by themselves
-        process.wait(30)
-
-
 def _answers(port: int) -> bool:
     try:
         with requests.get(f"http://127.0.0.1:{port}/", stream=True, timeout=1) as answer:
@@ -94,7 +73,7 @@ def rooms_of(streams: int) -> list[int]:
 
 
 def bare(streams: int) -> dict:
-    with bare_stream_gunicorn() as (process, port):
+    with bare_gunicorn(app="bench.peers.bare_stream:app", answers=_answers) as (process, port):
         targets = [
             Target("bare", "127.0.0.1", port, f"/sub/r{room}", opened_when=b"stream open") for room in rooms_of(streams)
         ]

@@ -16,6 +16,7 @@ import argparse
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import tempfile
 import threading
@@ -90,22 +91,26 @@ def service_publishing(service: Service, seconds: int = 8, connections: int = 16
 
 
 @contextlib.contextmanager
-def bare_gunicorn(workers: int = 2):
-    """A WSGI app that answers 201 with a small JSON body, on this project's gunicorn worker (without the
-    service's hooks, which expect the service's app)."""
+def bare_gunicorn(workers: int = 2, app: str = "bench.peers.bare_app:app", answers=None):
+    """A bare WSGI app (by default one that answers 201 with a small JSON body) on this project's gunicorn
+    worker, without the service's hooks (which expect the service's app); `answers(port)` says it is up."""
     port = free_port()
     process = subprocess.Popen(
         [str(ROOT / ".venv/bin/gunicorn"), "-c", "bench/peers/gunicorn_plain.conf.py", "--bind", f"127.0.0.1:{port}"]
         + ["--worker-class", "gevent_worker.FairGeventWorker", "--workers", str(workers)]
-        + ["--worker-connections", "20000", "--log-level", "warning", "bench.peers.bare_app:app"],
+        + ["--worker-connections", "20000", "--log-level", "warning", app],
         cwd=ROOT,
     )
     try:
-        wait_until(lambda: requests.post(f"http://127.0.0.1:{port}/events", timeout=1).ok, timeout=30)
+        wait_until(lambda: (answers or _publishes)(port), timeout=30)
         yield process, port
     finally:
-        process.terminate()
+        process.send_signal(signal.SIGQUIT)  # gunicorn's quick stop: a held stream would never end by itself
         process.wait(30)
+
+
+def _publishes(port: int) -> bool:
+    return requests.post(f"http://127.0.0.1:{port}/events", timeout=1).ok
 
 
 def bare_publishing(seconds: int = 8, connections: int = 16) -> dict:
