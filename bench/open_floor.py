@@ -2,7 +2,10 @@
 
 Run: .venv/bin/python -m bench.open_floor [--streams 10000] [--repeat 1]
 
-Three servers in turn, each opened by the rooms run's clients (two processes, 100 openings in flight each):
+Four servers in turn, each opened by the rooms run's clients (two processes, 100 openings in flight each):
+- lean: two processes of gevent's own StreamServer that read a request with one receive and answer a fixed head
+  and one line (bench/peers/lean_stream.py): no HTTP parsing, no WSGI, no gunicorn; the floor of a server in
+  Python on gevent;
 - bare: a WSGI app on this project's gunicorn worker (two workers) that answers every stream with its headers
   and one line and holds it (bench/peers/bare_stream.py): what accepting, reading and answering a request and
   holding its connection cost in Python on gunicorn and gevent, before anything of the service;
@@ -17,6 +20,8 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import subprocess
+import sys
 import time
 
 import requests
@@ -26,6 +31,7 @@ from bench.publish_cost import bare_gunicorn
 from bench.rooms import CLIENT_PROCESSES, RoomsNchan, _holder, _share, cpu_seconds, load, room_readers
 from bench.streams import Target
 from bench.targets import Service, process_tree, shared_redis
+from tests.servers import ROOT, free_port, wait_until
 
 
 def open_all(targets: list[Target], pids) -> dict:
@@ -80,6 +86,20 @@ def bare(streams: int) -> dict:
         return open_all(targets, lambda: process_tree(process.pid))
 
 
+def lean(streams: int) -> dict:
+    port = free_port()
+    process = subprocess.Popen([sys.executable, "-m", "bench.peers.lean_stream", str(port), "2"], cwd=ROOT)
+    try:
+        wait_until(lambda: _answers(port), timeout=30)
+        targets = [
+            Target("lean", "127.0.0.1", port, f"/sub/r{room}", opened_when=b"stream open") for room in rooms_of(streams)
+        ]
+        return open_all(targets, lambda: process_tree(process.pid))
+    finally:
+        process.terminate()
+        process.wait(30)
+
+
 def service(redis_server, streams: int) -> dict:
     with Service(redis_server) as running:
         _, targets = room_readers(running, [[f"rooms:r{room}"] for room in rooms_of(streams)])
@@ -107,6 +127,7 @@ def main() -> None:
         for _ in range(args.repeat):
             out["runs"].append(
                 {
+                    "lean": lean(args.streams),
                     "bare": bare(args.streams),
                     "service": service(redis_server, args.streams),
                     "nchan": nchan(args.streams),
