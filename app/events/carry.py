@@ -163,8 +163,10 @@ def take(stream: ParkedStream) -> bool:
     return True
 
 
-class AdoptedPlace:
-    """An adopted connection's place in the worker's handler pool, as a handed-over one keeps (handover.py)."""
+class PoolPlace:
+    """A place in the worker's handler pool held by something other than a handler: an adopted connection (as a
+    handed-over one keeps its own, handover.py), or a stopping worker's handing on of its streams (gunicorn's
+    stopping worker ends once its pools are empty)."""
 
     __slots__ = ("pool",)
 
@@ -323,7 +325,7 @@ class CarryOver:
             OPEN_CONNECTIONS.labels("sse").dec()
             follower.close()
 
-        place = AdoptedPlace(max(pools, key=lambda pool: pool.free_count()))
+        place = PoolPlace(max(pools, key=lambda pool: pool.free_count()))
         parking.add(ParkedStream(parking, follower, outlet, place, carried.chunked, [finish]))
         return True
 
@@ -355,10 +357,17 @@ class CarryOver:
         shares: dict[str, list[ParkedStream]] = {path: [] for path in successors}
         for path, stream in zip(itertools.cycle(successors), streams, strict=False):
             shares[path].append(stream)
-        sending = [gevent.spawn(self._send, path, share, deadline) for path, share in shares.items()]
-        gevent.joinall(sending)
-        carried = sum(greenlet.value or 0 for greenlet in sending)
-        log.info("carry-over: %d of %d streams handed to %d new workers", carried, len(streams), len(successors))
+        # The last streams sent leave the handler pools empty before the new workers have answered, and gunicorn's
+        # main loop then ended the process: the batch's answer was never read, nor this line written.
+        places = [PoolPlace(pool) for pool in HANDLER_POOLS[:1] if pool.free_count() > 0]
+        try:
+            sending = [gevent.spawn(self._send, path, share, deadline) for path, share in shares.items()]
+            gevent.joinall(sending)
+            carried = sum(greenlet.value or 0 for greenlet in sending)
+            log.info("carry-over: %d of %d streams handed to %d new workers", carried, len(streams), len(successors))
+        finally:
+            for place in places:
+                place.release()
         return carried
 
     def _wait_for_successors(self, generation: int, deadline: float, expected: int) -> list[str]:

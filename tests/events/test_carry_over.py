@@ -169,6 +169,37 @@ def test_a_stream_not_at_rest_at_its_turn_is_carried_over_once_its_client_has_re
     slow.close()
 
 
+@pytest.mark.not_on_cluster("when the old worker exits is its own affair: the Redis behind it does not enter it")
+def test_a_stopping_worker_waits_for_the_answer_to_its_last_streams_before_it_exits(server, rdb):
+    """The last streams sent leave the old worker's handler pool empty before the new worker has adopted them:
+    the old worker still reads the answer and says what it carried before it exits. Redis's writes paused over
+    the reload hold the adoption (its session check is a script) past the old worker's checks of its pool."""
+    wait_until(lambda: open_connections(server.url, "sse") == 0, message="no stream of an earlier test")
+    logged_before = server.log_path.stat().st_size
+
+    def log() -> str:
+        with server.log_path.open("rb") as file:
+            file.seek(logged_before)
+            return file.read().decode(errors="replace")
+
+    user = Api(server.url)
+    stream = SSE(server.url, user.auth)
+    first = user.publish_ok({"n": 0})
+    assert stream.next_event()["data"]["id"] == first
+    user.http.close()  # its keep-alive connections would hold the old workers' pools too
+    old = set(server.worker_pids())
+    rdb.execute_command("CLIENT", "PAUSE", 4000, "WRITE")
+    server.signal(signal.SIGHUP)
+    adopted = re.compile(r"carry-over: adopted 1 of 1 streams from pid (\d+) in ([\d.]+) s")
+    found = wait_until(lambda: adopted.search(log()), timeout=30, message="the stream's adoption")
+    assert int(found[1]) in old and float(found[2]) >= 1.5  # past a check of the old worker's pool (every second)
+    wait_until(lambda: not set(server.worker_pids()) & old, timeout=30, message="the old workers to exit")
+    assert re.search(r"carry-over: 1 of 1 streams handed to [12] new workers", log()), log()
+    assert user.publish_ok({"n": 1}) == stream.next_event(timeout=10)["data"]["id"]
+    assert stream.raw.count(": stream open") == 1  # one connection: carried, not reopened
+    stream.close()
+
+
 def carry_socket_of(pid: int) -> str:
     """Where a worker takes streams carried over (it listens once it serves)."""
     pattern = os.path.join(tempfile.gettempdir(), "auth-rt-carry-*", f"*-{pid}.sock")
