@@ -15,6 +15,7 @@ import signal
 import socket
 import tempfile
 import threading
+import time
 
 import pytest
 
@@ -173,7 +174,8 @@ def test_a_stream_not_at_rest_at_its_turn_is_carried_over_once_its_client_has_re
 def test_a_stopping_worker_waits_for_the_answer_to_its_last_streams_before_it_exits(server, rdb):
     """The last streams sent leave the old worker's handler pool empty before the new worker has adopted them:
     the old worker still reads the answer and says what it carried before it exits. Redis's writes paused over
-    the reload hold the adoption (its session check is a script) past the old worker's checks of its pool."""
+    the reload hold the adoption (its session check is a script) for a while after the new workers listen, past
+    two of the old worker's looks at its pool (one a second)."""
     wait_until(lambda: open_connections(server.url, "sse") == 0, message="no stream of an earlier test")
     logged_before = server.log_path.stat().st_size
 
@@ -188,13 +190,22 @@ def test_a_stopping_worker_waits_for_the_answer_to_its_last_streams_before_it_ex
     assert stream.next_event()["data"]["id"] == first
     user.http.close()  # its keep-alive connections would hold the old workers' pools too
     old = set(server.worker_pids())
-    rdb.execute_command("CLIENT", "PAUSE", 4000, "WRITE")
-    server.signal(signal.SIGHUP)
+    rdb.execute_command("CLIENT", "PAUSE", 60_000, "WRITE")
+    try:
+        server.signal(signal.SIGHUP)
+        new = wait_until(
+            lambda: len(set(server.worker_pids()) - old) == 2 and set(server.worker_pids()) - old, timeout=30
+        )
+        for pid in new:
+            carry_socket_of(pid)  # listening: the old workers hand their streams on now
+        time.sleep(2.5)  # the adoption held this long: the scenario, not a wait for an event
+    finally:
+        rdb.execute_command("CLIENT", "UNPAUSE")
     adopted = re.compile(r"carry-over: adopted 1 of 1 streams from pid (\d+) in ([\d.]+) s")
     found = wait_until(lambda: adopted.search(log()), timeout=30, message="the stream's adoption")
-    assert int(found[1]) in old and float(found[2]) >= 1.5  # past a check of the old worker's pool (every second)
+    assert int(found[1]) in old and float(found[2]) >= 1.5  # past a look of the old worker's at its pool
     wait_until(lambda: not set(server.worker_pids()) & old, timeout=30, message="the old workers to exit")
-    assert re.search(r"carry-over: 1 of 1 streams handed to [12] new workers", log()), log()
+    assert re.search(r"carry-over: 1 of 1 streams handed to 2 new workers", log()), log()
     assert user.publish_ok({"n": 1}) == stream.next_event(timeout=10)["data"]["id"]
     assert stream.raw.count(": stream open") == 1  # one connection: carried, not reopened
     stream.close()
