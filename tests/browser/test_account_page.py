@@ -32,6 +32,13 @@ def fill_login(page, base: str, email: str, password: str = DEFAULT_PASSWORD) ->
     page.get_by_role("button", name="Log in", exact=True).click()
 
 
+def log_out(page) -> None:
+    """Log out, and wait until the page says so: a navigation at once may cancel the logout's request, and the
+    page then loads still logged in."""
+    page.get_by_role("button", name="Log out", exact=True).click()
+    expect(page.locator("#status")).to_have_text("You logged out.")
+
+
 def logged_in(page, email: str) -> None:
     expect(page.locator("#status")).to_have_text(f"Logged in as {email}")
 
@@ -116,7 +123,7 @@ def test_mfa_setup_recovery_codes_and_the_second_login_step(mail_stack, new_cont
     expect(page.locator("#mfa-status")).to_have_text("Two-factor authentication is on.")
     recovery_codes = page.locator("#recovery-codes li").all_text_contents()
 
-    page.get_by_role("button", name="Log out", exact=True).click()
+    log_out(page)
     fill_login(page, base, email)
     expect(page.get_by_label("Code from your authenticator app")).to_be_visible()
     page.get_by_label("Code from your authenticator app").fill("000000")
@@ -126,7 +133,7 @@ def test_mfa_setup_recovery_codes_and_the_second_login_step(mail_stack, new_cont
     page.get_by_role("button", name="Continue").click()
     logged_in(page, email)
 
-    page.get_by_role("button", name="Log out", exact=True).click()
+    log_out(page)
     fill_login(page, base, email)
     page.get_by_role("button", name="Use a recovery code instead").click()
     page.get_by_label("Recovery code", exact=True).fill(recovery_codes[0])

@@ -134,12 +134,9 @@ def test_a_carried_stream_still_ends_when_its_session_does(server):
     assert stream.closed.wait(10)
 
 
-@pytest.mark.not_on_cluster("when a stream is taken is the worker's own affair: the Redis behind it does not enter it")
-def test_a_stream_not_at_rest_at_its_turn_is_carried_over_once_its_client_has_read(server):
-    """A client that stopped reading has events queued for it in its worker when the reload comes: taken then,
-    they would be lost. Its stream is tried again after the others, and carried over once its client has read
-    them, on the same connection."""
-    # The one stream open at the reload, and the log's lines from here on: earlier tests' reloads logged theirs.
+def alone_from_here(server):
+    """Once no stream of an earlier test is open (the one a test opens is then the only one at its reload): the
+    server's log from here on, as a function (earlier tests' reloads logged their own carry-over lines)."""
     wait_until(lambda: open_connections(server.url, "sse") == 0, message="no stream of an earlier test")
     logged_before = server.log_path.stat().st_size
 
@@ -148,6 +145,15 @@ def test_a_stream_not_at_rest_at_its_turn_is_carried_over_once_its_client_has_re
             file.seek(logged_before)
             return file.read().decode(errors="replace")
 
+    return log
+
+
+@pytest.mark.not_on_cluster("when a stream is taken is the worker's own affair: the Redis behind it does not enter it")
+def test_a_stream_not_at_rest_at_its_turn_is_carried_over_once_its_client_has_read(server):
+    """A client that stopped reading has events queued for it in its worker when the reload comes: taken then,
+    they would be lost. Its stream is tried again after the others, and carried over once its client has read
+    them, on the same connection."""
+    log = alone_from_here(server)
     user = Api(server.url)
     slow = RawSSE(server.url, user.auth, receive_buffer=4096)
     blob = "x" * 30_000
@@ -176,14 +182,7 @@ def test_a_stopping_worker_waits_for_the_answer_to_its_last_streams_before_it_ex
     the old worker still reads the answer and says what it carried before it exits. Redis's writes paused over
     the reload hold the adoption (its session check is a script) for a while after the new workers listen, past
     two of the old worker's looks at its pool (one a second)."""
-    wait_until(lambda: open_connections(server.url, "sse") == 0, message="no stream of an earlier test")
-    logged_before = server.log_path.stat().st_size
-
-    def log() -> str:
-        with server.log_path.open("rb") as file:
-            file.seek(logged_before)
-            return file.read().decode(errors="replace")
-
+    log = alone_from_here(server)
     user = Api(server.url)
     stream = SSE(server.url, user.auth)
     first = user.publish_ok({"n": 0})
