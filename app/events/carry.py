@@ -357,8 +357,8 @@ class CarryOver:
         shares: dict[str, list[ParkedStream]] = {path: [] for path in successors}
         for path, stream in zip(itertools.cycle(successors), streams, strict=False):
             shares[path].append(stream)
-        # The last streams sent leave the handler pools empty before the new workers have answered, and gunicorn's
-        # main loop then ended the process: the batch's answer was never read, nor this line written.
+        # gunicorn's stopping worker ends once its handler pools are empty, which the last streams sent leave them
+        # before the new workers answer: a place held meanwhile keeps the worker until the answer and this line.
         places = [PoolPlace(pool) for pool in HANDLER_POOLS[:1] if pool.free_count() > 0]
         try:
             sending = [gevent.spawn(self._send, path, share, deadline) for path, share in shares.items()]
