@@ -59,17 +59,24 @@ class SmtpBackend:
         self.timeout = timeout
         self.envelope_from = parseaddr(mail_from)[1]
         self.local_hostname = self.envelope_from.rpartition("@")[2] or "localhost"
+        self._tls: ssl.SSLContext | None = None
 
     def describe(self) -> str:
         """Where mail goes, without credentials (for the log)."""
         plain = "" if self.implicit_tls or self.starttls else " (plain text: SMTP_STARTTLS=never)"
         return f"{'smtps' if self.implicit_tls else 'smtp'}://{self.host}:{self.port}{plain}"
 
+    def _tls_context(self) -> ssl.SSLContext:
+        """Certificates verified against the system's CAs (SSL_CERT_FILE names another bundle), read at the first
+        message: a context reads the whole bundle, tens of milliseconds of CPU on the worker's hub."""
+        if self._tls is None:
+            self._tls = ssl.create_default_context()
+        return self._tls
+
     def send(self, mail: Mail) -> None:
         """Hand one message to the server, for its one recipient; raise Transient/PermanentMailError when it
         is not taken."""
-        # Certificates are verified against the system's CAs (SSL_CERT_FILE names another bundle).
-        context = ssl.create_default_context()
+        context = self._tls_context()
         try:
             if self.implicit_tls:
                 smtp = smtplib.SMTP_SSL(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import ssl
 from email.message import EmailMessage
 
 import pytest
@@ -36,6 +37,20 @@ def test_starttls_with_auth_delivers(smtp_certificate, trusted):
         backend(server).send(message())
         assert server.wait_for("someone@example.com")[0].message["Subject"] == "Hello"
         assert server.logins == [SMTP_USER]
+    finally:
+        server.stop()
+
+
+def test_a_backend_reads_its_certificates_at_its_first_message_only(smtp_certificate, trusted, monkeypatch):
+    server = SmtpServer(smtp_certificate).start()
+    built, create = [], ssl.create_default_context
+    monkeypatch.setattr(ssl, "create_default_context", lambda *args, **kw: built.append(1) or create(*args, **kw))
+    try:
+        smtp = backend(server)
+        for n in range(3):
+            smtp.send(message(f"reader-{n}@example.com"))
+        assert all(server.wait_for(f"reader-{n}@example.com") for n in range(3))
+        assert len(built) == 1
     finally:
         server.stop()
 

@@ -11,7 +11,7 @@ from urllib.parse import quote
 
 import httpx
 
-from ._version import USER_AGENT
+from ._http import http_client
 from .errors import ApiError, MfaRequired, ProtocolError, ServiceUnreachable
 from .models import BatchItem, Introspection, Member, Namespace, Presence, PublishedEvent, Tokens, User
 from .session import SessionTokens
@@ -50,12 +50,10 @@ class Client:
     ) -> None:
         """`base_url` is the service's origin, e.g. `https://rt.example.com`; `timeout` is in seconds."""
         self._api_key = api_key
-        self._http = httpx.Client(base_url=base_url.rstrip("/"), headers={"User-Agent": USER_AGENT}, timeout=timeout)
+        self._http = http_client(base_url=base_url.rstrip("/"), timeout=timeout)
         # Each renewal on a new connection: a kept-alive one the service closed while idle fails like an answer
         # lost after the service got the request, which would cost the session for nothing.
-        self._renewals = httpx.Client(
-            headers={"User-Agent": USER_AGENT}, timeout=timeout, limits=httpx.Limits(max_keepalive_connections=0)
-        )
+        self._renewals = http_client(timeout=timeout, limits=httpx.Limits(max_keepalive_connections=0))
         self._session = SessionTokens(self._refreshed, refresh_before)
         self._device_tokens: dict[str, str] = {}  # per account (lower-cased e-mail): sent back at its next login
 

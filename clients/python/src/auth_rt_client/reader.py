@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 import httpx
 
-from ._version import USER_AGENT
+from ._http import http_client
 from .errors import ApiError, ProtocolError, ServiceUnreachable
 from .models import Event
 from .sse import SSEParser, parse_lines, split_lines
@@ -98,7 +98,7 @@ class EventReader:
         self._closed = threading.Event()
         self._started = False
         self._network_stream: Any = None
-        self._http = httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout, headers={"User-Agent": USER_AGENT})
+        self._http = http_client(base_url=base_url.rstrip("/"), timeout=timeout)
 
     @property
     def cursor(self) -> str | None:
