@@ -78,12 +78,14 @@ def rooms_of(streams: int) -> list[int]:
     return [n // 10 for n in range(streams)]
 
 
+def room_subscribers(name: str, port: int, streams: int, opened_when: bytes = b"stream open") -> list[Target]:
+    """`streams` openings of `/sub/r<n>` on a local server, ten a room, each open once `opened_when` arrives."""
+    return [Target(name, "127.0.0.1", port, f"/sub/r{room}", opened_when=opened_when) for room in rooms_of(streams)]
+
+
 def bare(streams: int) -> dict:
     with bare_gunicorn(app="bench.peers.bare_stream:app", answers=_answers) as (process, port):
-        targets = [
-            Target("bare", "127.0.0.1", port, f"/sub/r{room}", opened_when=b"stream open") for room in rooms_of(streams)
-        ]
-        return open_all(targets, lambda: process_tree(process.pid))
+        return open_all(room_subscribers("bare", port, streams), lambda: process_tree(process.pid))
 
 
 def lean(streams: int) -> dict:
@@ -91,10 +93,7 @@ def lean(streams: int) -> dict:
     process = subprocess.Popen([sys.executable, "-m", "bench.peers.lean_stream", str(port), "2"], cwd=ROOT)
     try:
         wait_until(lambda: _answers(port), timeout=30)
-        targets = [
-            Target("lean", "127.0.0.1", port, f"/sub/r{room}", opened_when=b"stream open") for room in rooms_of(streams)
-        ]
-        return open_all(targets, lambda: process_tree(process.pid))
+        return open_all(room_subscribers("lean", port, streams), lambda: process_tree(process.pid))
     finally:
         process.terminate()
         process.wait(30)
@@ -110,11 +109,7 @@ def service(redis_server, streams: int) -> dict:
 
 def nchan(streams: int) -> dict:
     with RoomsNchan() as running:
-        targets = [
-            Target("nchan", "127.0.0.1", running.port, f"/sub/r{room}", opened_when=b"\n\n")
-            for room in rooms_of(streams)
-        ]
-        return open_all(targets, running.server_pids)
+        return open_all(room_subscribers("nchan", running.port, streams, opened_when=b"\n\n"), running.server_pids)
 
 
 def main() -> None:

@@ -14,8 +14,7 @@ from ._version import USER_AGENT
 @functools.cache
 def tls_context() -> ssl.SSLContext:
     """httpx's default TLS context (certifi's CAs, or those SSL_CERT_FILE or SSL_CERT_DIR name when it is first
-    built), built once a process: building one reads the whole CA bundle, tens of milliseconds of CPU, which
-    every client and reader paid again."""
+    built), built once a process: building one reads the whole CA bundle, tens of milliseconds of CPU."""
     return httpx.create_ssl_context()
 
 
